@@ -1,0 +1,212 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"slices"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	"go.uber.org/zap"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/hipq/hipq/config"
+	"github.com/hipq/hipq/consumer"
+	"github.com/hipq/hipq/correlator"
+	"github.com/hipq/hipq/dispatcher"
+	"github.com/hipq/hipq/internal/kafkaconn"
+	"github.com/hipq/hipq/store"
+	"github.com/hipq/hipq/sweeper"
+)
+
+// Roles a process can run.
+var allRoles = []string{"intake", "dispatcher", "responses", "sweeper"}
+
+// app is one hipq process: the components its roles ask for, wired from
+// the config.
+type app struct {
+	log        *zap.Logger
+	st         *store.Store
+	cfg        *config.Config
+	types      map[string]*correlator.JobType
+	intake     *consumer.Intake
+	responses  *consumer.Responses
+	dispatcher *dispatcher.Dispatcher
+	sweeper    *sweeper.Sweeper
+	producer   *kgo.Client
+}
+
+type appOptions struct {
+	roles          []string
+	metadataMinAge time.Duration // tests and the demo lower it
+}
+
+func instanceName() string {
+	host, _ := os.Hostname()
+	if host == "" {
+		host = "hipq"
+	}
+	b := make([]byte, 3)
+	_, _ = rand.Read(b)
+	return host + "-" + hex.EncodeToString(b)
+}
+
+func kafkaConfig(cfg *config.Config, minAge time.Duration) kafkaconn.Config {
+	k := cfg.Kafka
+	return kafkaconn.Config{Brokers: k.Brokers, ClientID: k.ClientID, TLS: k.TLS.Enabled, CAFile: k.TLS.CAFile,
+		CertFile: k.TLS.CertFile, KeyFile: k.TLS.KeyFile, SASLMechanism: k.SASL.Mechanism, Username: k.SASL.Username,
+		Password: k.SASL.Password, MetadataMinAge: minAge}
+}
+
+// newApp opens the store (migrating when configured) and builds the
+// components of the requested roles.
+func newApp(ctx context.Context, cfg *config.Config, log *zap.Logger, opts appOptions) (*app, error) {
+	if len(opts.roles) == 0 {
+		opts.roles = allRoles
+	}
+	st, err := openStore(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	a := &app{log: log, st: st, cfg: cfg, types: cfg.Domain()}
+	fail := func(err error) (*app, error) {
+		a.close()
+		return nil, err
+	}
+	if *cfg.Database.Migrate {
+		applied, err := st.Migrate(ctx)
+		if err != nil {
+			return fail(err)
+		}
+		for _, m := range applied {
+			log.Info("migration applied", zap.Int("version", m.Version), zap.String("name", m.Name))
+		}
+	} else if err := st.CheckSchema(ctx); err != nil {
+		return fail(err)
+	}
+	kc := kafkaConfig(cfg, opts.metadataMinAge)
+	has := func(r string) bool { return slices.Contains(opts.roles, r) }
+	instance := instanceName()
+	if has("intake") && len(cfg.Intake.Topics) > 0 {
+		a.intake, err = consumer.NewIntake(log, st, consumer.IntakeConfig{
+			GroupConfig: consumer.GroupConfig{Kafka: kc, Group: cfg.Intake.Group, Topics: cfg.Intake.Topics,
+				Start: cfg.Intake.Start, SessionTimeout: cfg.Kafka.SessionTimeout.D()},
+			DeadLetterTopic: cfg.Intake.DeadLetterTopic, MaxBytes: cfg.Intake.MaxBytes, Types: a.types})
+		if err != nil {
+			return fail(err)
+		}
+	} else if has("intake") {
+		log.Warn("intake.topics is empty: no intake consumer runs")
+	}
+	if has("responses") && len(cfg.Responses.Topics) > 0 {
+		matchers := map[string]correlator.Matcher{}
+		var topics []string
+		for i := range cfg.Responses.Topics {
+			rt := &cfg.Responses.Topics[i]
+			matchers[rt.Topic] = rt.Matcher(cfg.Intake.MaxBytes)
+			topics = append(topics, rt.Topic)
+		}
+		a.responses, err = consumer.NewResponses(log, st, consumer.ResponsesConfig{
+			GroupConfig: consumer.GroupConfig{Kafka: kc, Group: cfg.Responses.Group, Topics: topics,
+				Start: cfg.Responses.Start, SessionTimeout: cfg.Kafka.SessionTimeout.D()},
+			DeadLetterTopic: cfg.Responses.DeadLetterTopic, EarlyTTL: cfg.Responses.EarlyTTL.D(),
+			Matchers: matchers, Types: a.types})
+		if err != nil {
+			return fail(err)
+		}
+	}
+	if has("dispatcher") {
+		a.producer, err = kafkaconn.NewClient(kc, log, dispatcher.KafkaProducerOpts()...)
+		if err != nil {
+			return fail(err)
+		}
+		routes := map[string]dispatcher.KafkaRoute{}
+		senders := map[string]dispatcher.Sender{}
+		kafka := dispatcher.NewKafkaSender(a.producer, routes)
+		for _, jt := range cfg.JobTypes {
+			if k := jt.Transport.Kafka; k != nil {
+				routes[jt.Name] = dispatcher.KafkaRoute{Topic: k.Topic, Envelope: k.Envelope, ReplyTopic: jt.ReplyTopic}
+				senders[jt.Name] = kafka
+			} else {
+				log.Warn("job type uses the HTTP transport, which this version does not send yet; its jobs stay waiting",
+					zap.String("job_type", jt.Name))
+			}
+		}
+		var queues []dispatcher.QueueConfig
+		for _, q := range cfg.Queues {
+			queues = append(queues, dispatcher.QueueConfig{Name: q.Name, Order: q.Order})
+		}
+		a.dispatcher = dispatcher.New(log, st, dispatcher.Config{Instance: instance, Interval: cfg.Dispatch.Interval.D(),
+			BatchSize: cfg.Dispatch.BatchSize, Queues: queues, Types: a.types, Senders: senders})
+	}
+	if has("sweeper") {
+		a.sweeper = sweeper.New(log, st, sweeper.Config{Schedule: cfg.Sweeper.Schedule, Retention: cfg.Sweeper.Retention.D(),
+			DeadLetterRetention: cfg.Sweeper.DeadLetterRetention.D(), Grace: cfg.Dispatch.Grace.D(), Types: a.types,
+			SendTimeout: a.sendTimeout})
+	}
+	if cfg.API != nil {
+		log.Warn("the api section is set, but this version of hipq has no HTTP API yet; it is ignored")
+	}
+	return a, nil
+}
+
+// sendTimeout is how long a job type's transport may take to send.
+func (a *app) sendTimeout(jobType string) time.Duration {
+	for _, jt := range a.cfg.JobTypes {
+		if jt.Name == jobType && jt.Transport.HTTP != nil {
+			return jt.Transport.HTTP.Timeout.D()
+		}
+	}
+	return dispatcher.KafkaSendTimeout
+}
+
+// run runs every component until ctx ends; each drains what it started.
+func (a *app) run(ctx context.Context) error {
+	g, ctx := errgroup.WithContext(ctx)
+	if a.intake != nil {
+		g.Go(func() error { return a.intake.Run(ctx) })
+	}
+	if a.responses != nil {
+		g.Go(func() error { return a.responses.Run(ctx) })
+	}
+	if a.dispatcher != nil {
+		g.Go(func() error { return a.dispatcher.Run(ctx) })
+	}
+	if a.sweeper != nil {
+		g.Go(func() error { return a.sweeper.Run(ctx) })
+	}
+	a.log.Info("hipq running", zap.String("name", a.cfg.Name), zap.Bool("intake", a.intake != nil),
+		zap.Bool("dispatcher", a.dispatcher != nil), zap.Bool("responses", a.responses != nil), zap.Bool("sweeper", a.sweeper != nil))
+	err := g.Wait()
+	if a.producer != nil {
+		a.producer.Flush(context.Background())
+	}
+	return err
+}
+
+func (a *app) close() {
+	if a.producer != nil {
+		a.producer.Close()
+	}
+	a.st.Close()
+}
+
+func parseRoles(s string) ([]string, error) {
+	if s == "" {
+		return allRoles, nil
+	}
+	var out []string
+	for _, r := range splitComma(s) {
+		if r == "api" {
+			return nil, fmt.Errorf("--only: role api is not available in this version")
+		}
+		if !slices.Contains(allRoles, r) {
+			return nil, fmt.Errorf("--only: unknown role %q (roles: intake, dispatcher, responses, sweeper)", r)
+		}
+		out = append(out, r)
+	}
+	return out, nil
+}

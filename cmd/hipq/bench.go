@@ -1,0 +1,154 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/hipq/hipq/correlator"
+)
+
+const benchConfig = `
+name: hipq-bench
+database: {url: "${DB}", schema: SCHEMA, max_conns: 16}
+kafka: {brokers: [BROKERS]}
+intake: {topics: [hipq.jobs]}
+responses: {topics: [{topic: bench.responses}]}
+dispatch: {interval: 50ms, batch_size: 1000}
+sweeper: {schedule: "@every 5s"}
+log: {level: error}
+job_types:
+  - name: bench.noop
+    transport: {kafka: {topic: bench.requests}}
+    reply_topic: bench.responses
+    timeout: 5m
+`
+
+type benchResult struct {
+	Jobs         int     `json:"jobs"`
+	Seconds      float64 `json:"seconds"`
+	JobsPerSec   float64 `json:"jobs_per_sec"`
+	P50ms        float64 `json:"p50_ms"`
+	P99ms        float64 `json:"p99_ms"`
+	PeakRSSBytes int64   `json:"peak_rss_bytes"`
+}
+
+func cmdBench(args []string, stdout io.Writer) error {
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	n := fs.Int("n", 20000, "jobs to run end to end")
+	asJSON := fs.Bool("json", false, "print one JSON object on the last line")
+	partitions := fs.Int("partitions", 6, "partitions of each topic")
+	if err := fs.Parse(args); err != nil {
+		return &exitError{2, err}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	sb, err := newSandbox(ctx, true, int32(*partitions), "hipq.jobs", "bench.requests", "bench.responses")
+	if err != nil {
+		return err
+	}
+	defer sb.close()
+	schema := fmt.Sprintf("hipq_bench_%d", time.Now().UnixNano())
+	cfg, err := sb.config(benchConfig, schema)
+	if err != nil {
+		return err
+	}
+	log := newLogger("error", "console", os.Stderr)
+	a, err := newApp(ctx, cfg, log, appOptions{metadataMinAge: 200 * time.Millisecond})
+	if err != nil {
+		return err
+	}
+	defer a.close()
+	if sb.pg == nil {
+		defer a.st.Pool().Exec(context.Background(), "DROP SCHEMA "+schema+" CASCADE") //nolint:errcheck
+	}
+	runCtx, stopRun := context.WithCancel(ctx)
+	defer stopRun()
+	resp, err := newResponder(sb.brokers, "bench-responder", "bench.requests", "bench.responses", log,
+		func(string, int) (string, bool) { return "succeeded", true })
+	if err != nil {
+		return err
+	}
+	go resp.run(runCtx)
+	runDone := make(chan error, 1)
+	go func() { runDone <- a.run(runCtx) }()
+
+	prod, err := kgo.NewClient(kgo.SeedBrokers(sb.brokers...), kgo.ProducerLinger(5*time.Millisecond))
+	if err != nil {
+		return err
+	}
+	defer prod.Close()
+	fmt.Fprintf(stdout, "hipq bench: %d jobs, intake → dispatch → responder → match → final, embedded Kafka (%d partitions), %s\n",
+		*n, *partitions, sb.dbDescription())
+	start := time.Now()
+	go func() {
+		for i := range *n {
+			v := fmt.Sprintf(`{"job_type":"bench.noop","job_key":"k%d","job_data":{"t":%d}}`, i, time.Now().UnixNano())
+			prod.Produce(ctx, &kgo.Record{Topic: "hipq.jobs", Key: []byte("k" + strconv.Itoa(i)), Value: []byte(v)}, nil)
+		}
+		prod.Flush(ctx)
+	}()
+	var final int
+	for final < *n {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("bench did not finish: %d of %d final", final, *n)
+		case err := <-runDone:
+			return fmt.Errorf("hipq stopped: %v", err)
+		case <-time.After(100 * time.Millisecond):
+		}
+		counts, err := a.st.JobCountByState(ctx)
+		if err != nil {
+			return err
+		}
+		final = counts[correlator.StateFinal]
+	}
+	var last time.Time
+	res := benchResult{Jobs: *n}
+	err = a.st.Pool().QueryRow(ctx, `
+		SELECT max(update_time),
+		       percentile_cont(0.5) WITHIN GROUP (ORDER BY lat), percentile_cont(0.99) WITHIN GROUP (ORDER BY lat)
+		FROM (SELECT update_time, (extract(epoch FROM update_time) * 1e9 - (job_data->>'t')::float8) / 1e6 AS lat
+		      FROM hipq_job WHERE outcome = 'succeeded') l`).Scan(&last, &res.P50ms, &res.P99ms)
+	if err != nil {
+		return err
+	}
+	stopRun()
+	<-runDone
+	res.Seconds = last.Sub(start).Seconds()
+	res.JobsPerSec = float64(*n) / res.Seconds
+	res.PeakRSSBytes = peakRSS()
+	fmt.Fprintf(stdout, "  %d jobs in %.2fs: %.0f jobs/s; round trip p50 %.1f ms, p99 %.1f ms; peak RSS %.0f MiB (hipq and embedded Kafka; PostgreSQL apart)\n",
+		res.Jobs, res.Seconds, res.JobsPerSec, res.P50ms, res.P99ms, float64(res.PeakRSSBytes)/(1<<20))
+	if *asJSON {
+		b, _ := json.Marshal(res)
+		fmt.Fprintln(stdout, string(b))
+	}
+	return nil
+}
+
+// peakRSS is this process's high-water resident set (VmHWM), in bytes.
+func peakRSS() int64 {
+	f, err := os.Open("/proc/self/status")
+	if err != nil {
+		return 0
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if rest, ok := strings.CutPrefix(sc.Text(), "VmHWM:"); ok {
+			kb, _ := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")), 10, 64)
+			return kb * 1024
+		}
+	}
+	return 0
+}

@@ -1,0 +1,237 @@
+// Command hipq is the durable request/response correlator: it keeps jobs in
+// PostgreSQL, sends their requests over Kafka, and matches the replies.
+//
+//	hipq run --config hipq.yaml [--only intake,dispatcher,responses,sweeper]
+//	hipq migrate [up|status] --config hipq.yaml
+//	hipq check-config --config hipq.yaml
+//	hipq demo
+//	hipq bench [-n 20000] [--json]
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/hipq/hipq/config"
+)
+
+const usage = `hipq — durable request/response correlator
+
+Usage:
+  hipq run --config FILE [--only intake,dispatcher,responses,sweeper]
+  hipq migrate [up|status] --config FILE
+  hipq check-config --config FILE
+  hipq demo
+  hipq bench [-n N] [--json]
+`
+
+func main() {
+	os.Exit(runMain(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// exitError carries an exit code.
+type exitError struct {
+	code int
+	err  error
+}
+
+func (e *exitError) Error() string { return e.err.Error() }
+
+func runMain(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return 2
+	}
+	var err error
+	switch args[0] {
+	case "run":
+		err = cmdRun(args[1:], stderr)
+	case "migrate":
+		err = cmdMigrate(args[1:], stdout)
+	case "check-config":
+		err = cmdCheckConfig(args[1:], stdout)
+	case "demo":
+		err = cmdDemo(args[1:], stdout)
+	case "bench":
+		err = cmdBench(args[1:], stdout)
+	case "help", "-h", "--help":
+		fmt.Fprint(stdout, usage)
+		return 0
+	default:
+		fmt.Fprintf(stderr, "hipq: unknown command %q\n\n%s", args[0], usage)
+		return 2
+	}
+	if err == nil {
+		return 0
+	}
+	fmt.Fprintln(stderr, "hipq:", err)
+	var ee *exitError
+	if errors.As(err, &ee) {
+		return ee.code
+	}
+	return 1
+}
+
+func configFlag(fs *flag.FlagSet) *string {
+	return fs.String("config", os.Getenv("HIPQ_CONFIG"), "config file (or $HIPQ_CONFIG)")
+}
+
+func loadConfig(path string) (*config.Config, error) {
+	if path == "" {
+		return nil, &exitError{2, errors.New("--config is required")}
+	}
+	cfg, err := config.Load(path)
+	if err != nil {
+		var ce config.Errors
+		if errors.As(err, &ce) {
+			return nil, &exitError{2, err}
+		}
+		return nil, err
+	}
+	return cfg, nil
+}
+
+func newLogger(level, format string, w io.Writer) *zap.Logger {
+	lvl, err := zapcore.ParseLevel(level)
+	if err != nil {
+		lvl = zapcore.InfoLevel
+	}
+	ec := zap.NewProductionEncoderConfig()
+	ec.EncodeTime = zapcore.ISO8601TimeEncoder
+	var enc zapcore.Encoder
+	if format == "console" {
+		enc = zapcore.NewConsoleEncoder(ec)
+	} else {
+		enc = zapcore.NewJSONEncoder(ec)
+	}
+	return zap.New(zapcore.NewCore(enc, zapcore.AddSync(w), lvl))
+}
+
+func cmdRun(args []string, stderr io.Writer) error {
+	fs := flag.NewFlagSet("run", flag.ContinueOnError)
+	cfgPath := configFlag(fs)
+	only := fs.String("only", "", "comma-separated roles to run (default: all)")
+	if err := fs.Parse(args); err != nil {
+		return &exitError{2, err}
+	}
+	roles, err := parseRoles(*only)
+	if err != nil {
+		return &exitError{2, err}
+	}
+	cfg, err := loadConfig(*cfgPath)
+	if err != nil {
+		return err
+	}
+	log := newLogger(cfg.Log.Level, cfg.Log.Format, stderr)
+	defer log.Sync() //nolint:errcheck
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	startCtx, cancel := context.WithTimeout(ctx, time.Minute)
+	a, err := newApp(startCtx, cfg, log, appOptions{roles: roles})
+	cancel()
+	if err != nil {
+		return err
+	}
+	defer a.close()
+	done := make(chan error, 1)
+	go func() { done <- a.run(ctx) }()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+	}
+	log.Info("shutting down: no new claims; draining", zap.Duration("timeout", cfg.ShutdownTimeout.D()))
+	select {
+	case err := <-done:
+		log.Info("drained; bye")
+		return err
+	case <-time.After(cfg.ShutdownTimeout.D()):
+		return &exitError{1, fmt.Errorf("drain overran shutdown_timeout (%v); what was left is timed out and retried later", cfg.ShutdownTimeout.D())}
+	}
+}
+
+func cmdMigrate(args []string, stdout io.Writer) error {
+	sub := "up"
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		sub, args = args[0], args[1:]
+	}
+	fs := flag.NewFlagSet("migrate", flag.ContinueOnError)
+	cfgPath := configFlag(fs)
+	if err := fs.Parse(args); err != nil {
+		return &exitError{2, err}
+	}
+	if sub != "up" && sub != "status" {
+		return &exitError{2, fmt.Errorf("migrate: unknown subcommand %q (up or status)", sub)}
+	}
+	cfg, err := loadConfig(*cfgPath)
+	if err != nil {
+		return err
+	}
+	ctx := context.Background()
+	st, err := openStore(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	if sub == "up" {
+		applied, err := st.Migrate(ctx)
+		if err != nil {
+			return err
+		}
+		if len(applied) == 0 {
+			fmt.Fprintln(stdout, "schema is up to date")
+		}
+		for _, m := range applied {
+			fmt.Fprintf(stdout, "applied %04d_%s\n", m.Version, m.Name)
+		}
+		return nil
+	}
+	ms, current, err := st.MigrationStatus(ctx)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "schema version %d (this hipq knows %d)\n", current, len(ms))
+	for _, m := range ms {
+		at := "pending"
+		if m.AppliedAt != nil {
+			at = "applied " + m.AppliedAt.UTC().Format(time.RFC3339)
+		}
+		fmt.Fprintf(stdout, "  %04d_%s  %s\n", m.Version, m.Name, at)
+	}
+	return nil
+}
+
+func cmdCheckConfig(args []string, stdout io.Writer) error {
+	fs := flag.NewFlagSet("check-config", flag.ContinueOnError)
+	cfgPath := configFlag(fs)
+	if err := fs.Parse(args); err != nil {
+		return &exitError{2, err}
+	}
+	cfg, err := loadConfig(*cfgPath)
+	if err != nil {
+		return err
+	}
+	fmt.Fprint(stdout, "# effective config (secrets redacted)\n"+cfg.Redacted())
+	return nil
+}
+
+func splitComma(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}

@@ -1,0 +1,116 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"go.uber.org/zap"
+
+	"github.com/hipq/hipq/config"
+	"github.com/hipq/hipq/correlator"
+	"github.com/hipq/hipq/internal/localpg"
+)
+
+// sandbox is the zero-setup environment of demo and bench: an embedded
+// Kafka (kfake on a free local port) and $HIPQ_DATABASE_URL or a throwaway
+// local PostgreSQL.
+type sandbox struct {
+	kafka   *kfake.Cluster
+	pg      *localpg.Cluster
+	dbURL   string
+	brokers []string
+}
+
+func newSandbox(ctx context.Context, durable bool, partitions int32, topics ...string) (*sandbox, error) {
+	sb := &sandbox{}
+	fake, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(partitions, topics...))
+	if err != nil {
+		return nil, fmt.Errorf("start embedded Kafka: %w", err)
+	}
+	sb.kafka = fake
+	sb.brokers = fake.ListenAddrs()
+	if u := os.Getenv("HIPQ_DATABASE_URL"); u != "" {
+		sb.dbURL = u
+		return sb, nil
+	}
+	pg, err := localpg.Start(ctx, localpg.Options{Durable: durable})
+	if err != nil {
+		fake.Close()
+		return nil, fmt.Errorf("start a throwaway PostgreSQL: %w", err)
+	}
+	sb.pg = pg
+	sb.dbURL = pg.URL("postgres")
+	return sb, nil
+}
+
+func (sb *sandbox) close() {
+	if sb.pg != nil {
+		sb.pg.Stop()
+	}
+	sb.kafka.Close()
+}
+
+func (sb *sandbox) dbDescription() string {
+	if sb.pg != nil {
+		return "throwaway local PostgreSQL in " + sb.pg.Dir
+	}
+	return "$HIPQ_DATABASE_URL"
+}
+
+// sandboxConfig is the config of demo and bench, parsed like any file.
+func (sb *sandbox) config(yaml string, schema string) (*config.Config, error) {
+	text := strings.NewReplacer("BROKERS", strings.Join(sb.brokers, ","), "SCHEMA", schema).Replace(yaml)
+	env := map[string]string{"DB": sb.dbURL}
+	return config.Parse(text, func(k string) (string, bool) { v, ok := env[k]; return v, ok })
+}
+
+// responder answers requests like a downstream service would: it copies
+// the hipq-* headers onto its reply, so hipq needs no matcher.
+type responder struct {
+	cl     *kgo.Client
+	reply  string
+	decide func(key string, attempt int) (status string, answer bool)
+}
+
+func newResponder(brokers []string, group, requests, replies string, log *zap.Logger,
+	decide func(key string, attempt int) (string, bool)) (*responder, error) {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumerGroup(group), kgo.ConsumeTopics(requests),
+		kgo.FetchMaxWait(100*time.Millisecond), kgo.ProducerLinger(2*time.Millisecond))
+	if err != nil {
+		return nil, err
+	}
+	return &responder{cl: cl, reply: replies, decide: decide}, nil
+}
+
+func (r *responder) run(ctx context.Context) {
+	defer r.cl.Close()
+	for ctx.Err() == nil {
+		fetches := r.cl.PollFetches(ctx)
+		fetches.EachRecord(func(rec *kgo.Record) {
+			var attempt int
+			var headers []kgo.RecordHeader
+			for _, h := range rec.Headers {
+				if h.Key == correlator.HeaderAttempt {
+					fmt.Sscan(string(h.Value), &attempt)
+				}
+				if strings.HasPrefix(h.Key, "hipq-") {
+					headers = append(headers, h)
+				}
+			}
+			status, answer := r.decide(string(rec.Key), attempt)
+			if !answer {
+				return
+			}
+			value := fmt.Sprintf(`{"status":%q,"echo":%s}`, status, rec.Value)
+			if status == "failed" {
+				value = fmt.Sprintf(`{"status":"failed","error":"downstream said no (attempt %d)"}`, attempt)
+			}
+			r.cl.Produce(ctx, &kgo.Record{Topic: r.reply, Key: rec.Key, Value: []byte(value), Headers: headers}, nil)
+		})
+	}
+}

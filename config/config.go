@@ -1,0 +1,244 @@
+// Package config reads hipq's one YAML file: environment expansion,
+// defaults, and validation that reports every problem at once with the
+// field's path. Only cmd/hipq reads it and maps it onto each component.
+package config
+
+import (
+	"time"
+
+	"github.com/hipq/hipq/correlator"
+)
+
+// Config is the whole file.
+type Config struct {
+	// Name names the deployment; consumer groups default to {name}-intake and
+	// {name}-responses. Defaults to hipq.
+	Name      string    `yaml:"name"`
+	Database  Database  `yaml:"database"`
+	Kafka     Kafka     `yaml:"kafka"`
+	Intake    Intake    `yaml:"intake"`
+	Responses Responses `yaml:"responses"`
+	Dispatch  Dispatch  `yaml:"dispatch"`
+	Sweeper   Sweeper   `yaml:"sweeper"`
+	// API is the HTTP server; absent means none.
+	API *API `yaml:"api,omitempty"`
+	// ShutdownTimeout bounds the drain after SIGTERM. Defaults to 15s.
+	ShutdownTimeout Duration  `yaml:"shutdown_timeout"`
+	Log             Log       `yaml:"log"`
+	Queues          []Queue   `yaml:"queues"`
+	JobTypes        []JobType `yaml:"job_types"`
+}
+
+// Database is PostgreSQL.
+type Database struct {
+	// URL is a libpq connection string or URL. Required.
+	URL string `yaml:"url" secret:"url"`
+	// Schema keeps deployments apart in one database. Defaults to public.
+	Schema string `yaml:"schema"`
+	// MaxConns is the pool size. Defaults to 10.
+	MaxConns int `yaml:"max_conns"`
+	// Migrate applies migrations at start. Defaults to true.
+	Migrate *bool `yaml:"migrate"`
+}
+
+// Kafka is the cluster.
+type Kafka struct {
+	// Brokers are seed addresses. Required.
+	Brokers []string `yaml:"brokers"`
+	// ClientID defaults to the deployment name.
+	ClientID string `yaml:"client_id"`
+	// SessionTimeout is how soon a dead instance's partitions move. Defaults to 10s.
+	SessionTimeout Duration `yaml:"session_timeout"`
+	TLS            TLS      `yaml:"tls"`
+	SASL           SASL     `yaml:"sasl"`
+}
+
+// TLS to the brokers.
+type TLS struct {
+	Enabled  bool   `yaml:"enabled"`
+	CAFile   string `yaml:"ca_file"`
+	CertFile string `yaml:"cert_file"`
+	KeyFile  string `yaml:"key_file"`
+}
+
+// SASL to the brokers.
+type SASL struct {
+	// Mechanism is empty (none), PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512.
+	Mechanism string `yaml:"mechanism"`
+	Username  string `yaml:"username"`
+	Password  string `yaml:"password" secret:"true"`
+}
+
+// Intake is the consumer of job requests.
+type Intake struct {
+	// Topics to read; none means no intake consumer.
+	Topics []string `yaml:"topics"`
+	// Group defaults to {name}-intake.
+	Group string `yaml:"group"`
+	// DeadLetterTopic gets a copy of each bad record; optional.
+	DeadLetterTopic string `yaml:"dead_letter_topic"`
+	// MaxBytes is the largest record value accepted. Defaults to 1048576.
+	MaxBytes int `yaml:"max_bytes"`
+	// Start is where a partition with no stored offset begins: earliest
+	// (default) or latest.
+	Start string `yaml:"start"`
+}
+
+// Responses is the consumer of replies.
+type Responses struct {
+	// Group defaults to {name}-responses.
+	Group string `yaml:"group"`
+	// Start: earliest (default) or latest.
+	Start string `yaml:"start"`
+	// EarlyTTL is how long a reply for a job not yet dispatched is kept. Defaults to 10m.
+	EarlyTTL Duration `yaml:"early_ttl"`
+	// DeadLetterTopic gets a copy of each unusable reply; optional.
+	DeadLetterTopic string          `yaml:"dead_letter_topic"`
+	Topics          []ResponseTopic `yaml:"topics"`
+}
+
+// ResponseTopic is one response topic and where its fields are. Fields
+// left out take the defaults (the hipq-* headers, {json: /status}, …).
+type ResponseTopic struct {
+	Topic     string            `yaml:"topic"`
+	JobID     *correlator.Field `yaml:"job_id,omitempty"`
+	JobType   *correlator.Field `yaml:"job_type,omitempty"`
+	JobKey    *correlator.Field `yaml:"job_key,omitempty"`
+	Attempt   *correlator.Field `yaml:"attempt,omitempty"`
+	Status    *StatusField      `yaml:"status,omitempty"`
+	Retryable *correlator.Field `yaml:"retryable,omitempty"`
+	Error     *correlator.Field `yaml:"error,omitempty"`
+	Result    *correlator.Field `yaml:"result,omitempty"`
+}
+
+// StatusField is a field plus its success and failure values.
+type StatusField struct {
+	correlator.Field `yaml:",inline"`
+	Success          []string `yaml:"success,omitempty"`
+	Failure          []string `yaml:"failure,omitempty"`
+}
+
+// Dispatch is the dispatcher.
+type Dispatch struct {
+	// Interval between polls for due jobs. Defaults to 1s.
+	Interval Duration `yaml:"interval"`
+	// BatchSize is the most jobs claimed per queue per round. Defaults to 500.
+	BatchSize int `yaml:"batch_size"`
+	// Grace is added to a transport's send timeout before the sweeper takes
+	// an unsent claim for dead. Defaults to 1m.
+	Grace Duration `yaml:"grace"`
+}
+
+// Sweeper is the periodic maintenance.
+type Sweeper struct {
+	// Schedule in robfig/cron syntax. Defaults to "@every 15s".
+	Schedule string `yaml:"schedule"`
+	// Retention of final jobs. Defaults to 720h.
+	Retention Duration `yaml:"retention"`
+	// DeadLetterRetention of dead letters. Defaults to 720h.
+	DeadLetterRetention Duration `yaml:"dead_letter_retention"`
+}
+
+// API is the HTTP server.
+type API struct {
+	// Listen address. Defaults to 127.0.0.1:8080.
+	Listen string `yaml:"listen"`
+	// PublicURL is how downstreams reach the API (callback URLs).
+	PublicURL string `yaml:"public_url"`
+	// Tokens are accepted bearer tokens, each at least 32 bytes.
+	Tokens []string `yaml:"tokens" secret:"true"`
+	// CallbackSecret signs callback URLs; required, at least 32 bytes.
+	CallbackSecret string `yaml:"callback_secret" secret:"true"`
+}
+
+// Log is logging.
+type Log struct {
+	// Level: debug, info (default), warn, error.
+	Level string `yaml:"level"`
+	// Format: json (default) or console.
+	Format string `yaml:"format"`
+}
+
+// Queue is a set of job types sharing one throttle and one ordering.
+type Queue struct {
+	Name string `yaml:"name"`
+	// Order: scheduled_first (default) or priority_first.
+	Order string `yaml:"order"`
+	// ThrottleLimit is the most total throttle_factor of running jobs; 0 = unlimited.
+	ThrottleLimit int     `yaml:"throttle_limit"`
+	Shares        *Shares `yaml:"shares,omitempty"`
+}
+
+// Shares split a queue's limit among partitions of its jobs.
+type Shares struct {
+	By      correlator.Field `yaml:"by"`
+	Weights map[string]int   `yaml:"weights"`
+}
+
+// JobType is a kind of job.
+type JobType struct {
+	Name string `yaml:"name"`
+	// Queue defaults to default.
+	Queue     string    `yaml:"queue"`
+	Transport Transport `yaml:"transport"`
+	// ReplyTopic must be one of responses.topics; optional.
+	ReplyTopic string `yaml:"reply_topic"`
+	// Timeout is how long a reply is awaited. Defaults to 24h.
+	Timeout Duration `yaml:"timeout"`
+	// Priority defaults to 100; lower runs first.
+	Priority *int `yaml:"priority"`
+	// ThrottleFactor defaults to 1.
+	ThrottleFactor int `yaml:"throttle_factor"`
+	// MaxConcurrency caps running jobs of this type; 0 = no cap.
+	MaxConcurrency int  `yaml:"max_concurrency"`
+	Critical       bool `yaml:"critical"`
+	// Delivery: at_least_once (default) or at_most_once.
+	Delivery    string                  `yaml:"delivery"`
+	Retry       *Retry                  `yaml:"retry,omitempty"`
+	TimeWindows []correlator.TimeWindow `yaml:"time_windows,omitempty"`
+}
+
+// Transport names exactly one of kafka or http.
+type Transport struct {
+	Kafka *KafkaTransport `yaml:"kafka,omitempty"`
+	HTTP  *HTTPTransport  `yaml:"http,omitempty"`
+}
+
+// KafkaTransport produces requests to a topic.
+type KafkaTransport struct {
+	Topic string `yaml:"topic"`
+	// Envelope wraps job_data with its identifiers.
+	Envelope bool `yaml:"envelope"`
+}
+
+// HTTPTransport calls a URL.
+type HTTPTransport struct {
+	URL     string            `yaml:"url"`
+	Method  string            `yaml:"method"`
+	Headers map[string]string `yaml:"headers,omitempty" secret:"true"`
+	// Timeout of one call. Defaults to 10s.
+	Timeout Duration `yaml:"timeout"`
+	// Mode: async (default) or sync.
+	Mode string `yaml:"mode"`
+}
+
+// Retry is a job type's retry policy; keys left out take the values
+// max_attempts 5, exponential, initial 10s, multiplier 2, max 1h, jitter 0.1.
+type Retry struct {
+	MaxAttempts int      `yaml:"max_attempts"`
+	Backoff     string   `yaml:"backoff"`
+	Initial     Duration `yaml:"initial"`
+	Multiplier  float64  `yaml:"multiplier"`
+	Max         Duration `yaml:"max"`
+	Jitter      *float64 `yaml:"jitter"`
+	When        []string `yaml:"when,omitempty"`
+}
+
+// Duration is a time.Duration written as "10s" in YAML.
+type Duration time.Duration
+
+// D returns the time.Duration.
+func (d Duration) D() time.Duration { return time.Duration(d) }
+
+// MarshalYAML writes the duration as text.
+func (d Duration) MarshalYAML() (any, error) { return time.Duration(d).String(), nil }

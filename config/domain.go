@@ -1,0 +1,190 @@
+package config
+
+import (
+	"net/url"
+	"reflect"
+	"strings"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/hipq/hipq/correlator"
+)
+
+// Queue returns the named queue, or nil.
+func (c *Config) Queue(name string) *Queue {
+	for i := range c.Queues {
+		if c.Queues[i].Name == name {
+			return &c.Queues[i]
+		}
+	}
+	return nil
+}
+
+// Domain maps the job types onto the correlator's, by name.
+func (c *Config) Domain() map[string]*correlator.JobType {
+	out := make(map[string]*correlator.JobType, len(c.JobTypes))
+	for i := range c.JobTypes {
+		jt := &c.JobTypes[i]
+		d := &correlator.JobType{
+			Name:           jt.Name,
+			Queue:          jt.Queue,
+			Timeout:        jt.Timeout.D(),
+			Priority:       *jt.Priority,
+			ThrottleFactor: jt.ThrottleFactor,
+			Delivery:       correlator.Delivery(jt.Delivery),
+			Retry:          correlator.NoRetry,
+			Windows:        append([]correlator.TimeWindow(nil), jt.TimeWindows...),
+		}
+		_ = correlator.CompileWindows(d.Windows)
+		if q := c.Queue(jt.Queue); q != nil {
+			d.QueueLimit = q.ThrottleLimit
+		}
+		if r := jt.Retry; r != nil {
+			b := &correlator.Backoff{
+				Attempts:    r.MaxAttempts,
+				Exponential: r.Backoff == "exponential",
+				Initial:     r.Initial.D(),
+				Multiplier:  r.Multiplier,
+				Max:         r.Max.D(),
+				Jitter:      *r.Jitter,
+			}
+			for _, w := range r.When {
+				o, _ := correlator.ParseAttemptOutcome(w)
+				b.When = append(b.When, o)
+			}
+			d.Retry = b
+		}
+		out[jt.Name] = d
+	}
+	return out
+}
+
+// Matcher builds the matcher of a response topic: its fields over the
+// defaults.
+func (rt *ResponseTopic) Matcher(maxBytes int) correlator.Matcher {
+	m := correlator.DefaultMatcher()
+	m.MaxBytes = maxBytes
+	set := func(dst *correlator.Field, src *correlator.Field) {
+		if src != nil {
+			*dst = *src
+		}
+	}
+	set(&m.JobID, rt.JobID)
+	set(&m.JobType, rt.JobType)
+	set(&m.JobKey, rt.JobKey)
+	set(&m.Attempt, rt.Attempt)
+	set(&m.Retryable, rt.Retryable)
+	set(&m.Error, rt.Error)
+	set(&m.Result, rt.Result)
+	if s := rt.Status; s != nil {
+		m.Status = s.Field
+		if s.Success != nil {
+			m.Success = s.Success
+		}
+		if s.Failure != nil {
+			m.Failure = s.Failure
+		}
+	}
+	return m
+}
+
+// Redacted is the effective config as YAML with every secret replaced:
+// fields tagged secret, and the password of the database URL.
+func (c *Config) Redacted() string {
+	cp := *c
+	redact(reflect.ValueOf(&cp).Elem())
+	b, err := yaml.Marshal(&cp)
+	if err != nil {
+		return "# cannot print config: " + err.Error()
+	}
+	return string(b)
+}
+
+const hidden = "REDACTED"
+
+// redact replaces secrets in v, copying what it changes so the original
+// config is left alone.
+func redact(v reflect.Value) {
+	switch v.Kind() {
+	case reflect.Pointer:
+		if !v.IsNil() {
+			cp := reflect.New(v.Elem().Type())
+			cp.Elem().Set(v.Elem())
+			redact(cp.Elem())
+			v.Set(cp)
+		}
+	case reflect.Slice:
+		if !v.IsNil() {
+			cp := reflect.MakeSlice(v.Type(), v.Len(), v.Len())
+			reflect.Copy(cp, v)
+			for i := range cp.Len() {
+				redact(cp.Index(i))
+			}
+			v.Set(cp)
+		}
+	case reflect.Struct:
+		t := v.Type()
+		for i := range t.NumField() {
+			f := t.Field(i)
+			if !f.IsExported() {
+				continue
+			}
+			fv := v.Field(i)
+			switch f.Tag.Get("secret") {
+			case "true":
+				hideAll(fv)
+			case "url":
+				fv.SetString(redactURL(fv.String()))
+			default:
+				redact(fv)
+			}
+		}
+	}
+}
+
+func hideAll(v reflect.Value) {
+	switch v.Kind() {
+	case reflect.String:
+		if v.String() != "" {
+			v.SetString(hidden)
+		}
+	case reflect.Slice:
+		if !v.IsNil() {
+			cp := reflect.MakeSlice(v.Type(), v.Len(), v.Len())
+			for i := range cp.Len() {
+				cp.Index(i).SetString(hidden)
+			}
+			v.Set(cp)
+		}
+	case reflect.Map:
+		if !v.IsNil() {
+			cp := reflect.MakeMap(v.Type())
+			for _, k := range v.MapKeys() {
+				cp.SetMapIndex(k, reflect.ValueOf(hidden))
+			}
+			v.Set(cp)
+		}
+	}
+}
+
+// redactURL hides the password of a URL or of a key=value connection string.
+func redactURL(s string) string {
+	if u, err := url.Parse(s); err == nil && u.Scheme != "" {
+		if _, has := u.User.Password(); has {
+			u.User = url.UserPassword(u.User.Username(), hidden)
+		}
+		q := u.Query()
+		if q.Has("password") {
+			q.Set("password", hidden)
+			u.RawQuery = q.Encode()
+		}
+		return u.String()
+	}
+	fields := strings.Fields(s)
+	for i, f := range fields {
+		if strings.HasPrefix(f, "password=") {
+			fields[i] = "password=" + hidden
+		}
+	}
+	return strings.Join(fields, " ")
+}

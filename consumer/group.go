@@ -1,0 +1,328 @@
+// Package consumer runs hipq's two Kafka consumer groups: intake (job
+// requests become jobs) and responses (replies resolve jobs).
+//
+// Both apply each record exactly once (invariant 7). The offset of every
+// partition lives in PostgreSQL, written in the same transaction as the
+// records' effects as a compare-and-set against the offset this consumer
+// last read from or wrote there. On assignment the consumer seeks to the
+// stored offsets, so a record re-read after a crash, or applied meanwhile
+// by an instance that took the partition over, never takes effect twice:
+// the compare-and-set fails, the transaction rolls back and the consumer
+// seeks to the stored offset. After its transaction the consumer also
+// marks the offsets for commit to the Kafka group, so lag tools see them;
+// on assignment PostgreSQL's offsets win.
+package consumer
+
+import (
+	"context"
+	"errors"
+	"os"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	"go.uber.org/zap"
+
+	"github.com/hipq/hipq/correlator"
+	"github.com/hipq/hipq/internal/kafkaconn"
+	"github.com/hipq/hipq/store"
+)
+
+// GroupConfig is one consumer group.
+type GroupConfig struct {
+	Kafka          kafkaconn.Config
+	Group          string
+	Topics         []string
+	Start          string // earliest or latest: where a partition with no stored offset begins
+	SessionTimeout time.Duration
+	MaxPollRecords int // defaults to 5000
+}
+
+// applier writes one batch of records, with their offset advances, in one
+// transaction. after runs once it committed (dead-letter copies, logs).
+type applier interface {
+	apply(ctx context.Context, recs []*kgo.Record, adv []store.OffsetAdvance) (after func(), err error)
+	// poison dead-letters one record PostgreSQL refused, with its advance.
+	poison(ctx context.Context, rec *kgo.Record, adv []store.OffsetAdvance, cause error) (after func(), err error)
+}
+
+// group is the exactly-once loop shared by intake and responses.
+type group struct {
+	log   *zap.Logger
+	st    *store.Store
+	cfg   GroupConfig
+	cl    *kgo.Client
+	app   applier
+	crash string // test hook: the crash point to die at
+
+	mu  sync.Mutex
+	pos map[store.TopicPartition]int64 // stored next offset; -1: none stored
+}
+
+func newGroup(log *zap.Logger, st *store.Store, cfg GroupConfig, app applier) (*group, error) {
+	if cfg.MaxPollRecords == 0 {
+		cfg.MaxPollRecords = 5000
+	}
+	g := &group{log: log, st: st, cfg: cfg, app: app, pos: map[store.TopicPartition]int64{}, crash: os.Getenv("HIPQ_CRASHPOINT")}
+	reset := kgo.NewOffset().AtStart()
+	if cfg.Start == "latest" {
+		reset = kgo.NewOffset().AtEnd()
+	}
+	opts := []kgo.Opt{
+		kgo.ConsumerGroup(cfg.Group),
+		kgo.ConsumeTopics(cfg.Topics...),
+		kgo.ConsumeResetOffset(reset),
+		kgo.BlockRebalanceOnPoll(),
+		kgo.AutoCommitMarks(),
+		kgo.AutoCommitInterval(time.Second),
+		kgo.AdjustFetchOffsetsFn(g.adjust),
+		kgo.OnPartitionsRevoked(g.forget),
+		kgo.OnPartitionsLost(g.forget),
+		kgo.FetchMaxWait(500 * time.Millisecond),
+	}
+	if cfg.SessionTimeout > 0 {
+		opts = append(opts, kgo.SessionTimeout(cfg.SessionTimeout))
+	}
+	cl, err := kafkaconn.NewClient(cfg.Kafka, log, opts...)
+	if err != nil {
+		return nil, err
+	}
+	g.cl = cl
+	return g, nil
+}
+
+// adjust replaces the group's committed offsets of newly assigned
+// partitions with PostgreSQL's.
+func (g *group) adjust(ctx context.Context, offsets map[string]map[int32]kgo.Offset) (map[string]map[int32]kgo.Offset, error) {
+	var tps []store.TopicPartition
+	for t, ps := range offsets {
+		for p := range ps {
+			tps = append(tps, store.TopicPartition{Topic: t, Partition: p})
+		}
+	}
+	var stored map[store.TopicPartition]int64
+	var err error
+	for try := 0; ; try++ {
+		stored, err = g.st.OffsetsLoad(ctx, g.cfg.Group, tps)
+		if err == nil || ctx.Err() != nil {
+			break
+		}
+		g.log.Warn("cannot load stored offsets; retrying", zap.String("group", g.cfg.Group), zap.Error(err))
+		sleep(ctx, backoff(try))
+	}
+	if err != nil {
+		return nil, err
+	}
+	reset := kgo.NewOffset().AtStart()
+	if g.cfg.Start == "latest" {
+		reset = kgo.NewOffset().AtEnd()
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, tp := range tps {
+		if next, ok := stored[tp]; ok {
+			offsets[tp.Topic][tp.Partition] = kgo.NewOffset().At(next).WithEpoch(-1)
+			g.pos[tp] = next
+		} else {
+			offsets[tp.Topic][tp.Partition] = reset
+			g.pos[tp] = -1
+		}
+	}
+	g.log.Info("partitions assigned", zap.String("group", g.cfg.Group), zap.Int("partitions", len(tps)))
+	return offsets, nil
+}
+
+func (g *group) forget(_ context.Context, _ *kgo.Client, lost map[string][]int32) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for t, ps := range lost {
+		for _, p := range ps {
+			delete(g.pos, store.TopicPartition{Topic: t, Partition: p})
+		}
+	}
+}
+
+// Run polls and applies until ctx ends, then leaves the group.
+func (g *group) Run(ctx context.Context) error {
+	defer g.cl.Close()
+	failures := 0
+	for {
+		fetches := g.cl.PollRecords(ctx, g.cfg.MaxPollRecords)
+		if fetches.IsClientClosed() || ctx.Err() != nil {
+			g.cl.AllowRebalance()
+			return nil
+		}
+		fetches.EachError(func(t string, p int32, err error) {
+			if !errors.Is(err, context.Canceled) {
+				g.log.Warn("fetch error", zap.String("group", g.cfg.Group), zap.String("topic", t), zap.Int32("partition", p), zap.Error(err))
+			}
+		})
+		recs := g.fresh(fetches.Records())
+		if len(recs) > 0 {
+			if err := g.process(context.WithoutCancel(ctx), recs); err != nil {
+				failures++
+				g.log.Error("cannot apply records; will read them again", zap.String("group", g.cfg.Group),
+					zap.Int("records", len(recs)), zap.Int("failures", failures), zap.Error(err))
+				g.reseek(recs)
+				g.cl.AllowRebalance()
+				sleep(ctx, backoff(failures))
+				continue
+			}
+			failures = 0
+		}
+		g.cl.AllowRebalance()
+	}
+}
+
+// fresh drops records before the stored offset (already applied).
+func (g *group) fresh(recs []*kgo.Record) []*kgo.Record {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	out := recs[:0]
+	for _, r := range recs {
+		pos, ok := g.pos[store.TopicPartition{Topic: r.Topic, Partition: r.Partition}]
+		if ok && r.Offset >= pos {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// advances computes each partition's move for recs, from the stored offset.
+func (g *group) advances(recs []*kgo.Record) []store.OffsetAdvance {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	idx := map[store.TopicPartition]int{}
+	var adv []store.OffsetAdvance
+	for _, r := range recs {
+		tp := store.TopicPartition{Topic: r.Topic, Partition: r.Partition}
+		i, ok := idx[tp]
+		if !ok {
+			i = len(adv)
+			idx[tp] = i
+			from, known := g.pos[tp]
+			if !known {
+				from = -1
+			}
+			adv = append(adv, store.OffsetAdvance{Topic: r.Topic, Partition: r.Partition, From: from})
+		}
+		adv[i].To = r.Offset + 1
+	}
+	return adv
+}
+
+// process applies recs; a batch PostgreSQL refuses for its data is split
+// until the record at fault is found and dead-lettered, so a partition
+// never stalls on it.
+func (g *group) process(ctx context.Context, recs []*kgo.Record) error {
+	adv := g.advances(recs)
+	after, err := g.app.apply(ctx, recs, adv)
+	if store.IsDataError(err) {
+		if len(recs) == 1 {
+			g.log.Warn("record refused by PostgreSQL; dead-lettering it", zap.String("topic", recs[0].Topic),
+				zap.Int32("partition", recs[0].Partition), zap.Int64("offset", recs[0].Offset), zap.Error(err))
+			after, err = g.app.poison(ctx, recs[0], adv, err)
+		} else {
+			half := len(recs) / 2
+			if err := g.process(ctx, recs[:half]); err != nil {
+				return err
+			}
+			return g.process(ctx, recs[half:])
+		}
+	}
+	if errors.Is(err, store.ErrOffsetConflict) {
+		g.log.Warn("records were already applied by another consumer; seeking to the stored offsets",
+			zap.String("group", g.cfg.Group), zap.Int("records", len(recs)))
+		g.reload(ctx, adv)
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	g.hit("after-commit")
+	g.mu.Lock()
+	for _, a := range adv {
+		g.pos[store.TopicPartition{Topic: a.Topic, Partition: a.Partition}] = a.To
+	}
+	g.mu.Unlock()
+	g.cl.MarkCommitRecords(recs...)
+	if after != nil {
+		after()
+	}
+	return nil
+}
+
+// reload reads the stored offsets of adv's partitions and seeks there.
+func (g *group) reload(ctx context.Context, adv []store.OffsetAdvance) {
+	tps := make([]store.TopicPartition, len(adv))
+	for i, a := range adv {
+		tps[i] = store.TopicPartition{Topic: a.Topic, Partition: a.Partition}
+	}
+	stored, err := g.st.OffsetsLoad(ctx, g.cfg.Group, tps)
+	if err != nil {
+		g.log.Warn("cannot reload stored offsets", zap.Error(err))
+		return
+	}
+	seek := map[string]map[int32]kgo.EpochOffset{}
+	g.mu.Lock()
+	for _, tp := range tps {
+		if next, ok := stored[tp]; ok {
+			g.pos[tp] = next
+			if seek[tp.Topic] == nil {
+				seek[tp.Topic] = map[int32]kgo.EpochOffset{}
+			}
+			seek[tp.Topic][tp.Partition] = kgo.EpochOffset{Epoch: -1, Offset: next}
+		}
+	}
+	g.mu.Unlock()
+	g.cl.SetOffsets(seek)
+}
+
+// reseek rewinds the partitions of recs to their first record, so a batch
+// that could not be written is read again.
+func (g *group) reseek(recs []*kgo.Record) {
+	seek := map[string]map[int32]kgo.EpochOffset{}
+	for _, r := range recs {
+		if seek[r.Topic] == nil {
+			seek[r.Topic] = map[int32]kgo.EpochOffset{}
+		}
+		if _, ok := seek[r.Topic][r.Partition]; !ok {
+			seek[r.Topic][r.Partition] = kgo.EpochOffset{Epoch: -1, Offset: r.Offset}
+		}
+	}
+	g.cl.SetOffsets(seek)
+}
+
+// hit kills the process at a named crash point; tests use it to prove a
+// crash between the PostgreSQL commit and the Kafka commit loses nothing
+// and applies nothing twice.
+func (g *group) hit(point string) {
+	if g.crash != "" && g.crash == g.cfg.Group+":"+point {
+		_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+		select {}
+	}
+}
+
+func backoff(try int) time.Duration {
+	d := 100 * time.Millisecond << min(try, 8)
+	return min(d, 10*time.Second)
+}
+
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
+
+func source(r *kgo.Record) store.Source {
+	hs := make([]correlator.Header, len(r.Headers))
+	for i, h := range r.Headers {
+		hs[i] = correlator.Header{Key: h.Key, Value: h.Value}
+	}
+	return store.Source{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Key: r.Key, Value: r.Value,
+		Headers: hs, Received: time.Now()}
+}

@@ -1,0 +1,93 @@
+package consumer
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	"go.uber.org/zap"
+
+	"github.com/hipq/hipq/correlator"
+	"github.com/hipq/hipq/store"
+)
+
+// ResponsesConfig configures the response consumer.
+type ResponsesConfig struct {
+	GroupConfig
+	DeadLetterTopic string
+	EarlyTTL        time.Duration
+	Matchers        map[string]correlator.Matcher // by topic
+	Types           map[string]*correlator.JobType
+}
+
+// Responses matches replies read from the response topics to their jobs.
+type Responses struct {
+	*group
+	cfg   ResponsesConfig
+	stats Stats
+}
+
+// NewResponses builds the response consumer; Run starts it.
+func NewResponses(log *zap.Logger, st *store.Store, cfg ResponsesConfig) (*Responses, error) {
+	rs := &Responses{cfg: cfg}
+	if cfg.EarlyTTL <= 0 {
+		rs.cfg.EarlyTTL = 10 * time.Minute
+	}
+	g, err := newGroup(log.Named("responses"), st, cfg.GroupConfig, rs)
+	if err != nil {
+		return nil, err
+	}
+	rs.group = g
+	return rs, nil
+}
+
+// Stats returns the counters: applied, duplicate, stale, early, dead_letter.
+func (rs *Responses) Stats() map[string]int64 { return rs.stats.snapshot() }
+
+// TypeInfo looks job types up by name.
+func TypeInfo(types map[string]*correlator.JobType) store.TypeInfo {
+	return func(name string) *correlator.JobType { return types[name] }
+}
+
+func (rs *Responses) apply(ctx context.Context, recs []*kgo.Record, adv []store.OffsetAdvance) (func(), error) {
+	b := store.ReplyBatch{Group: rs.cfg.Group, Offsets: adv, EarlyTTL: rs.cfg.EarlyTTL}
+	for _, r := range recs {
+		src := source(r)
+		m, ok := rs.cfg.Matchers[r.Topic]
+		if !ok {
+			m = correlator.DefaultMatcher()
+		}
+		reply, err := m.Match(&correlator.Record{Key: r.Key, Value: r.Value, Headers: src.Headers})
+		if err != nil {
+			b.DeadLetters = append(b.DeadLetters, store.DeadLetter{Kind: store.SourceReply, Source: src, Reason: err.Error()})
+			continue
+		}
+		b.Replies = append(b.Replies, store.ReplyIn{Reply: reply, Kind: store.SourceReply, Source: src})
+	}
+	res, err := rs.st.ReplyApply(ctx, b, TypeInfo(rs.cfg.Types))
+	if err != nil {
+		return nil, err
+	}
+	return func() {
+		for v, n := range res.Counts {
+			rs.stats.add(v.String(), int64(n))
+		}
+		rs.stats.add(correlator.DeadLetter.String(), int64(len(b.DeadLetters)))
+		rs.log.Debug("reply batch applied", zap.Int("records", len(recs)), zap.Int("applied", res.Counts[correlator.Apply]),
+			zap.Int("dead_lettered", len(res.DeadLetters)))
+		copyDeadLetters(rs.log, rs.cl, rs.cfg.DeadLetterTopic, res.DeadLetters)
+	}, nil
+}
+
+func (rs *Responses) poison(ctx context.Context, rec *kgo.Record, adv []store.OffsetAdvance, cause error) (func(), error) {
+	dl := store.DeadLetter{Kind: store.SourceReply, Source: source(rec), Reason: fmt.Sprintf("%s: PostgreSQL refused it: %v", correlator.CodeRejected, cause)}
+	res, err := rs.st.ReplyApply(ctx, store.ReplyBatch{Group: rs.cfg.Group, Offsets: adv, DeadLetters: []store.DeadLetter{dl}}, TypeInfo(rs.cfg.Types))
+	if err != nil {
+		return nil, err
+	}
+	return func() {
+		rs.stats.add(correlator.DeadLetter.String(), 1)
+		copyDeadLetters(rs.log, rs.cl, rs.cfg.DeadLetterTopic, res.DeadLetters)
+	}, nil
+}

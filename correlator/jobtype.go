@@ -1,0 +1,116 @@
+package correlator
+
+import (
+	"encoding/json"
+	"time"
+)
+
+// Delivery is a job type's dispatch guarantee.
+type Delivery string
+
+const (
+	// AtLeastOnce re-sends when hipq cannot know whether a request arrived.
+	AtLeastOnce Delivery = "at_least_once"
+	// AtMostOnce never re-sends a request that may have arrived.
+	AtMostOnce Delivery = "at_most_once"
+)
+
+// JobType is a named kind of job with its defaults and policies.
+type JobType struct {
+	Name           string
+	Queue          string
+	Timeout        time.Duration // how long a running job waits for its reply
+	Priority       int
+	ThrottleFactor int
+	Delivery       Delivery
+	Retry          RetryPolicy
+	Windows        []TimeWindow // compiled
+	// QueueLimit is the queue's throttle_limit (0 = unlimited): a job heavier
+	// than it could never run and is refused at intake.
+	QueueLimit int
+}
+
+// Job is one row of hipq_job.
+type Job struct {
+	ID               int64
+	Queue            string
+	JobType          string
+	JobKey           string
+	JobData          json.RawMessage
+	State            State
+	Outcome          Outcome // empty until final
+	Error            string
+	Attempt          int
+	MaxAttempts      int
+	ScheduledRunTime time.Time
+	Priority         int
+	ThrottleFactor   int
+	TimeWindows      []TimeWindow // nil = the type's
+	TimeoutSeconds   int
+	ExpiresAt        *time.Time
+	StartedAt        *time.Time
+	Result           json.RawMessage
+	CreatedAt        time.Time
+	UpdateTime       time.Time
+}
+
+// NewJob builds the initial row for a decoded request of type jt, filling
+// defaults from the type. It refuses what could never run.
+func NewJob(req *Request, jt *JobType, now time.Time) (*Job, error) {
+	j := &Job{
+		Queue:          jt.Queue,
+		JobType:        req.JobType,
+		JobKey:         req.JobKey,
+		JobData:        req.JobData,
+		State:          StateInitial,
+		Error:          ErrorNone,
+		MaxAttempts:    1,
+		Priority:       jt.Priority,
+		ThrottleFactor: jt.ThrottleFactor,
+		TimeoutSeconds: int(jt.Timeout / time.Second),
+		ExpiresAt:      req.ExpiresAt,
+		TimeWindows:    req.TimeWindows,
+	}
+	if jt.Retry != nil {
+		j.MaxAttempts = jt.Retry.MaxAttempts()
+	}
+	if len(j.JobData) == 0 {
+		j.JobData = json.RawMessage("null")
+	}
+	if req.Priority != nil {
+		j.Priority = *req.Priority
+	}
+	if req.ThrottleFactor != nil {
+		j.ThrottleFactor = *req.ThrottleFactor
+	}
+	if req.TimeoutSeconds != nil {
+		j.TimeoutSeconds = *req.TimeoutSeconds
+	}
+	if j.TimeoutSeconds <= 0 {
+		j.TimeoutSeconds = 86400
+	}
+	if j.ThrottleFactor < 1 {
+		j.ThrottleFactor = 1
+	}
+	if jt.QueueLimit > 0 && j.ThrottleFactor > jt.QueueLimit {
+		return nil, inputErrorf(CodeInvalidField, "throttle_factor: %d is larger than queue %q's throttle_limit %d, so the job could never run", j.ThrottleFactor, jt.Queue, jt.QueueLimit)
+	}
+	start := now
+	if req.ScheduledRunTime != nil {
+		start = *req.ScheduledRunTime
+	}
+	windows := jt.Windows
+	if req.TimeWindows != nil {
+		windows = req.TimeWindows
+	}
+	j.ScheduledRunTime = NextAllowed(windows, start)
+	return j, nil
+}
+
+// Windows returns the windows that apply to the job: its own, else the type's.
+func (j *Job) Windows(jt *JobType) []TimeWindow {
+	if j.TimeWindows != nil {
+		return j.TimeWindows
+	}
+	return jt.Windows
+}

@@ -1,0 +1,254 @@
+package correlator
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"unicode/utf8"
+)
+
+// Header is one record header.
+type Header struct {
+	Key   string
+	Value []byte
+}
+
+// Record is what a matcher reads: a Kafka record's key, value and headers,
+// or an HTTP body and its fields.
+type Record struct {
+	Key     []byte
+	Value   []byte
+	Headers []Header
+}
+
+// Header returns the last value of the header named key (case-insensitive).
+func (r *Record) Header(key string) ([]byte, bool) {
+	for i := len(r.Headers) - 1; i >= 0; i-- {
+		if strings.EqualFold(r.Headers[i].Key, key) {
+			return r.Headers[i].Value, true
+		}
+	}
+	return nil, false
+}
+
+// Field says where a matcher finds one field. Exactly one of its members is
+// set.
+type Field struct {
+	Header    string  `yaml:"header,omitempty" json:"header,omitempty"`
+	JSON      string  `yaml:"json,omitempty" json:"json,omitempty"` // a JSON pointer into the value
+	RecordKey bool    `yaml:"record_key,omitempty" json:"record_key,omitempty"`
+	Value     *string `yaml:"value,omitempty" json:"value,omitempty"` // a constant
+}
+
+// IsZero reports whether the field names no source.
+func (f Field) IsZero() bool { return f.Header == "" && f.JSON == "" && !f.RecordKey && f.Value == nil }
+
+// Validate checks that exactly one source is named.
+func (f Field) Validate() error {
+	n := 0
+	for _, set := range []bool{f.Header != "", f.JSON != "", f.RecordKey, f.Value != nil} {
+		if set {
+			n++
+		}
+	}
+	if n != 1 {
+		return fmt.Errorf("name exactly one of header, json, record_key, value")
+	}
+	if f.JSON != "" && !strings.HasPrefix(f.JSON, "/") {
+		return fmt.Errorf("json: %q is not a JSON pointer (it must start with /)", f.JSON)
+	}
+	return nil
+}
+
+// Header names used on requests and read from replies by default.
+const (
+	HeaderJobType = "hipq-job-type"
+	HeaderJobKey  = "hipq-job-key"
+	HeaderAttempt = "hipq-attempt"
+	HeaderJobID   = "hipq-job-id"
+	HeaderReplyTo = "hipq-reply-to"
+	HeaderError   = "hipq-error"
+)
+
+// Matcher extracts a Reply from a record.
+type Matcher struct {
+	JobID     Field
+	JobType   Field
+	JobKey    Field
+	Attempt   Field
+	Status    Field
+	Success   []string
+	Failure   []string
+	Retryable Field
+	Error     Field
+	Result    Field // zero: the whole value
+	MaxBytes  int   // 0: no limit
+}
+
+// DefaultMatcher reads the hipq-* headers that requests carry, so a
+// responder that copies them onto its reply needs no configuration.
+func DefaultMatcher() Matcher {
+	return Matcher{
+		JobID:     Field{Header: HeaderJobID},
+		JobType:   Field{Header: HeaderJobType},
+		JobKey:    Field{Header: HeaderJobKey},
+		Attempt:   Field{Header: HeaderAttempt},
+		Status:    Field{JSON: "/status"},
+		Success:   []string{"succeeded", "success", "ok"},
+		Failure:   []string{"failed", "failure", "error"},
+		Retryable: Field{JSON: "/retryable"},
+		Error:     Field{JSON: "/error"},
+		MaxBytes:  1 << 20,
+	}
+}
+
+type extracted struct {
+	rec    *Record
+	isJSON bool
+	doc    any
+}
+
+// lookup returns the field's raw text (JSON values as their JSON text, but
+// strings unquoted) and whether it was present.
+func (x *extracted) lookup(f Field) (text string, raw json.RawMessage, ok bool) {
+	switch {
+	case f.Header != "":
+		v, ok := x.rec.Header(f.Header)
+		return string(v), nil, ok
+	case f.RecordKey:
+		return string(x.rec.Key), nil, x.rec.Key != nil
+	case f.Value != nil:
+		return *f.Value, nil, true
+	case f.JSON != "":
+		if !x.isJSON {
+			return "", nil, false
+		}
+		v, ok := pointer(x.doc, f.JSON)
+		if !ok {
+			return "", nil, false
+		}
+		raw, _ := json.Marshal(v)
+		if s, isStr := v.(string); isStr {
+			return s, raw, true
+		}
+		return string(raw), raw, true
+	}
+	return "", nil, false
+}
+
+// pointer resolves an RFC 6901 JSON pointer.
+func pointer(doc any, p string) (any, bool) {
+	if p == "" {
+		return doc, true
+	}
+	for _, tok := range strings.Split(p[1:], "/") {
+		tok = strings.ReplaceAll(strings.ReplaceAll(tok, "~1", "/"), "~0", "~")
+		switch d := doc.(type) {
+		case map[string]any:
+			v, ok := d[tok]
+			if !ok {
+				return nil, false
+			}
+			doc = v
+		case []any:
+			i, err := strconv.Atoi(tok)
+			if err != nil || i < 0 || i >= len(d) {
+				return nil, false
+			}
+			doc = d[i]
+		default:
+			return nil, false
+		}
+	}
+	return doc, true
+}
+
+// Match extracts the reply. Errors are *InputError: the reply is to be
+// dead-lettered.
+func (m *Matcher) Match(rec *Record) (*Reply, error) {
+	if m.MaxBytes > 0 && len(rec.Value) > m.MaxBytes {
+		return nil, inputErrorf(CodeTooLarge, "%d bytes is more than the limit of %d", len(rec.Value), m.MaxBytes)
+	}
+	x := &extracted{rec: rec}
+	if err := CheckJSON(rec.Value, 0); err == nil {
+		dec := json.NewDecoder(bytes.NewReader(rec.Value))
+		dec.UseNumber()
+		if dec.Decode(&x.doc) == nil {
+			x.isJSON = true
+		}
+	} else if ie := err.(*InputError); ie.Code != CodeInvalidJSON {
+		// Valid JSON that PostgreSQL cannot store, or text that is not UTF-8.
+		return nil, ie
+	} else if bytes.IndexByte(rec.Value, 0) >= 0 {
+		return nil, inputErrorf(CodeNullChar, "the value holds a NUL byte, which PostgreSQL cannot store")
+	}
+	r := &Reply{Retryable: true, Success: true}
+	if s, _, ok := x.lookup(m.JobID); ok {
+		id, err := strconv.ParseInt(strings.TrimSpace(s), 10, 64)
+		if err != nil || id <= 0 {
+			return nil, inputErrorf(CodeInvalidField, "job_id: %q is not a job id", s)
+		}
+		r.JobID = &id
+	}
+	r.JobType, _, _ = x.lookup(m.JobType)
+	r.JobKey, _, _ = x.lookup(m.JobKey)
+	if r.JobID == nil && (r.JobType == "" || r.JobKey == "") {
+		return nil, inputErrorf(CodeMissingField, "job_type and job_key: a reply without a job id must carry both")
+	}
+	for _, s := range []string{r.JobType, r.JobKey} {
+		if !utf8.ValidString(s) || strings.IndexByte(s, 0) >= 0 {
+			return nil, inputErrorf(CodeInvalidField, "job_type/job_key: not valid UTF-8 text")
+		}
+	}
+	if s, _, ok := x.lookup(m.Attempt); ok {
+		a, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil || a < 1 {
+			return nil, inputErrorf(CodeInvalidField, "attempt: %q is not a positive integer", s)
+		}
+		r.Attempt = &a
+	}
+	if s, _, ok := x.lookup(m.Status); ok {
+		switch {
+		case slices.Contains(m.Success, s):
+		case slices.Contains(m.Failure, s):
+			r.Success = false
+		default:
+			return nil, inputErrorf(CodeInvalidField, "status: %q is neither a success (%s) nor a failure (%s) value",
+				s, strings.Join(m.Success, ", "), strings.Join(m.Failure, ", "))
+		}
+	}
+	if s, _, ok := x.lookup(m.Retryable); ok && s != "null" {
+		b, err := strconv.ParseBool(s)
+		if err != nil {
+			return nil, inputErrorf(CodeInvalidField, "retryable: %q is not a boolean", s)
+		}
+		r.Retryable = b
+	}
+	if s, _, ok := x.lookup(m.Error); ok && s != "null" {
+		r.Error = s
+	}
+	r.Result = m.result(x)
+	return r, nil
+}
+
+func (m *Matcher) result(x *extracted) json.RawMessage {
+	if m.Result.IsZero() {
+		if x.isJSON {
+			return json.RawMessage(bytes.TrimSpace(x.rec.Value))
+		}
+		s, _ := json.Marshal(string(x.rec.Value))
+		return s
+	}
+	text, raw, ok := x.lookup(m.Result)
+	switch {
+	case !ok:
+		return json.RawMessage("null")
+	case raw != nil:
+		return raw
+	}
+	s, _ := json.Marshal(text)
+	return s
+}

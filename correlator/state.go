@@ -1,0 +1,114 @@
+package correlator
+
+import (
+	"errors"
+	"fmt"
+)
+
+// State is where a job is in its life. The values are stored as text in
+// hipq_job.state.
+type State string
+
+const (
+	// StateInitial is a job that was accepted and has not been dispatched yet.
+	StateInitial State = "initial"
+	// StateRunning is a job whose request was (or is being) sent and whose
+	// reply is awaited.
+	StateRunning State = "running"
+	// StateError is transient: the last attempt failed and the retry policy
+	// decides, in the same transaction, between StateRetry and StateFinal.
+	StateError State = "error"
+	// StateRetry is a job waiting for its next attempt.
+	StateRetry State = "retry"
+	// StateFinal is a job that will never change again.
+	StateFinal State = "final"
+)
+
+// Outcome says how a final job ended.
+type Outcome string
+
+const (
+	OutcomeSucceeded Outcome = "succeeded"
+	OutcomeFailed    Outcome = "failed"
+	OutcomeTimedOut  Outcome = "timed_out"
+	OutcomeExpired   Outcome = "expired"
+	OutcomeCancelled Outcome = "cancelled"
+)
+
+// AttemptOutcome says how one attempt ended (hipq_attempt.outcome).
+type AttemptOutcome string
+
+const (
+	AttemptSucceeded     AttemptOutcome = "succeeded"
+	AttemptFailed        AttemptOutcome = "failed"
+	AttemptTimedOut      AttemptOutcome = "timed_out"
+	AttemptDispatchError AttemptOutcome = "dispatch_error"
+	AttemptCancelled     AttemptOutcome = "cancelled"
+)
+
+// ErrorNone is the error column's value when there is no error.
+const ErrorNone = "NONE"
+
+// Error strings recorded on jobs by hipq itself.
+const (
+	ErrorTimeout   = "timeout"
+	ErrorExpired   = "expired"
+	ErrorCancelled = "cancelled"
+)
+
+// transitions is the single source of truth for which moves are allowed.
+var transitions = map[State][]State{
+	StateInitial: {StateRunning, StateFinal},
+	StateRunning: {StateError, StateFinal},
+	StateError:   {StateRetry, StateFinal},
+	StateRetry:   {StateRunning, StateFinal},
+	StateFinal:   nil,
+}
+
+// CanTransition reports whether a job may move from one state to another.
+func CanTransition(from, to State) bool {
+	for _, s := range transitions[from] {
+		if s == to {
+			return true
+		}
+	}
+	return false
+}
+
+// Valid reports whether s is one of the five states.
+func (s State) Valid() bool {
+	_, ok := transitions[s]
+	return ok
+}
+
+// ErrNotFound is returned when a job, dead letter or queue does not exist.
+var ErrNotFound = errors.New("not found")
+
+// ErrStaleAttempt is returned when a guarded write found the job no longer in
+// the expected state or attempt: someone else moved it first.
+var ErrStaleAttempt = errors.New("stale attempt")
+
+// Outcome of an attempt mapped to the outcome a job ends with when no retry
+// follows.
+func (o AttemptOutcome) JobOutcome() Outcome {
+	switch o {
+	case AttemptSucceeded:
+		return OutcomeSucceeded
+	case AttemptTimedOut:
+		return OutcomeTimedOut
+	case AttemptCancelled:
+		return OutcomeCancelled
+	default:
+		// A failed reply and a dispatch error both end the job failed.
+		return OutcomeFailed
+	}
+}
+
+// ParseAttemptOutcome parses a retry.when entry.
+func ParseAttemptOutcome(s string) (AttemptOutcome, error) {
+	switch o := AttemptOutcome(s); o {
+	case AttemptFailed, AttemptTimedOut, AttemptDispatchError:
+		return o, nil
+	}
+	return "", fmt.Errorf("%q is not one of failed, timed_out, dispatch_error", s)
+}

@@ -1,0 +1,375 @@
+// Package dispatcher claims due jobs in batches and sends their requests.
+//
+// A round claims up to BatchSize due jobs of a queue in one statement
+// (FOR UPDATE SKIP LOCKED: many instances never claim the same job), which
+// moves them to running and writes their hipq_attempt rows, and commits.
+// Only then are the requests sent. A send the transport acknowledges sets
+// sent_at. A send the Kafka broker refused never left, so its claim is
+// undone (invariant 8) and the dispatcher backs off that transport instead
+// of burning attempts. An instance that dies between claim and send leaves
+// claims without sent_at, which the sweeper undoes after the send timeout
+// plus dispatch.grace.
+package dispatcher
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/hipq/hipq/correlator"
+	"github.com/hipq/hipq/store"
+)
+
+// Sender sends the requests of claimed jobs. Every claim gets exactly one
+// Result.
+type Sender interface {
+	Send(ctx context.Context, jobs []store.Claimed) []Result
+}
+
+// SendStatus is what became of one send.
+type SendStatus int
+
+const (
+	// Sent: the transport acknowledged the request.
+	Sent SendStatus = iota
+	// NotSent: the request surely never left (a broker refused it); the
+	// claim is undone.
+	NotSent
+	// Unknown: the request may have left (timeout, connection lost).
+	// at_least_once types undo the claim and send again; at_most_once types
+	// end final / failed.
+	Unknown
+	// Failed: the request itself is at fault or the downstream failed it; a
+	// dispatch_error attempt for the retry policy.
+	Failed
+)
+
+// Result is the outcome of one send.
+type Result struct {
+	Status SendStatus
+	Err    error
+	// Reply is a synchronous reply (HTTP sync mode), applied at once.
+	Reply *correlator.Reply
+}
+
+// QueueConfig is one queue the dispatcher serves.
+type QueueConfig struct {
+	Name  string
+	Order string
+}
+
+// Config configures a dispatcher.
+type Config struct {
+	Instance  string
+	Interval  time.Duration // poll interval; defaults to 1s
+	BatchSize int           // defaults to 500
+	Queues    []QueueConfig
+	Types     map[string]*correlator.JobType
+	// Senders by job type.
+	Senders map[string]Sender
+}
+
+// Dispatcher claims and sends.
+type Dispatcher struct {
+	log  *zap.Logger
+	st   *store.Store
+	cfg  Config
+	wake chan struct{}
+
+	mu       sync.Mutex
+	pausedTo map[Sender]time.Time // transports backing off after a refused send
+	failures map[Sender]int
+	stats    map[string]int64
+}
+
+// New builds a dispatcher; Run starts it.
+func New(log *zap.Logger, st *store.Store, cfg Config) *Dispatcher {
+	if cfg.Interval <= 0 {
+		cfg.Interval = time.Second
+	}
+	if cfg.BatchSize <= 0 {
+		cfg.BatchSize = 500
+	}
+	return &Dispatcher{log: log.Named("dispatcher"), st: st, cfg: cfg, wake: make(chan struct{}, 1),
+		pausedTo: map[Sender]time.Time{}, failures: map[Sender]int{}, stats: map[string]int64{}}
+}
+
+// Stats returns counters: claimed, sent, undone, dispatch_error, failed_unknown.
+func (d *Dispatcher) Stats() map[string]int64 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	out := make(map[string]int64, len(d.stats))
+	for k, v := range d.stats {
+		out[k] = v
+	}
+	return out
+}
+
+func (d *Dispatcher) count(name string, n int) {
+	if n == 0 {
+		return
+	}
+	d.mu.Lock()
+	d.stats[name] += int64(n)
+	d.mu.Unlock()
+}
+
+// Wake asks for a round now.
+func (d *Dispatcher) Wake() {
+	select {
+	case d.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Run claims and sends every Interval, and at once when PostgreSQL notifies
+// new work, until ctx ends. A round in progress finishes (its sends drain
+// and are recorded) before Run returns.
+func (d *Dispatcher) Run(ctx context.Context) error {
+	go d.listen(ctx)
+	t := time.NewTicker(d.cfg.Interval)
+	defer t.Stop()
+	for {
+		// A round runs to its end even during shutdown: what was claimed is sent and recorded.
+		if _, err := d.RunOnce(context.WithoutCancel(ctx)); err != nil {
+			d.log.Error("dispatch round failed", zap.Error(err))
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		case <-d.wake:
+		}
+	}
+}
+
+// listen turns NOTIFY hipq_job_ready into wake-ups. It is only a hint:
+// polling stays the fallback, so errors are logged and retried.
+func (d *Dispatcher) listen(ctx context.Context) {
+	for ctx.Err() == nil {
+		err := func() error {
+			conn, err := d.st.Pool().Acquire(ctx)
+			if err != nil {
+				return err
+			}
+			defer conn.Release()
+			if _, err := conn.Exec(ctx, "LISTEN hipq_job_ready"); err != nil {
+				return err
+			}
+			defer conn.Exec(context.Background(), "UNLISTEN *") //nolint:errcheck
+			for {
+				if _, err := conn.Conn().WaitForNotification(ctx); err != nil {
+					return err
+				}
+				d.Wake()
+			}
+		}()
+		if ctx.Err() != nil {
+			return
+		}
+		d.log.Debug("listen for new jobs failed; polling meanwhile", zap.Error(err))
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+// RunOnce claims and sends until no queue has due work left (or every
+// transport with due work is backing off). It returns how many jobs it
+// claimed.
+func (d *Dispatcher) RunOnce(ctx context.Context) (int, error) {
+	total := 0
+	var errs []error
+	for _, q := range d.cfg.Queues {
+		for {
+			n, err := d.round(ctx, q)
+			total += n
+			if err != nil {
+				errs = append(errs, err)
+				break
+			}
+			if n < d.cfg.BatchSize || ctx.Err() != nil {
+				break
+			}
+		}
+	}
+	return total, errors.Join(errs...)
+}
+
+// round claims one batch of a queue and sends it.
+func (d *Dispatcher) round(ctx context.Context, q QueueConfig) (int, error) {
+	if d.allPaused(q) {
+		return 0, nil
+	}
+	claimed, err := d.st.JobClaim(ctx, store.JobClaimParams{Queue: q.Name, Order: q.Order, Limit: d.cfg.BatchSize, Instance: d.cfg.Instance})
+	if err != nil || len(claimed) == 0 {
+		return 0, err
+	}
+	d.count("claimed", len(claimed))
+	bySender := map[Sender][]store.Claimed{}
+	var orphans []store.AttemptRef
+	for _, c := range claimed {
+		s := d.cfg.Senders[c.JobType]
+		if s == nil || d.paused(s) {
+			// No transport for this type on this instance (config rolling
+			// out), or the transport is backing off: give the claim back.
+			orphans = append(orphans, store.AttemptRef{JobID: c.ID, Attempt: c.Attempt})
+			continue
+		}
+		bySender[s] = append(bySender[s], c)
+	}
+	var (
+		sent, undo []store.AttemptRef
+		resolves   []store.Resolve
+		replies    []store.ReplyIn
+		wg         sync.WaitGroup
+		mu         sync.Mutex
+	)
+	undo = append(undo, orphans...)
+	now := time.Now()
+	for s, jobs := range bySender {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			results := s.Send(ctx, jobs)
+			refused := 0
+			mu.Lock()
+			defer mu.Unlock()
+			for i, r := range results {
+				c := &jobs[i]
+				ref := store.AttemptRef{JobID: c.ID, Attempt: c.Attempt}
+				jt := d.cfg.Types[c.JobType]
+				switch r.Status {
+				case Sent:
+					sent = append(sent, ref)
+					if r.Reply != nil {
+						replies = append(replies, store.ReplyIn{Reply: r.Reply, Kind: store.SourceReply})
+					}
+				case NotSent:
+					refused++
+					undo = append(undo, ref)
+				case Unknown:
+					if jt != nil && jt.Delivery == correlator.AtMostOnce {
+						resolves = append(resolves, store.Resolve{JobID: c.ID, Attempt: c.Attempt,
+							AttemptOutcome: correlator.AttemptDispatchError, AttemptError: errText(r.Err),
+							Res: correlator.Resolution{State: correlator.StateFinal, Outcome: correlator.OutcomeFailed,
+								Error: "request may have been delivered (at_most_once, not re-sent): " + errText(r.Err)}})
+						d.count("failed_unknown", 1)
+					} else {
+						refused++
+						undo = append(undo, ref)
+					}
+				case Failed:
+					resolves = append(resolves, dispatchError(c, jt, r.Err, now))
+				}
+			}
+			d.backoff(s, refused)
+		}()
+	}
+	wg.Wait()
+	var errs []error
+	if err := d.st.AttemptMarkSent(ctx, sent); err != nil {
+		errs = append(errs, err)
+	}
+	d.count("sent", len(sent))
+	if n, err := d.st.JobUndoClaim(ctx, undo); err != nil {
+		errs = append(errs, err)
+	} else if n > 0 {
+		d.count("undone", n)
+		d.log.Warn("claims undone: their requests never left", zap.String("queue", q.Name), zap.Int("jobs", n))
+	}
+	if len(resolves) > 0 {
+		done, err := d.st.JobResolveMany(ctx, resolves)
+		if err != nil {
+			errs = append(errs, err)
+		}
+		d.count("dispatch_error", len(done))
+	}
+	if len(replies) > 0 {
+		if _, err := d.st.ReplyApply(ctx, store.ReplyBatch{Replies: replies}, d.typeInfo); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	// Replies that came before their job was dispatched apply now.
+	if len(sent) > 0 {
+		ids := make([]int64, len(sent))
+		for i, r := range sent {
+			ids[i] = r.JobID
+		}
+		if res, err := d.st.EarlyReplyApply(ctx, ids, 0, d.typeInfo); err != nil {
+			errs = append(errs, err)
+		} else if n := res.Counts[correlator.Apply]; n > 0 {
+			d.log.Info("early replies applied", zap.Int("replies", n))
+		}
+	}
+	return len(claimed), errors.Join(errs...)
+}
+
+func (d *Dispatcher) typeInfo(name string) *correlator.JobType { return d.cfg.Types[name] }
+
+// dispatchError resolves a failed send through the retry policy.
+func dispatchError(c *store.Claimed, jt *correlator.JobType, err error, now time.Time) store.Resolve {
+	run := c.Running()
+	var policy correlator.RetryPolicy
+	if jt != nil {
+		policy = jt.Retry
+		if run.Windows == nil {
+			run.Windows = jt.Windows
+		}
+	}
+	return store.Resolve{JobID: c.ID, Attempt: c.Attempt, AttemptOutcome: correlator.AttemptDispatchError,
+		AttemptError: errText(err),
+		Res:          correlator.Resolve(run, correlator.AttemptDispatchError, true, errText(err), policy, now)}
+}
+
+func errText(err error) string {
+	if err == nil {
+		return "dispatch_error"
+	}
+	return err.Error()
+}
+
+// backoff pauses a transport whose sends were refused, longer each time; a
+// round without refusals ends the pause.
+func (d *Dispatcher) backoff(s Sender, refused int) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if refused == 0 {
+		if d.failures[s] > 0 {
+			d.log.Info("transport delivers again; claiming resumes")
+		}
+		d.failures[s] = 0
+		delete(d.pausedTo, s)
+		return
+	}
+	d.failures[s]++
+	wait := min(time.Second<<min(d.failures[s]-1, 5), 30*time.Second)
+	d.pausedTo[s] = time.Now().Add(wait)
+	d.log.Warn("transport refused sends; pausing its claims", zap.Int("refused", refused), zap.Duration("for", wait))
+}
+
+func (d *Dispatcher) paused(s Sender) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return time.Now().Before(d.pausedTo[s])
+}
+
+// allPaused reports whether every transport of the queue's types is
+// backing off, so claiming would only be undone.
+func (d *Dispatcher) allPaused(q QueueConfig) bool {
+	any := false
+	for name, jt := range d.cfg.Types {
+		if jt.Queue != q.Name {
+			continue
+		}
+		if s := d.cfg.Senders[name]; s != nil && !d.paused(s) {
+			return false
+		}
+		any = true
+	}
+	return any
+}

@@ -1,0 +1,109 @@
+package dispatcher
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"strconv"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/hipq/hipq/correlator"
+	"github.com/hipq/hipq/store"
+)
+
+// KafkaSendTimeout is how long a produce may take before it is given up;
+// the sweeper waits this plus dispatch.grace before taking an unsent claim
+// for dead.
+const KafkaSendTimeout = 30 * time.Second
+
+// KafkaProducerOpts are the producer settings the Kafka transport needs:
+// idempotent writes (franz-go's default) acknowledged by all in-sync
+// replicas, bounded by KafkaSendTimeout.
+func KafkaProducerOpts() []kgo.Opt {
+	return []kgo.Opt{
+		kgo.RequiredAcks(kgo.AllISRAcks()),
+		kgo.RecordDeliveryTimeout(KafkaSendTimeout),
+		kgo.ProducerLinger(0),
+	}
+}
+
+// KafkaRoute is where one job type's requests go.
+type KafkaRoute struct {
+	Topic      string
+	Envelope   bool
+	ReplyTopic string
+}
+
+// KafkaSender produces requests with a shared client.
+type KafkaSender struct {
+	cl     *kgo.Client
+	routes map[string]KafkaRoute // by job type
+}
+
+// NewKafkaSender sends the requests of the routed job types with cl.
+func NewKafkaSender(cl *kgo.Client, routes map[string]KafkaRoute) *KafkaSender {
+	return &KafkaSender{cl: cl, routes: routes}
+}
+
+type envelope struct {
+	JobID   int64           `json:"job_id"`
+	JobType string          `json:"job_type"`
+	JobKey  string          `json:"job_key"`
+	Attempt int             `json:"attempt"`
+	JobData json.RawMessage `json:"job_data"`
+	ReplyTo string          `json:"reply_to,omitempty"`
+}
+
+// Record builds the request record of a claimed job (SPEC §5).
+func (r KafkaRoute) Record(c *store.Claimed) *kgo.Record {
+	value := []byte(c.JobData)
+	if r.Envelope {
+		value, _ = json.Marshal(envelope{JobID: c.ID, JobType: c.JobType, JobKey: c.JobKey, Attempt: c.Attempt,
+			JobData: c.JobData, ReplyTo: r.ReplyTopic})
+	}
+	rec := &kgo.Record{Topic: r.Topic, Key: []byte(c.JobKey), Value: value, Headers: []kgo.RecordHeader{
+		{Key: correlator.HeaderJobType, Value: []byte(c.JobType)},
+		{Key: correlator.HeaderJobKey, Value: []byte(c.JobKey)},
+		{Key: correlator.HeaderAttempt, Value: []byte(strconv.Itoa(c.Attempt))},
+		{Key: correlator.HeaderJobID, Value: []byte(strconv.FormatInt(c.ID, 10))},
+	}}
+	if r.ReplyTopic != "" {
+		rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: correlator.HeaderReplyTo, Value: []byte(r.ReplyTopic)})
+	}
+	return rec
+}
+
+// Send produces every request and waits for the acknowledgements.
+func (s *KafkaSender) Send(ctx context.Context, jobs []store.Claimed) []Result {
+	recs := make([]*kgo.Record, len(jobs))
+	for i := range jobs {
+		recs[i] = s.routes[jobs[i].JobType].Record(&jobs[i])
+	}
+	results := s.cl.ProduceSync(ctx, recs...)
+	out := make([]Result, len(jobs))
+	for i, pr := range results {
+		out[i] = Result{Status: classifyProduce(pr.Err), Err: pr.Err}
+	}
+	return out
+}
+
+// classifyProduce tells a refused produce (never written: undo the claim),
+// a record at fault (a dispatch error of the job), and a produce whose fate
+// is unknown. With idempotent writes franz-go times a record out only when
+// that is safe, when it was never written (never sent, or answered with an
+// error), so a timeout, like an error the broker answered, means not sent.
+func classifyProduce(err error) SendStatus {
+	switch {
+	case err == nil:
+		return Sent
+	case errors.Is(err, kerr.MessageTooLarge), errors.Is(err, kerr.RecordListTooLarge),
+		errors.Is(err, kerr.InvalidRecord), errors.Is(err, kerr.CorruptMessage):
+		return Failed
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return Unknown
+	}
+	return NotSent
+}

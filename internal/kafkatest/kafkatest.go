@@ -1,0 +1,93 @@
+// Package kafkatest gives tests a Kafka cluster reached over TCP through the
+// same client code a real broker gets: franz-go's kfake, or the cluster at
+// HIPQ_TEST_KAFKA_BROKERS when set (topics then get unique names).
+package kafkatest
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// Cluster is a test's Kafka.
+type Cluster struct {
+	Brokers []string
+	fake    *kfake.Cluster
+	prefix  string
+	t       testing.TB
+}
+
+var seq atomic.Int64
+
+// New starts (or reaches) a cluster for t, closed when t ends.
+func New(t testing.TB) *Cluster {
+	t.Helper()
+	c := &Cluster{t: t}
+	if b := os.Getenv("HIPQ_TEST_KAFKA_BROKERS"); b != "" {
+		c.Brokers = strings.Split(b, ",")
+		c.prefix = fmt.Sprintf("hipqtest-%d-%d-", os.Getpid(), seq.Add(1))
+		return c
+	}
+	fake, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.AllowAutoTopicCreation(), kfake.DefaultNumPartitions(1))
+	if err != nil {
+		t.Fatalf("start kfake: %v", err)
+	}
+	t.Cleanup(fake.Close)
+	c.fake = fake
+	c.Brokers = fake.ListenAddrs()
+	return c
+}
+
+// Fake is the kfake cluster, nil against a real one.
+func (c *Cluster) Fake() *kfake.Cluster { return c.fake }
+
+// Topic returns the test's name for topic.
+func (c *Cluster) Topic(name string) string { return c.prefix + name }
+
+// CreateTopics creates topics (by their test names) with partitions each.
+func (c *Cluster) CreateTopics(partitions int32, names ...string) {
+	c.t.Helper()
+	cl := c.Client()
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	resp, err := kadm.NewClient(cl).CreateTopics(ctx, partitions, 1, nil, names...)
+	if err != nil {
+		c.t.Fatalf("create topics: %v", err)
+	}
+	for _, r := range resp {
+		if r.Err != nil && !strings.Contains(r.Err.Error(), "TOPIC_ALREADY_EXISTS") {
+			c.t.Fatalf("create topic %s: %v", r.Topic, r.Err)
+		}
+	}
+}
+
+// Client is a plain client for producing and reading in tests.
+func (c *Cluster) Client(opts ...kgo.Opt) *kgo.Client {
+	c.t.Helper()
+	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(c.Brokers...), kgo.MetadataMinAge(100 * time.Millisecond)}, opts...)...)
+	if err != nil {
+		c.t.Fatalf("kafka client: %v", err)
+	}
+	return cl
+}
+
+// Produce writes records synchronously.
+func (c *Cluster) Produce(rs ...*kgo.Record) {
+	c.t.Helper()
+	cl := c.Client()
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := cl.ProduceSync(ctx, rs...).FirstErr(); err != nil {
+		c.t.Fatalf("produce: %v", err)
+	}
+}

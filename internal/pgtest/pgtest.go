@@ -1,0 +1,134 @@
+// Package pgtest gives each test its own freshly migrated database on a
+// real PostgreSQL: a private throwaway cluster per test binary (see
+// localpg), or the server at HIPQ_TEST_DATABASE_URL when set. Databases are
+// copied from a migrated template, so tests can run in parallel.
+package pgtest
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/hipq/hipq/internal/localpg"
+	"github.com/hipq/hipq/store"
+)
+
+const template = "hipq_test_template"
+
+var (
+	once     sync.Once
+	cluster  *localpg.Cluster
+	adminURL string // a URL to the server's maintenance database
+	setupErr error
+	mu       sync.Mutex // CREATE DATABASE from one template, one at a time
+	seq      atomic.Int64
+	prefix   = fmt.Sprintf("hipq_t%d_", os.Getpid())
+)
+
+// Main runs the tests and then stops the cluster. Use it from TestMain.
+func Main(m *testing.M) {
+	code := m.Run()
+	if cluster != nil {
+		cluster.Stop()
+	}
+	os.Exit(code)
+}
+
+func setup() {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if u := os.Getenv("HIPQ_TEST_DATABASE_URL"); u != "" {
+		adminURL = u
+	} else {
+		cluster, setupErr = localpg.Start(ctx, localpg.Options{})
+		if setupErr != nil {
+			return
+		}
+		adminURL = cluster.URL("postgres")
+	}
+	tmpl := prefix + "template"
+	if setupErr = createDB(ctx, tmpl, ""); setupErr != nil {
+		return
+	}
+	s, err := store.Open(ctx, store.Config{URL: withDB(tmpl), MaxConns: 2})
+	if err != nil {
+		setupErr = err
+		return
+	}
+	defer s.Close()
+	_, setupErr = s.Migrate(ctx)
+}
+
+func createDB(ctx context.Context, name, from string) error {
+	conn, err := pgx.Connect(ctx, adminURL)
+	if err != nil {
+		return fmt.Errorf("connect to test server: %w", err)
+	}
+	defer conn.Close(ctx)
+	q := "CREATE DATABASE " + pgx.Identifier{name}.Sanitize()
+	if from != "" {
+		q += " TEMPLATE " + pgx.Identifier{from}.Sanitize()
+	}
+	_, err = conn.Exec(ctx, q)
+	return err
+}
+
+func dropDB(ctx context.Context, name string) {
+	conn, err := pgx.Connect(ctx, adminURL)
+	if err != nil {
+		return
+	}
+	defer conn.Close(ctx)
+	_, _ = conn.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)")
+}
+
+func withDB(name string) string {
+	cfg, err := pgx.ParseConfig(adminURL)
+	if err != nil {
+		return adminURL
+	}
+	if cfg.Host != "" && cfg.Host[0] == '/' {
+		return fmt.Sprintf("host=%s port=%d user=%s dbname=%s sslmode=disable", cfg.Host, cfg.Port, cfg.User, name)
+	}
+	return fmt.Sprintf("host=%s port=%d user=%s password=%s dbname=%s sslmode=disable", cfg.Host, cfg.Port, cfg.User, cfg.Password, name)
+}
+
+// URL returns the URL of a new migrated database for t, dropped when t ends.
+func URL(t testing.TB) string {
+	t.Helper()
+	once.Do(setup)
+	if setupErr != nil {
+		t.Fatalf("test PostgreSQL: %v", setupErr)
+	}
+	name := fmt.Sprintf("%s%d", prefix, seq.Add(1))
+	ctx := context.Background()
+	mu.Lock()
+	err := createDB(ctx, name, prefix+"template")
+	mu.Unlock()
+	if err != nil {
+		t.Fatalf("create test database: %v", err)
+	}
+	t.Cleanup(func() {
+		if os.Getenv("HIPQ_TEST_DATABASE_URL") != "" {
+			dropDB(context.Background(), name)
+		}
+	})
+	return withDB(name)
+}
+
+// New returns a store on a new migrated database for t.
+func New(t testing.TB) *store.Store {
+	t.Helper()
+	s, err := store.Open(context.Background(), store.Config{URL: URL(t), MaxConns: 8})
+	if err != nil {
+		t.Fatalf("open test store: %v", err)
+	}
+	t.Cleanup(s.Close)
+	return s
+}

@@ -1,0 +1,164 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"io/fs"
+	"path"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/hipq/hipq/schemas"
+)
+
+// migrationLock is the advisory lock key taken while migrating, so rolling
+// restarts of many instances migrate once.
+const migrationLock = 0x68697071_6d696772 // "hipqmigr"
+
+// Migration is one embedded schema change.
+type Migration struct {
+	Version   int
+	Name      string
+	SQL       string
+	AppliedAt *time.Time
+}
+
+// Migrations lists the embedded migrations in order.
+func Migrations() ([]Migration, error) {
+	entries, err := fs.ReadDir(schemas.Migrations, "migrations")
+	if err != nil {
+		return nil, err
+	}
+	var ms []Migration
+	for _, e := range entries {
+		num, name, ok := strings.Cut(strings.TrimSuffix(e.Name(), ".sql"), "_")
+		v, err := strconv.Atoi(num)
+		if !ok || err != nil {
+			return nil, fmt.Errorf("migration file %q is not NNNN_name.sql", e.Name())
+		}
+		b, err := fs.ReadFile(schemas.Migrations, path.Join("migrations", e.Name()))
+		if err != nil {
+			return nil, err
+		}
+		ms = append(ms, Migration{Version: v, Name: name, SQL: string(b)})
+	}
+	sort.Slice(ms, func(i, j int) bool { return ms[i].Version < ms[j].Version })
+	return ms, nil
+}
+
+// LatestVersion is the newest schema version this binary knows.
+func LatestVersion() int {
+	ms, _ := Migrations()
+	if len(ms) == 0 {
+		return 0
+	}
+	return ms[len(ms)-1].Version
+}
+
+// ErrSchemaTooNew is returned when the database was migrated by a newer hipq.
+type ErrSchemaTooNew struct{ Database, Binary int }
+
+func (e *ErrSchemaTooNew) Error() string {
+	return fmt.Sprintf("database schema is at version %d, newer than this hipq knows (%d): upgrade hipq", e.Database, e.Binary)
+}
+
+// Migrate applies every pending migration under an advisory lock. It is
+// idempotent, and refuses a schema newer than this binary.
+func (s *Store) Migrate(ctx context.Context) (applied []Migration, err error) {
+	ms, err := Migrations()
+	if err != nil {
+		return nil, err
+	}
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("migrate: %w", err)
+	}
+	defer conn.Release()
+	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1)", int64(migrationLock)); err != nil {
+		return nil, fmt.Errorf("migrate: take lock: %w", err)
+	}
+	defer conn.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock($1)", int64(migrationLock)) //nolint:errcheck
+	if _, err := conn.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{s.schema}.Sanitize()); err != nil {
+		return nil, fmt.Errorf("migrate: create schema %q: %w", s.schema, err)
+	}
+	if _, err := conn.Exec(ctx, `CREATE TABLE IF NOT EXISTS hipq_schema_migration (
+		version int PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
+		return nil, fmt.Errorf("migrate: %w", err)
+	}
+	var current int
+	if err := conn.QueryRow(ctx, "SELECT coalesce(max(version), 0) FROM hipq_schema_migration").Scan(&current); err != nil {
+		return nil, fmt.Errorf("migrate: read version: %w", err)
+	}
+	if latest := LatestVersion(); current > latest {
+		return nil, &ErrSchemaTooNew{Database: current, Binary: latest}
+	}
+	for _, m := range ms {
+		if m.Version <= current {
+			continue
+		}
+		err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, m.SQL); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, "INSERT INTO hipq_schema_migration (version, name) VALUES ($1, $2)", m.Version, m.Name)
+			return err
+		})
+		if err != nil {
+			return applied, fmt.Errorf("migrate: apply %04d_%s: %w", m.Version, m.Name, err)
+		}
+		applied = append(applied, m)
+	}
+	return applied, nil
+}
+
+// MigrationStatus lists every known migration with when it was applied.
+func (s *Store) MigrationStatus(ctx context.Context) ([]Migration, int, error) {
+	ms, err := Migrations()
+	if err != nil {
+		return nil, 0, err
+	}
+	var exists bool
+	if err := s.pool.QueryRow(ctx, "SELECT to_regclass('hipq_schema_migration') IS NOT NULL").Scan(&exists); err != nil {
+		return nil, 0, fmt.Errorf("migration status: %w", err)
+	}
+	current := 0
+	if exists {
+		rows, err := s.pool.Query(ctx, "SELECT version, applied_at FROM hipq_schema_migration")
+		if err != nil {
+			return nil, 0, fmt.Errorf("migration status: %w", err)
+		}
+		at := map[int]time.Time{}
+		var v int
+		var t time.Time
+		if _, err := pgx.ForEachRow(rows, []any{&v, &t}, func() error { at[v] = t; current = max(current, v); return nil }); err != nil {
+			return nil, 0, fmt.Errorf("migration status: %w", err)
+		}
+		for i := range ms {
+			if t, ok := at[ms[i].Version]; ok {
+				ms[i].AppliedAt = &t
+			}
+		}
+	}
+	return ms, current, nil
+}
+
+// CheckSchema returns an error unless the database is at exactly this
+// binary's schema version.
+func (s *Store) CheckSchema(ctx context.Context) error {
+	_, current, err := s.MigrationStatus(ctx)
+	if err != nil {
+		return err
+	}
+	latest := LatestVersion()
+	switch {
+	case current > latest:
+		return &ErrSchemaTooNew{Database: current, Binary: latest}
+	case current < latest:
+		return fmt.Errorf("database schema is at version %d, this hipq needs %d: run `hipq migrate`", current, latest)
+	}
+	return nil
+}

@@ -1,0 +1,69 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/hipq/hipq/correlator"
+)
+
+const jobColumns = `id, queue, job_type, job_key, job_data, state, coalesce(outcome, ''), error, attempt, max_attempts,
+	scheduled_run_time, priority, throttle_factor, time_windows, timeout_seconds, expires_at, started_at, result,
+	created_at, update_time`
+
+func scanJob(row pgx.Row) (*correlator.Job, error) {
+	var j correlator.Job
+	var windows []byte
+	err := row.Scan(&j.ID, &j.Queue, &j.JobType, &j.JobKey, &j.JobData, &j.State, &j.Outcome, &j.Error, &j.Attempt,
+		&j.MaxAttempts, &j.ScheduledRunTime, &j.Priority, &j.ThrottleFactor, &windows, &j.TimeoutSeconds, &j.ExpiresAt,
+		&j.StartedAt, &j.Result, &j.CreatedAt, &j.UpdateTime)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, correlator.ErrNotFound
+	}
+	if err != nil {
+		return nil, err
+	}
+	if windows != nil {
+		_ = jsonUnmarshal(windows, &j.TimeWindows)
+	}
+	return &j, nil
+}
+
+// JobGet returns the non-final job of (type, key), else the latest final
+// one, else correlator.ErrNotFound.
+func (s *Store) JobGet(ctx context.Context, jobType, jobKey string) (*correlator.Job, error) {
+	j, err := scanJob(s.pool.QueryRow(ctx, `SELECT `+jobColumns+` FROM hipq_job
+		WHERE job_type = $1 AND job_key = $2 ORDER BY (state <> 'final') DESC, id DESC LIMIT 1`, jobType, jobKey))
+	if err != nil && !errors.Is(err, correlator.ErrNotFound) {
+		return nil, fmt.Errorf("get job %s/%s: %w", jobType, jobKey, err)
+	}
+	return j, err
+}
+
+// JobGetByID returns one job by id.
+func (s *Store) JobGetByID(ctx context.Context, id int64) (*correlator.Job, error) {
+	j, err := scanJob(s.pool.QueryRow(ctx, `SELECT `+jobColumns+` FROM hipq_job WHERE id = $1`, id))
+	if err != nil && !errors.Is(err, correlator.ErrNotFound) {
+		return nil, fmt.Errorf("get job %d: %w", id, err)
+	}
+	return j, err
+}
+
+// JobCountByState counts jobs per state.
+func (s *Store) JobCountByState(ctx context.Context) (map[correlator.State]int, error) {
+	rows, err := s.pool.Query(ctx, `SELECT state, count(*) FROM hipq_job GROUP BY state`)
+	if err != nil {
+		return nil, fmt.Errorf("count jobs: %w", err)
+	}
+	out := map[correlator.State]int{}
+	var st string
+	var n int
+	_, err = pgx.ForEachRow(rows, []any{&st, &n}, func() error { out[correlator.State(st)] = n; return nil })
+	if err != nil {
+		return nil, fmt.Errorf("count jobs: %w", err)
+	}
+	return out, nil
+}

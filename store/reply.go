@@ -1,0 +1,341 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/hipq/hipq/correlator"
+)
+
+// ReplyIn is one reply to apply.
+type ReplyIn struct {
+	Reply   *correlator.Reply
+	Kind    string // SourceReply or SourceCallback
+	Source  Source
+	earlyID int64 // set when it was kept in hipq_early_reply
+	expires time.Time
+}
+
+// ReplyBatch is everything one poll of the response consumer commits at
+// once.
+type ReplyBatch struct {
+	Group       string
+	Offsets     []OffsetAdvance
+	Replies     []ReplyIn
+	DeadLetters []DeadLetter // replies that could not be read at all
+	EarlyTTL    time.Duration
+}
+
+// ReplyResult counts what became of each reply, in input order.
+type ReplyResult struct {
+	Verdicts    []correlator.Verdict
+	Applied     []AttemptRef
+	DeadLetters []DeadLetter
+	Counts      map[correlator.Verdict]int
+}
+
+// ReplyApply applies a batch of replies (SPEC §6) in one transaction with
+// the offsets compare-and-set.
+func (s *Store) ReplyApply(ctx context.Context, b ReplyBatch, types TypeInfo) (ReplyResult, error) {
+	var res ReplyResult
+	err := s.inTx(ctx, func(tx pgx.Tx) error {
+		if err := offsetsAdvance(ctx, tx, b.Group, b.Offsets); err != nil {
+			return err
+		}
+		var err error
+		res, err = applyReplies(ctx, tx, b.Replies, types, b.EarlyTTL)
+		if err != nil {
+			return err
+		}
+		res.DeadLetters = append(append([]DeadLetter(nil), b.DeadLetters...), res.DeadLetters...)
+		return deadLettersInsert(ctx, tx, res.DeadLetters)
+	})
+	return res, err
+}
+
+type target struct {
+	correlator.Target
+	run correlator.Running
+}
+
+// applyReplies classifies replies against their rows, locked in id order,
+// reduces several replies for one job to the first, and writes outcomes,
+// early replies and (returned, not written) dead letters.
+func applyReplies(ctx context.Context, tx pgx.Tx, ins []ReplyIn, types TypeInfo, earlyTTL time.Duration) (ReplyResult, error) {
+	res := ReplyResult{Verdicts: make([]correlator.Verdict, len(ins)), Counts: map[correlator.Verdict]int{}}
+	if len(ins) == 0 {
+		return res, nil
+	}
+	byID, byKey, finals, err := lockTargets(ctx, tx, ins)
+	if err != nil {
+		return res, err
+	}
+	now := time.Now()
+	applied := map[int64]bool{}
+	var resolves []Resolve
+	var early []ReplyIn
+	var drop []int64 // early rows used up
+	for i := range ins {
+		in := &ins[i]
+		r := in.Reply
+		var t *target
+		if r.JobID != nil {
+			t = byID[*r.JobID]
+		} else {
+			t = byKey[typeKey{r.JobType, r.JobKey}]
+		}
+		jt := r.JobType
+		if t != nil {
+			jt = t.JobType
+		}
+		var d correlator.Decision
+		if types(jt) == nil {
+			d = correlator.Decision{Verdict: correlator.DeadLetter, Reason: &correlator.InputError{
+				Code: correlator.CodeUnknownJobType, Detail: fmt.Sprintf("job type %q is not configured", jt)}}
+		} else {
+			var tt *correlator.Target
+			if t != nil {
+				tt = &t.Target
+			}
+			d = correlator.Classify(r, tt, finals[typeKey{r.JobType, r.JobKey}])
+		}
+		if d.Verdict == correlator.Apply && applied[t.ID] {
+			d = correlator.Decision{Verdict: correlator.Duplicate}
+		}
+		res.Verdicts[i] = d.Verdict
+		res.Counts[d.Verdict]++
+		switch d.Verdict {
+		case correlator.Apply:
+			applied[t.ID] = true
+			resolves = append(resolves, resolveReply(r, t, types(jt), now))
+		case correlator.Early:
+			if in.earlyID == 0 {
+				in.expires = now.Add(earlyTTL)
+				early = append(early, *in)
+			} else if now.After(in.expires) {
+				res.Counts[correlator.Early]--
+				res.Counts[correlator.DeadLetter]++
+				res.Verdicts[i] = correlator.DeadLetter
+				res.DeadLetters = append(res.DeadLetters, DeadLetter{Kind: in.Kind, Source: in.Source,
+					Reason: correlator.CodeNoJob + ": no job was dispatched for this reply within responses.early_ttl"})
+				drop = append(drop, in.earlyID)
+			}
+			continue
+		case correlator.DeadLetter:
+			res.DeadLetters = append(res.DeadLetters, DeadLetter{Kind: in.Kind, Source: in.Source, Reason: d.Reason.Error()})
+		}
+		if in.earlyID != 0 {
+			drop = append(drop, in.earlyID)
+		}
+	}
+	res.Applied, err = jobResolveMany(ctx, tx, resolves)
+	if err != nil {
+		return res, err
+	}
+	if len(res.Applied) != len(resolves) {
+		// Rows are locked, so this cannot happen; refuse to commit if it does.
+		return res, fmt.Errorf("apply replies: %d of %d guarded writes took effect", len(res.Applied), len(resolves))
+	}
+	if err := earlyInsert(ctx, tx, early); err != nil {
+		return res, err
+	}
+	if len(drop) > 0 {
+		if _, err := tx.Exec(ctx, "DELETE FROM hipq_early_reply WHERE id = ANY($1)", drop); err != nil {
+			return res, fmt.Errorf("delete early replies: %w", err)
+		}
+	}
+	return res, nil
+}
+
+func resolveReply(r *correlator.Reply, t *target, jt *correlator.JobType, now time.Time) Resolve {
+	outcome := correlator.AttemptSucceeded
+	if !r.Success {
+		outcome = correlator.AttemptFailed
+	}
+	run := t.run
+	if run.Windows == nil {
+		run.Windows = jt.Windows
+	}
+	rv := Resolve{JobID: t.ID, Attempt: t.Attempt, AttemptOutcome: outcome, AttemptError: r.Error,
+		Reply: r.Result, Result: r.Result}
+	rv.Res = correlator.Resolve(run, outcome, r.Retryable, r.Error, jt.Retry, now)
+	return rv
+}
+
+// lockTargets reads and locks, in id order, the rows the replies name: by
+// job id, else the non-final job of (type, key). finals says which (type,
+// key) without a non-final job have a final one.
+func lockTargets(ctx context.Context, tx pgx.Tx, ins []ReplyIn) (map[int64]*target, map[typeKey]*target, map[typeKey]bool, error) {
+	var ids []int64
+	var types, keys []string
+	for _, in := range ins {
+		if in.Reply.JobID != nil {
+			ids = append(ids, *in.Reply.JobID)
+		} else {
+			types, keys = append(types, in.Reply.JobType), append(keys, in.Reply.JobKey)
+		}
+	}
+	rows, err := tx.Query(ctx, `
+		SELECT id, job_type, job_key, state, attempt, max_attempts, expires_at, time_windows
+		FROM hipq_job
+		WHERE id IN (SELECT unnest($1::bigint[])
+		             UNION ALL
+		             SELECT j.id FROM hipq_job j JOIN unnest($2::text[], $3::text[]) AS k(t, k)
+		               ON j.job_type = k.t AND j.job_key = k.k AND j.state <> 'final')
+		ORDER BY id
+		FOR UPDATE`, ids, types, keys)
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("lock reply targets: %w", err)
+	}
+	byID, byKey := map[int64]*target{}, map[typeKey]*target{}
+	var (
+		id                   int64
+		jt, jk, state        string
+		attempt, maxAttempts int
+		expires              *time.Time
+		windows              []byte
+	)
+	_, err = pgx.ForEachRow(rows, []any{&id, &jt, &jk, &state, &attempt, &maxAttempts, &expires, &windows}, func() error {
+		t := &target{Target: correlator.Target{ID: id, JobType: jt, JobKey: jk, State: correlator.State(state), Attempt: attempt},
+			run: correlator.Running{Attempt: attempt, MaxAttempts: maxAttempts, ExpiresAt: expires}}
+		if windows != nil {
+			if err := json.Unmarshal(windows, &t.run.Windows); err == nil {
+				_ = correlator.CompileWindows(t.run.Windows)
+			}
+		}
+		byID[id] = t
+		if t.State != correlator.StateFinal {
+			byKey[typeKey{jt, jk}] = t
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("lock reply targets: %w", err)
+	}
+	var ft, fk []string
+	for i := range types {
+		if byKey[typeKey{types[i], keys[i]}] == nil {
+			ft, fk = append(ft, types[i]), append(fk, keys[i])
+		}
+	}
+	finals := map[typeKey]bool{}
+	if len(ft) > 0 {
+		rows, err := tx.Query(ctx, `
+			SELECT DISTINCT j.job_type, j.job_key FROM hipq_job j
+			JOIN unnest($1::text[], $2::text[]) AS k(t, k) ON j.job_type = k.t AND j.job_key = k.k
+			WHERE j.state = 'final'`, ft, fk)
+		if err != nil {
+			return nil, nil, nil, fmt.Errorf("find final jobs: %w", err)
+		}
+		var tk typeKey
+		if _, err := pgx.ForEachRow(rows, []any{&tk.Type, &tk.Key}, func() error { finals[tk] = true; return nil }); err != nil {
+			return nil, nil, nil, fmt.Errorf("find final jobs: %w", err)
+		}
+	}
+	return byID, byKey, finals, nil
+}
+
+func earlyInsert(ctx context.Context, tx pgx.Tx, early []ReplyIn) error {
+	if len(early) == 0 {
+		return nil
+	}
+	n := len(early)
+	types, keys, errs, replies, headers, kinds := make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+	jobIDs := make([]*int64, n)
+	atts := make([]*int32, n)
+	succ, retry := make([]bool, n), make([]bool, n)
+	topics := make([]*string, n)
+	parts := make([]*int32, n)
+	offs := make([]*int64, n)
+	rkeys, rvals := make([][]byte, n), make([][]byte, n)
+	exp := make([]time.Time, n)
+	for i, in := range early {
+		r := in.Reply
+		types[i], keys[i], errs[i], kinds[i] = r.JobType, r.JobKey, r.Error, in.Kind
+		replies[i] = string(r.Result)
+		if replies[i] == "" {
+			replies[i] = "null"
+		}
+		headers[i] = headersJSON(in.Source.Headers)
+		jobIDs[i] = r.JobID
+		if r.Attempt != nil {
+			a := int32(*r.Attempt)
+			atts[i] = &a
+		}
+		succ[i], retry[i] = r.Success, r.Retryable
+		if in.Source.Topic != "" {
+			t, p, o := in.Source.Topic, in.Source.Partition, in.Source.Offset
+			topics[i], parts[i], offs[i] = &t, &p, &o
+		}
+		rkeys[i], rvals[i], exp[i] = in.Source.Key, in.Source.Value, in.expires
+	}
+	_, err := tx.Exec(ctx, `
+		INSERT INTO hipq_early_reply (job_type, job_key, job_id, attempt, success, retryable, error_text, reply, headers,
+		                              source, topic, kafka_partition, kafka_offset, record_key, record_value, expires_at)
+		SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::int[], $5::bool[], $6::bool[], $7::text[], $8::jsonb[],
+		                     $9::jsonb[], $10::text[], $11::text[], $12::int[], $13::bigint[], $14::bytea[], $15::bytea[], $16::timestamptz[])`,
+		types, keys, jobIDs, atts, succ, retry, errs, replies, headers, kinds, topics, parts, offs, rkeys, rvals, exp)
+	if err != nil {
+		return fmt.Errorf("keep early replies: %w", err)
+	}
+	return nil
+}
+
+// EarlyReplyApply re-checks kept early replies: those for the given jobs
+// (just claimed), or, with jobIDs nil, up to limit of all of them (the
+// sweep). Replies now applicable are applied; those past their TTL are
+// dead-lettered. It returns the dead letters written.
+func (s *Store) EarlyReplyApply(ctx context.Context, jobIDs []int64, limit int, types TypeInfo) (ReplyResult, error) {
+	var res ReplyResult
+	err := s.inTx(ctx, func(tx pgx.Tx) error {
+		q := `SELECT e.id, e.job_type, e.job_key, e.job_id, e.attempt, e.success, e.retryable, e.error_text, e.reply,
+		             e.headers, e.source, coalesce(e.topic, ''), coalesce(e.kafka_partition, 0), coalesce(e.kafka_offset, 0),
+		             e.record_key, e.record_value, e.received_at, e.expires_at
+		      FROM hipq_early_reply e `
+		var args []any
+		if jobIDs != nil {
+			q += `JOIN hipq_job j ON j.job_type = e.job_type AND j.job_key = e.job_key
+			      WHERE j.id = ANY($1) ORDER BY e.id FOR UPDATE OF e SKIP LOCKED`
+			args = []any{jobIDs}
+		} else {
+			q += `ORDER BY e.id LIMIT $1 FOR UPDATE SKIP LOCKED`
+			args = []any{limit}
+		}
+		rows, err := tx.Query(ctx, q, args...)
+		if err != nil {
+			return fmt.Errorf("load early replies: %w", err)
+		}
+		var ins []ReplyIn
+		var in ReplyIn
+		var r correlator.Reply
+		var att *int32
+		var reply, hdr []byte
+		_, err = pgx.ForEachRow(rows, []any{&in.earlyID, &r.JobType, &r.JobKey, &r.JobID, &att, &r.Success, &r.Retryable,
+			&r.Error, &reply, &hdr, &in.Kind, &in.Source.Topic, &in.Source.Partition, &in.Source.Offset,
+			&in.Source.Key, &in.Source.Value, &in.Source.Received, &in.expires}, func() error {
+			rc := r
+			if att != nil {
+				a := int(*att)
+				rc.Attempt = &a
+			}
+			rc.Result = append(json.RawMessage(nil), reply...)
+			in.Source.Headers = decodeHeaders(hdr)
+			in.Reply = &rc
+			ins = append(ins, in)
+			return nil
+		})
+		if err != nil {
+			return fmt.Errorf("load early replies: %w", err)
+		}
+		res, err = applyReplies(ctx, tx, ins, types, 0)
+		if err != nil {
+			return err
+		}
+		return deadLettersInsert(ctx, tx, res.DeadLetters)
+	})
+	return res, err
+}

@@ -1,0 +1,98 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/hipq/hipq/correlator"
+)
+
+// Resolve ends one running attempt: the job moves as Res says, and the
+// attempt row records its outcome.
+type Resolve struct {
+	JobID          int64
+	Attempt        int
+	Res            correlator.Resolution
+	Result         json.RawMessage // stored in hipq_job.result on success
+	AttemptOutcome correlator.AttemptOutcome
+	AttemptError   string
+	Reply          json.RawMessage // the reply, when one came
+}
+
+// JobResolveMany applies resolutions in one statement, each guarded by
+// state running and its attempt. It returns the refs that took effect; the
+// others were moved by someone else first.
+func (s *Store) JobResolveMany(ctx context.Context, rs []Resolve) ([]AttemptRef, error) {
+	var done []AttemptRef
+	err := s.inTx(ctx, func(tx pgx.Tx) error {
+		var err error
+		done, err = jobResolveMany(ctx, tx, rs)
+		return err
+	})
+	return done, err
+}
+
+func jobResolveMany(ctx context.Context, tx pgx.Tx, rs []Resolve) ([]AttemptRef, error) {
+	if len(rs) == 0 {
+		return nil, nil
+	}
+	n := len(rs)
+	ids, atts := make([]int64, n), make([]int32, n)
+	states, errs, attOutcomes := make([]string, n), make([]string, n), make([]string, n)
+	outcomes, results, attErrs, replies := make([]*string, n), make([]*string, n), make([]*string, n), make([]*string, n)
+	next := make([]*time.Time, n)
+	for i, r := range rs {
+		ids[i], atts[i] = r.JobID, int32(r.Attempt)
+		states[i], errs[i], attOutcomes[i] = string(r.Res.State), r.Res.Error, string(r.AttemptOutcome)
+		outcomes[i] = nullable(string(r.Res.Outcome))
+		if !r.Res.NextRun.IsZero() {
+			t := r.Res.NextRun
+			next[i] = &t
+		}
+		if r.Res.Outcome == correlator.OutcomeSucceeded && r.Result != nil {
+			results[i] = nullable(string(r.Result))
+		}
+		if r.AttemptOutcome != correlator.AttemptSucceeded {
+			attErrs[i] = nullable(r.AttemptError)
+		}
+		if r.Reply != nil {
+			replies[i] = nullable(string(r.Reply))
+		}
+	}
+	rows, err := tx.Query(ctx, `
+		WITH u AS (
+		  SELECT * FROM unnest($1::bigint[], $2::int[], $3::text[], $4::text[], $5::text[], $6::timestamptz[],
+		                       $7::jsonb[], $8::text[], $9::text[], $10::jsonb[])
+		    AS u(id, att, state, outcome, error, next_run, result, att_outcome, att_error, reply)
+		), done AS (
+		  UPDATE hipq_job j
+		  SET state = u.state, outcome = u.outcome, error = u.error,
+		      scheduled_run_time = coalesce(u.next_run, j.scheduled_run_time),
+		      result = coalesce(u.result, j.result), update_time = now()
+		  FROM u
+		  WHERE j.id = u.id AND j.state = 'running' AND j.attempt = u.att
+		  RETURNING j.id, j.attempt
+		), att AS (
+		  UPDATE hipq_attempt a
+		  SET outcome = u.att_outcome, error = u.att_error, reply = u.reply,
+		      replied_at = CASE WHEN u.reply IS NOT NULL THEN now() END,
+		      sent_at = CASE WHEN u.reply IS NOT NULL THEN coalesce(a.sent_at, now()) ELSE a.sent_at END
+		  FROM done JOIN u ON u.id = done.id
+		  WHERE a.job_id = done.id AND a.attempt = done.attempt
+		)
+		SELECT id, attempt FROM done`,
+		ids, atts, states, outcomes, errs, next, results, attOutcomes, attErrs, replies)
+	if err != nil {
+		return nil, fmt.Errorf("resolve attempts: %w", err)
+	}
+	var out []AttemptRef
+	var ref AttemptRef
+	if _, err := pgx.ForEachRow(rows, []any{&ref.JobID, &ref.Attempt}, func() error { out = append(out, ref); return nil }); err != nil {
+		return nil, fmt.Errorf("resolve attempts: %w", err)
+	}
+	return out, nil
+}

@@ -1,0 +1,105 @@
+// Package store is hipq's only speaker of SQL: migrations, intake, claims,
+// outcomes, sweeps, offsets and dead letters over PostgreSQL with pgx/v5.
+//
+// Every write that moves a job names its row by id and is guarded by the
+// job's expected state and attempt, so a late writer changes nothing and the
+// row count says so. Consumed Kafka offsets are written in the same
+// transaction as their effects, as a compare-and-set.
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Store is a pool of connections to hipq's database.
+type Store struct {
+	pool   *pgxpool.Pool
+	schema string
+}
+
+// Config says how to reach the database.
+type Config struct {
+	URL      string
+	Schema   string // defaults to public
+	MaxConns int32  // defaults to 10
+}
+
+// Open connects and checks the connection. Every connection uses the
+// configured schema, which is created by Migrate when missing.
+func Open(ctx context.Context, cfg Config) (*Store, error) {
+	pc, err := pgxpool.ParseConfig(cfg.URL)
+	if err != nil {
+		return nil, fmt.Errorf("database.url: %w", err)
+	}
+	if cfg.Schema == "" {
+		cfg.Schema = "public"
+	}
+	if cfg.MaxConns > 0 {
+		pc.MaxConns = cfg.MaxConns
+	}
+	pc.ConnConfig.RuntimeParams["search_path"] = cfg.Schema
+	pc.ConnConfig.RuntimeParams["application_name"] = "hipq"
+	pool, err := pgxpool.NewWithConfig(ctx, pc)
+	if err != nil {
+		return nil, fmt.Errorf("connect to database: %w", err)
+	}
+	pctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	if err := pool.Ping(pctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("connect to database: %w", err)
+	}
+	return &Store{pool: pool, schema: cfg.Schema}, nil
+}
+
+// Close closes every connection.
+func (s *Store) Close() { s.pool.Close() }
+
+// Pool gives tests and the LISTEN loop a raw pool.
+func (s *Store) Pool() *pgxpool.Pool { return s.pool }
+
+// Ping checks that the database answers.
+func (s *Store) Ping(ctx context.Context) error { return s.pool.Ping(ctx) }
+
+// ErrOffsetConflict is returned when the stored offset of a partition is not
+// the one the consumer expected: another instance applied these records, or
+// this one lost the partition. Nothing was written; re-seek.
+var ErrOffsetConflict = errors.New("stored offset moved: another consumer applied these records")
+
+// inTx runs fn in a transaction, retrying on deadlock and serialization
+// failures, which PostgreSQL says are safe to retry whole.
+func (s *Store) inTx(ctx context.Context, fn func(pgx.Tx) error) error {
+	var err error
+	for try := 0; try < 5; try++ {
+		err = pgx.BeginFunc(ctx, s.pool, fn)
+		if !retryableTx(err) {
+			return err
+		}
+		time.Sleep(time.Duration(try+1) * 10 * time.Millisecond)
+	}
+	return err
+}
+
+func retryableTx(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && (pe.Code == "40P01" || pe.Code == "40001")
+}
+
+// IsDataError reports whether err is PostgreSQL refusing the data itself
+// (class 22, data exception, or 23, integrity constraint), as opposed to a
+// connection or server problem: a batch that fails so can be split to find
+// the record at fault.
+func IsDataError(err error) bool {
+	var pe *pgconn.PgError
+	if !errors.As(err, &pe) {
+		return false
+	}
+	return len(pe.Code) == 5 && (pe.Code[:2] == "22" || pe.Code[:2] == "23")
+}

@@ -1,0 +1,156 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/hipq/hipq/correlator"
+)
+
+// sweeperLock is the advisory lock key that lets one instance sweep at a
+// time. It only saves work: every sweep step is guarded and idempotent.
+const sweeperLock = 0x68697071_73776570 // "hipqswep"
+
+// SweeperLock tries to take the sweeper's session lock. When ok, release
+// must be called.
+func (s *Store) SweeperLock(ctx context.Context) (release func(), ok bool, err error) {
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return nil, false, fmt.Errorf("sweeper lock: %w", err)
+	}
+	if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", int64(sweeperLock)).Scan(&ok); err != nil || !ok {
+		conn.Release()
+		if err != nil {
+			return nil, false, fmt.Errorf("sweeper lock: %w", err)
+		}
+		return nil, false, nil
+	}
+	return func() {
+		_, err := conn.Exec(context.Background(), "SELECT pg_advisory_unlock($1)", int64(sweeperLock))
+		if err != nil {
+			// A connection whose unlock failed must not go back to the pool holding the lock.
+			_ = conn.Conn().Close(context.Background())
+		}
+		conn.Release()
+	}, true, nil
+}
+
+// JobTimeOutStuck times out up to limit running jobs whose started_at +
+// timeout_seconds has passed: error "timeout", then the retry policy. Rows
+// another transaction holds (a reply being applied) are skipped and the
+// writes are guarded, so a reply racing a timeout is never overwritten.
+func (s *Store) JobTimeOutStuck(ctx context.Context, limit int, types TypeInfo) ([]AttemptRef, error) {
+	var done []AttemptRef
+	err := s.inTx(ctx, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, `
+			SELECT id, job_type, attempt, max_attempts, expires_at, time_windows FROM hipq_job
+			WHERE state = 'running' AND started_at + make_interval(secs => timeout_seconds) < now()
+			ORDER BY id LIMIT $1
+			FOR UPDATE SKIP LOCKED`, limit)
+		if err != nil {
+			return fmt.Errorf("find timed-out jobs: %w", err)
+		}
+		now := time.Now()
+		var rs []Resolve
+		var id int64
+		var jt string
+		var run correlator.Running
+		var windows []byte
+		_, err = pgx.ForEachRow(rows, []any{&id, &jt, &run.Attempt, &run.MaxAttempts, &run.ExpiresAt, &windows}, func() error {
+			r := run
+			r.Windows = nil
+			if windows != nil && json.Unmarshal(windows, &r.Windows) == nil {
+				_ = correlator.CompileWindows(r.Windows)
+			}
+			var policy correlator.RetryPolicy
+			if t := types(jt); t != nil {
+				policy = t.Retry
+				if r.Windows == nil {
+					r.Windows = t.Windows
+				}
+			}
+			rs = append(rs, Resolve{JobID: id, Attempt: r.Attempt, AttemptOutcome: correlator.AttemptTimedOut,
+				AttemptError: correlator.ErrorTimeout,
+				Res:          correlator.Resolve(r, correlator.AttemptTimedOut, true, correlator.ErrorTimeout, policy, now)})
+			return nil
+		})
+		if err != nil {
+			return fmt.Errorf("find timed-out jobs: %w", err)
+		}
+		done, err = jobResolveMany(ctx, tx, rs)
+		return err
+	})
+	return done, err
+}
+
+// Unsent is a claim whose request was never acknowledged as sent.
+type Unsent struct {
+	AttemptRef
+	JobType      string
+	DispatchedAt time.Time
+}
+
+// AttemptFindUnsent lists running jobs whose current attempt was claimed
+// more than olderThan ago and has no sent_at.
+func (s *Store) AttemptFindUnsent(ctx context.Context, olderThan time.Duration, limit int) ([]Unsent, error) {
+	rows, err := s.pool.Query(ctx, `
+		SELECT a.job_id, a.attempt, j.job_type, a.dispatched_at
+		FROM hipq_attempt a JOIN hipq_job j ON j.id = a.job_id AND j.attempt = a.attempt AND j.state = 'running'
+		WHERE a.sent_at IS NULL AND a.outcome IS NULL AND a.dispatched_at < now() - $1::interval
+		ORDER BY a.dispatched_at LIMIT $2`, olderThan, limit)
+	if err != nil {
+		return nil, fmt.Errorf("find unsent claims: %w", err)
+	}
+	var out []Unsent
+	var u Unsent
+	if _, err := pgx.ForEachRow(rows, []any{&u.JobID, &u.Attempt, &u.JobType, &u.DispatchedAt}, func() error {
+		out = append(out, u)
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("find unsent claims: %w", err)
+	}
+	return out, nil
+}
+
+// JobExpire ends up to limit waiting jobs past expires_at: final / expired.
+func (s *Store) JobExpire(ctx context.Context, limit int) (int, error) {
+	tag, err := s.pool.Exec(ctx, `
+		UPDATE hipq_job j
+		SET state = 'final', outcome = 'expired', error = 'expired', update_time = now()
+		FROM (SELECT id, state, attempt FROM hipq_job
+		      WHERE state IN ('initial', 'retry') AND expires_at <= now()
+		      ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED) d
+		WHERE j.id = d.id AND j.state = d.state AND j.attempt = d.attempt`, limit)
+	if err != nil {
+		return 0, fmt.Errorf("expire jobs: %w", err)
+	}
+	return int(tag.RowsAffected()), nil
+}
+
+// JobPrune deletes up to limit final jobs (and their attempts) last updated
+// before cutoff.
+func (s *Store) JobPrune(ctx context.Context, cutoff time.Time, limit int) (int, error) {
+	tag, err := s.pool.Exec(ctx, `
+		DELETE FROM hipq_job WHERE id IN (
+		  SELECT id FROM hipq_job WHERE state = 'final' AND update_time < $1
+		  ORDER BY update_time LIMIT $2 FOR UPDATE SKIP LOCKED)`, cutoff, limit)
+	if err != nil {
+		return 0, fmt.Errorf("prune final jobs: %w", err)
+	}
+	return int(tag.RowsAffected()), nil
+}
+
+// DeadLetterPrune deletes up to limit dead letters received before cutoff.
+func (s *Store) DeadLetterPrune(ctx context.Context, cutoff time.Time, limit int) (int, error) {
+	tag, err := s.pool.Exec(ctx, `
+		DELETE FROM hipq_dead_letter WHERE id IN (
+		  SELECT id FROM hipq_dead_letter WHERE received_at < $1 ORDER BY id LIMIT $2)`, cutoff, limit)
+	if err != nil {
+		return 0, fmt.Errorf("prune dead letters: %w", err)
+	}
+	return int(tag.RowsAffected()), nil
+}

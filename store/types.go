@@ -1,0 +1,108 @@
+package store
+
+import (
+	"encoding/base64"
+	"encoding/json"
+	"strings"
+	"time"
+
+	"github.com/hipq/hipq/correlator"
+)
+
+// Source is where an input came from: a Kafka record, or an HTTP call (no
+// topic).
+type Source struct {
+	Topic     string
+	Partition int32
+	Offset    int64
+	Key       []byte
+	Value     []byte
+	Headers   []correlator.Header
+	Received  time.Time
+}
+
+// DeadLetter is an input hipq could not use.
+type DeadLetter struct {
+	ID       int64
+	Kind     string // intake, reply, callback
+	Source   Source
+	Reason   string // "code: detail"
+	Replayed *time.Time
+}
+
+// Dead-letter sources.
+const (
+	SourceIntake   = "intake"
+	SourceReply    = "reply"
+	SourceCallback = "callback"
+)
+
+// OffsetAdvance moves one partition's stored offset from From (-1: none
+// stored yet) to To, the offset after the last record applied.
+type OffsetAdvance struct {
+	Topic     string
+	Partition int32
+	From      int64
+	To        int64
+}
+
+// TopicPartition names a partition.
+type TopicPartition struct {
+	Topic     string
+	Partition int32
+}
+
+// sensitiveHeader reports whether a header must not be kept (SPEC §3).
+func sensitiveHeader(key string) bool {
+	k := strings.ToLower(key)
+	switch k {
+	case "authorization", "proxy-authorization", "cookie", "x-api-key":
+		return true
+	}
+	return strings.Contains(k, "token") || strings.Contains(k, "secret") || strings.Contains(k, "password")
+}
+
+type headerJSON struct {
+	Key   string `json:"key"`
+	Value string `json:"value"`
+}
+
+// headersJSON encodes headers in record order, values base64, dropping the
+// sensitive ones.
+func headersJSON(hs []correlator.Header) string {
+	out := make([]headerJSON, 0, len(hs))
+	for _, h := range hs {
+		if sensitiveHeader(h.Key) {
+			continue
+		}
+		out = append(out, headerJSON{Key: h.Key, Value: base64.StdEncoding.EncodeToString(h.Value)})
+	}
+	b, _ := json.Marshal(out)
+	return string(b)
+}
+
+func decodeHeaders(b []byte) []correlator.Header {
+	var hs []headerJSON
+	_ = json.Unmarshal(b, &hs)
+	out := make([]correlator.Header, 0, len(hs))
+	for _, h := range hs {
+		v, _ := base64.StdEncoding.DecodeString(h.Value)
+		out = append(out, correlator.Header{Key: h.Key, Value: v})
+	}
+	return out
+}
+
+// TypeInfo is what the store needs to know of job types to resolve
+// attempts: the type's policy and windows. It returns nil for an unknown
+// type.
+type TypeInfo func(jobType string) *correlator.JobType
+
+func nullable[T comparable](v T) *T {
+	var zero T
+	if v == zero {
+		return nil
+	}
+	return &v
+}
+
+func jsonUnmarshal(b []byte, v any) error { return json.Unmarshal(b, v) }

@@ -1,0 +1,196 @@
+// Package sweeper is hipq's periodic maintenance: it times out running jobs
+// whose reply never came, rescues claims whose request never left, expires
+// waiting jobs, re-checks early replies and prunes old rows.
+//
+// It runs on a cron schedule, normally on one instance at a time (a
+// PostgreSQL advisory lock), but correctness never depends on that: every
+// step is a guarded, idempotent batch, so two sweepers at once only do the
+// same work twice.
+package sweeper
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/robfig/cron/v3"
+	"go.uber.org/zap"
+
+	"github.com/hipq/hipq/correlator"
+	"github.com/hipq/hipq/store"
+)
+
+// Config configures the sweeper.
+type Config struct {
+	Schedule            string        // robfig/cron syntax; defaults to "@every 15s"
+	Retention           time.Duration // of final jobs; defaults to 720h
+	DeadLetterRetention time.Duration // defaults to 720h
+	Grace               time.Duration // dispatch.grace; defaults to 1m
+	// SendTimeout is a job type's transport send timeout.
+	SendTimeout func(jobType string) time.Duration
+	Types       map[string]*correlator.JobType
+	BatchSize   int // rows per statement; defaults to 1000
+}
+
+// Sweeper runs the sweeps.
+type Sweeper struct {
+	log *zap.Logger
+	st  *store.Store
+	cfg Config
+}
+
+// Report counts what one sweep did.
+type Report struct {
+	TimedOut, Rescued, FailedUnsent, Expired, EarlyApplied, EarlyDeadLettered, Pruned, DeadLettersPruned int
+}
+
+// New builds a sweeper; Run starts it.
+func New(log *zap.Logger, st *store.Store, cfg Config) *Sweeper {
+	if cfg.Schedule == "" {
+		cfg.Schedule = "@every 15s"
+	}
+	if cfg.Retention <= 0 {
+		cfg.Retention = 720 * time.Hour
+	}
+	if cfg.DeadLetterRetention <= 0 {
+		cfg.DeadLetterRetention = 720 * time.Hour
+	}
+	if cfg.BatchSize <= 0 {
+		cfg.BatchSize = 1000
+	}
+	if cfg.SendTimeout == nil {
+		cfg.SendTimeout = func(string) time.Duration { return 30 * time.Second }
+	}
+	return &Sweeper{log: log.Named("sweeper"), st: st, cfg: cfg}
+}
+
+// Run sweeps on the schedule until ctx ends.
+func (s *Sweeper) Run(ctx context.Context) error {
+	c := cron.New()
+	_, err := c.AddFunc(s.cfg.Schedule, func() {
+		release, ok, err := s.st.SweeperLock(ctx)
+		if err != nil {
+			s.log.Warn("cannot take the sweeper lock", zap.Error(err))
+			return
+		}
+		if !ok {
+			return // another instance is sweeping
+		}
+		defer release()
+		rep, err := s.RunOnce(ctx)
+		if err != nil && ctx.Err() == nil {
+			s.log.Error("sweep failed", zap.Error(err))
+		}
+		if rep != (Report{}) {
+			s.log.Info("sweep done", zap.Int("timed_out", rep.TimedOut), zap.Int("rescued", rep.Rescued),
+				zap.Int("failed_unsent", rep.FailedUnsent), zap.Int("expired", rep.Expired),
+				zap.Int("early_applied", rep.EarlyApplied), zap.Int("early_dead_lettered", rep.EarlyDeadLettered),
+				zap.Int("pruned", rep.Pruned), zap.Int("dead_letters_pruned", rep.DeadLettersPruned))
+		}
+	})
+	if err != nil {
+		return err
+	}
+	c.Start()
+	<-ctx.Done()
+	<-c.Stop().Done()
+	return nil
+}
+
+// RunOnce does every step once, each in batches until done.
+func (s *Sweeper) RunOnce(ctx context.Context) (Report, error) {
+	var rep Report
+	var errs []error
+	types := func(name string) *correlator.JobType { return s.cfg.Types[name] }
+	for ctx.Err() == nil {
+		done, err := s.st.JobTimeOutStuck(ctx, s.cfg.BatchSize, types)
+		rep.TimedOut += len(done)
+		if err != nil {
+			errs = append(errs, err)
+		}
+		if err != nil || len(done) < s.cfg.BatchSize {
+			break
+		}
+	}
+	if err := s.rescue(ctx, &rep); err != nil {
+		errs = append(errs, err)
+	}
+	for ctx.Err() == nil {
+		n, err := s.st.JobExpire(ctx, s.cfg.BatchSize)
+		rep.Expired += n
+		if err != nil {
+			errs = append(errs, err)
+		}
+		if err != nil || n < s.cfg.BatchSize {
+			break
+		}
+	}
+	if res, err := s.st.EarlyReplyApply(ctx, nil, s.cfg.BatchSize, types); err != nil {
+		errs = append(errs, err)
+	} else {
+		rep.EarlyApplied = res.Counts[correlator.Apply]
+		rep.EarlyDeadLettered = len(res.DeadLetters)
+	}
+	cutoff := time.Now().Add(-s.cfg.Retention)
+	for ctx.Err() == nil {
+		n, err := s.st.JobPrune(ctx, cutoff, s.cfg.BatchSize)
+		rep.Pruned += n
+		if err != nil {
+			errs = append(errs, err)
+		}
+		if err != nil || n < s.cfg.BatchSize {
+			break
+		}
+	}
+	dlCutoff := time.Now().Add(-s.cfg.DeadLetterRetention)
+	for ctx.Err() == nil {
+		n, err := s.st.DeadLetterPrune(ctx, dlCutoff, s.cfg.BatchSize)
+		rep.DeadLettersPruned += n
+		if err != nil {
+			errs = append(errs, err)
+		}
+		if err != nil || n < s.cfg.BatchSize {
+			break
+		}
+	}
+	return rep, errors.Join(errs...)
+}
+
+// rescue handles claims whose request was never acknowledged once the
+// transport's send timeout plus the grace has passed: the instance that
+// claimed them died between claim and send (invariant 8). at_least_once
+// claims are undone; at_most_once claims may have been sent, so they end
+// final / failed.
+func (s *Sweeper) rescue(ctx context.Context, rep *Report) error {
+	minWait := s.cfg.Grace
+	unsent, err := s.st.AttemptFindUnsent(ctx, minWait, s.cfg.BatchSize)
+	if err != nil {
+		return err
+	}
+	now := time.Now()
+	var undo []store.AttemptRef
+	var fail []store.Resolve
+	for _, u := range unsent {
+		if now.Sub(u.DispatchedAt) < s.cfg.SendTimeout(u.JobType)+s.cfg.Grace {
+			continue
+		}
+		if jt := s.cfg.Types[u.JobType]; jt != nil && jt.Delivery == correlator.AtMostOnce {
+			msg := "claimed but not known to be sent (instance lost); at_most_once, so not re-sent"
+			fail = append(fail, store.Resolve{JobID: u.JobID, Attempt: u.Attempt, AttemptOutcome: correlator.AttemptDispatchError,
+				AttemptError: msg, Res: correlator.Resolution{State: correlator.StateFinal, Outcome: correlator.OutcomeFailed, Error: msg}})
+			continue
+		}
+		undo = append(undo, u.AttemptRef)
+	}
+	n, err := s.st.JobUndoClaim(ctx, undo)
+	rep.Rescued += n
+	if n > 0 {
+		s.log.Warn("claims undone: their instance died before sending", zap.Int("jobs", n))
+	}
+	if err != nil {
+		return err
+	}
+	done, err := s.st.JobResolveMany(ctx, fail)
+	rep.FailedUnsent += len(done)
+	return err
+}
