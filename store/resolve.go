@@ -75,13 +75,15 @@ func jobResolveMany(ctx context.Context, tx pgx.Tx, rs []Resolve) ([]AttemptRef,
 		      result = coalesce(u.result, j.result), update_time = now()
 		  FROM u
 		  WHERE j.id = u.id AND j.state = 'running' AND j.attempt = u.att
-		  RETURNING j.id, j.attempt
+		  RETURNING j.id, j.attempt, u.att_outcome, u.att_error, u.reply
 		), att AS (
+		  -- done carries u's values: joining two CTEs (no statistics) could
+		  -- plan as a nested loop, quadratic in the batch.
 		  UPDATE hipq_attempt a
-		  SET outcome = u.att_outcome, error = u.att_error, reply = u.reply,
-		      replied_at = CASE WHEN u.reply IS NOT NULL THEN now() END,
-		      sent_at = CASE WHEN u.reply IS NOT NULL THEN coalesce(a.sent_at, now()) ELSE a.sent_at END
-		  FROM done JOIN u ON u.id = done.id
+		  SET outcome = done.att_outcome, error = done.att_error, reply = done.reply,
+		      replied_at = CASE WHEN done.reply IS NOT NULL THEN now() END,
+		      sent_at = CASE WHEN done.reply IS NOT NULL THEN coalesce(a.sent_at, now()) ELSE a.sent_at END
+		  FROM done
 		  WHERE a.job_id = done.id AND a.attempt = done.attempt
 		)
 		SELECT id, attempt FROM done`,

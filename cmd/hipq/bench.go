@@ -2,12 +2,14 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
 	"os"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"time"
@@ -47,8 +49,20 @@ func cmdBench(args []string, stdout io.Writer) error {
 	n := fs.Int("n", 20000, "jobs to run end to end")
 	asJSON := fs.Bool("json", false, "print one JSON object on the last line")
 	partitions := fs.Int("partitions", 6, "partitions of each topic")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of hipq to this file")
 	if err := fs.Parse(args); err != nil {
 		return &exitError{2, err}
+	}
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
@@ -62,7 +76,7 @@ func cmdBench(args []string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	log := newLogger("error", "console", os.Stderr)
+	log := newLogger(cmp.Or(os.Getenv("HIPQ_LOG_LEVEL"), "error"), "console", os.Stderr)
 	a, err := newApp(ctx, cfg, log, appOptions{metadataMinAge: 200 * time.Millisecond})
 	if err != nil {
 		return err
@@ -122,6 +136,18 @@ func cmdBench(args []string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
+	var stages [3][2]float64
+	err = a.st.Pool().QueryRow(ctx, `
+		SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY intake), percentile_cont(0.99) WITHIN GROUP (ORDER BY intake),
+		       percentile_cont(0.5) WITHIN GROUP (ORDER BY claim), percentile_cont(0.99) WITHIN GROUP (ORDER BY claim),
+		       percentile_cont(0.5) WITHIN GROUP (ORDER BY reply), percentile_cont(0.99) WITHIN GROUP (ORDER BY reply)
+		FROM (SELECT (extract(epoch FROM created_at) * 1e9 - (job_data->>'t')::float8) / 1e6 AS intake,
+		             extract(epoch FROM started_at - created_at) * 1e3 AS claim,
+		             extract(epoch FROM update_time - started_at) * 1e3 AS reply
+		      FROM hipq_job WHERE outcome = 'succeeded') l`).Scan(&stages[0][0], &stages[0][1], &stages[1][0], &stages[1][1], &stages[2][0], &stages[2][1])
+	if err != nil {
+		return err
+	}
 	stopRun()
 	<-runDone
 	res.Seconds = last.Sub(start).Seconds()
@@ -129,6 +155,8 @@ func cmdBench(args []string, stdout io.Writer) error {
 	res.PeakRSSBytes = peakRSS()
 	fmt.Fprintf(stdout, "  %d jobs in %.2fs: %.0f jobs/s; round trip p50 %.1f ms, p99 %.1f ms; peak RSS %.0f MiB (hipq and embedded Kafka; PostgreSQL apart)\n",
 		res.Jobs, res.Seconds, res.JobsPerSec, res.P50ms, res.P99ms, float64(res.PeakRSSBytes)/(1<<20))
+	fmt.Fprintf(stdout, "  where jobs waited, p50/p99 ms: produce→stored %.0f/%.0f, stored→claimed %.0f/%.0f, claimed→final %.0f/%.0f\n",
+		stages[0][0], stages[0][1], stages[1][0], stages[1][1], stages[2][0], stages[2][1])
 	if *asJSON {
 		b, _ := json.Marshal(res)
 		fmt.Fprintln(stdout, string(b))
