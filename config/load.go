@@ -40,8 +40,10 @@ func (e Errors) Error() string {
 
 // UnmarshalYAML reads "10s", "1h30m" or a bare number of seconds.
 func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
+	// A *yaml.TypeError lets decoding go on and report every problem.
+	bad := &yaml.TypeError{Errors: []string{fmt.Sprintf("line %d: %q is not a duration such as 10s or 1h30m", n.Line, n.Value)}}
 	if n.Kind != yaml.ScalarNode {
-		return fmt.Errorf("want a duration such as 10s")
+		return bad
 	}
 	if secs, err := strconv.ParseFloat(n.Value, 64); err == nil {
 		*d = Duration(secs * float64(time.Second))
@@ -49,7 +51,7 @@ func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
 	}
 	v, err := time.ParseDuration(n.Value)
 	if err != nil {
-		return fmt.Errorf("%q is not a duration such as 10s or 1h30m", n.Value)
+		return bad
 	}
 	*d = Duration(v)
 	return nil
@@ -129,11 +131,9 @@ func walk(n *yaml.Node, t reflect.Type, path string, lookup func(string) (string
 	switch n.Kind {
 	case yaml.ScalarNode:
 		if v := expand(n.Value, path, lookup, errs); v != n.Value {
-			n.Value = v
-			if n.Style == 0 {
-				// Resolve the expanded text afresh, so ${PORT} can fill an int.
-				n.Tag = ""
-			}
+			// Resolve the expanded text afresh, so "${PORT}" can fill an int;
+			// a string field still takes any scalar as text.
+			n.Value, n.Tag, n.Style = v, "", 0
 		}
 	case yaml.SequenceNode:
 		var et reflect.Type

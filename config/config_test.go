@@ -1,0 +1,206 @@
+package config
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+)
+
+const minimal = `
+database: {url: "${DB_URL}"}
+kafka: {brokers: ["localhost:9092"]}
+`
+
+func env(kv map[string]string) func(string) (string, bool) {
+	return func(k string) (string, bool) { v, ok := kv[k]; return v, ok }
+}
+
+func TestDefaults(t *testing.T) {
+	cfg, err := Parse(minimal, env(map[string]string{"DB_URL": "postgres://u:secretpw@db/hipq"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	checks := []struct {
+		name      string
+		got, want any
+	}{
+		{"name", cfg.Name, "hipq"},
+		{"intake group", cfg.Intake.Group, "hipq-intake"},
+		{"responses group", cfg.Responses.Group, "hipq-responses"},
+		{"intake start", cfg.Intake.Start, "earliest"},
+		{"max bytes", cfg.Intake.MaxBytes, 1 << 20},
+		{"early ttl", cfg.Responses.EarlyTTL.D(), 10 * time.Minute},
+		{"interval", cfg.Dispatch.Interval.D(), time.Second},
+		{"batch", cfg.Dispatch.BatchSize, 500},
+		{"grace", cfg.Dispatch.Grace.D(), time.Minute},
+		{"schedule", cfg.Sweeper.Schedule, "@every 15s"},
+		{"retention", cfg.Sweeper.Retention.D(), 720 * time.Hour},
+		{"shutdown", cfg.ShutdownTimeout.D(), 15 * time.Second},
+		{"migrate", *cfg.Database.Migrate, true},
+		{"default queue", cfg.Queues[0].Name, "default"},
+		{"session timeout", cfg.Kafka.SessionTimeout.D(), 10 * time.Second},
+	}
+	for _, c := range checks {
+		if c.got != c.want {
+			t.Errorf("%s = %v, want %v", c.name, c.got, c.want)
+		}
+	}
+}
+
+func TestGroupsFollowName(t *testing.T) {
+	cfg, err := Parse("name: billing\n"+minimal, env(map[string]string{"DB_URL": "x"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Intake.Group != "billing-intake" || cfg.Responses.Group != "billing-responses" {
+		t.Errorf("groups %q, %q do not follow name", cfg.Intake.Group, cfg.Responses.Group)
+	}
+}
+
+func TestRetryDefaultsFillLeftOutKeys(t *testing.T) {
+	cfg, err := Parse(minimal+`
+job_types:
+  - name: a
+    transport: {kafka: {topic: a.req}}
+    retry: {initial: 3s}
+  - name: b
+    delivery: at_most_once
+    transport: {kafka: {topic: b.req}}
+    retry: {max_attempts: 2}
+`, env(map[string]string{"DB_URL": "x"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := cfg.JobTypes[0].Retry
+	if a.MaxAttempts != 5 || a.Backoff != "exponential" || a.Initial.D() != 3*time.Second || a.Multiplier != 2 ||
+		a.Max.D() != time.Hour || *a.Jitter != 0.1 || strings.Join(a.When, ",") != "failed,timed_out,dispatch_error" {
+		t.Errorf("retry defaults: %+v", a)
+	}
+	if w := strings.Join(cfg.JobTypes[1].Retry.When, ","); w != "failed,dispatch_error" {
+		t.Errorf("at_most_once when = %s", w)
+	}
+	d := cfg.Domain()
+	if d["a"].Retry.MaxAttempts() != 5 || d["b"].Retry.MaxAttempts() != 2 || d["a"].Priority != 100 {
+		t.Errorf("domain mapping wrong: %+v %+v", d["a"], d["b"])
+	}
+}
+
+// TestProblems: every problem is reported at once, each with its path.
+func TestProblems(t *testing.T) {
+	text := `
+name: "bad name!"
+database: {url: "${MISSING}", max_conns: -1}
+kafka: {brokers: [], sasl: {mechanism: KERBEROS}}
+intake: {start: middle, topics: [jobs]}
+dispatch: {interval: -1s, batch_size: -5}
+sweeper: {schedule: "every now and then"}
+api: {callback_secret: short, tokens: [tiny]}
+log: {level: loud}
+queues:
+  - {name: q1, throttle_limit: -1, shares: {by: {json: /region}, weights: {east: 0}}}
+  - {name: q1}
+job_types:
+  - name: a
+    queue: nowhere
+    transport: {kafka: {topic: t}, http: {url: "http://x"}}
+  - name: b
+    transport: {kafka: {topic: ""}}
+    reply_topic: not.a.response.topic
+    delivery: at_most_once
+    retry: {when: [failed, timed_out], jitter: 2}
+    time_windows: [{start: "5am", end: "07:00"}]
+  - name: a
+    transport: {kafka: {topic: x}}
+    tiemout: 5s
+    retry: {initial: soon}
+`
+	_, err := Parse(text, env(nil))
+	var ce Errors
+	if !errors.As(err, &ce) {
+		t.Fatalf("got %v, want Errors", err)
+	}
+	// Unknown keys and type errors come first; fix those and the rest is reported.
+	for _, want := range []string{
+		"database.url: environment variable MISSING is not set",
+		"job_types[2].tiemout: unknown key",
+		"job_types[2].retry.initial:",
+	} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("missing %q in:\n%v", want, err)
+		}
+	}
+	text = strings.Replace(strings.Replace(text, "tiemout: 5s", "timeout: 5s", 1), "initial: soon", "initial: 1s", 1)
+	_, err = Parse(text, env(map[string]string{"MISSING": "postgres://x"}))
+	for _, want := range []string{
+		"name:", "database.max_conns:", "kafka.brokers:", "kafka.sasl.mechanism:", "intake.start:",
+		"dispatch.interval:", "dispatch.batch_size:", "sweeper.schedule:", "api.callback_secret:", "api.tokens[0]:",
+		"log.level:", "queues[0].throttle_limit:", "queues[0].shares:", "queues[0].shares.weights.east:", "queues[1].name:",
+		"job_types[0].queue:", "job_types[0].transport:", "job_types[1].transport.kafka.topic:", "job_types[1].reply_topic:",
+		"job_types[1].retry.when[1]:", "job_types[1].retry.jitter:", "job_types[1].time_windows[0]:", "job_types[2].name:",
+	} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("missing %q in:\n%v", want, err)
+		}
+	}
+}
+
+func TestEnvExpansion(t *testing.T) {
+	cfg, err := Parse(`
+database: {url: "${DB_URL}", max_conns: "${CONNS}", schema: "${SCHEMA}"}
+kafka: {brokers: ["${BROKER:-localhost:9092}"]}
+`, env(map[string]string{"DB_URL": "postgres://h/db", "CONNS": "7", "SCHEMA": "123"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Database.URL != "postgres://h/db" || cfg.Database.MaxConns != 7 || cfg.Database.Schema != "123" || cfg.Kafka.Brokers[0] != "localhost:9092" {
+		t.Errorf("expansion: %+v %+v", cfg.Database, cfg.Kafka.Brokers)
+	}
+}
+
+func TestRedacted(t *testing.T) {
+	cfg, err := Parse(`
+database: {url: "postgres://hipq:dbpass123@db:5432/hipq?sslmode=disable"}
+kafka: {brokers: [k:9092], sasl: {mechanism: PLAIN, username: u, password: saslpass123}}
+api: {tokens: ["tok-0123456789-0123456789-0123456789"], callback_secret: "cbs-0123456789-0123456789-0123456789"}
+job_types:
+  - name: h
+    transport: {http: {url: "https://svc/x", headers: {X-Api-Key: apikey123}, timeout: 5s}}
+    timeout: 1m
+`, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := cfg.Redacted()
+	for _, secret := range []string{"dbpass123", "saslpass123", "tok-0123456789", "cbs-0123456789", "apikey123"} {
+		if strings.Contains(out, secret) {
+			t.Errorf("effective config shows %q:\n%s", secret, out)
+		}
+	}
+	if !strings.Contains(out, "REDACTED") || !strings.Contains(out, "username: u") {
+		t.Errorf("unexpected redaction:\n%s", out)
+	}
+	if cfg.Kafka.SASL.Password != "saslpass123" || cfg.API.Tokens[0][:3] != "tok" {
+		t.Error("redaction changed the config itself")
+	}
+}
+
+func FuzzParse(f *testing.F) {
+	f.Add(minimal)
+	f.Add("name: x\nqueues: [{name: q, throttle_limit: 3}]\njob_types: [{name: a, queue: q, transport: {kafka: {topic: t}}}]")
+	f.Add("a: [")
+	f.Fuzz(func(t *testing.T, text string) {
+		cfg, err := Parse(text, env(map[string]string{"DB_URL": "x"}))
+		if err == nil {
+			if cfg.Database.URL == "" || len(cfg.Kafka.Brokers) == 0 {
+				t.Fatalf("accepted without database or brokers: %q", text)
+			}
+			_ = cfg.Redacted()
+			return
+		}
+		var ce Errors
+		if !errors.As(err, &ce) || len(ce) == 0 {
+			t.Fatalf("error is not Errors: %v", err)
+		}
+	})
+}
