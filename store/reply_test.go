@@ -1,0 +1,268 @@
+package store_test
+
+import (
+	"encoding/json"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hipq/hipq/correlator"
+	"github.com/hipq/hipq/internal/pgtest"
+	"github.com/hipq/hipq/store"
+)
+
+// TestReplyTable applies one reply per row of the SPEC §6 table to real rows.
+func TestReplyTable(t *testing.T) {
+	t.Parallel()
+	st := pgtest.New(t)
+	insert(t, st, job("ok"), job("fail"), job("fatal"), job("old"), job("newer"), job("waiting"))
+	claim(t, st, 5) // "waiting" is the sixth in order and stays initial
+	if _, err := st.Pool().Exec(ctx, "UPDATE hipq_job SET state = 'initial', attempt = 0 WHERE job_key = 'waiting'"); err != nil {
+		t.Fatal(err)
+	}
+	fatal := reply("fatal", 1, false)
+	fatal.Reply.Retryable = false
+	unknown := reply("x", 1, true)
+	unknown.Reply.JobType = "nope"
+	res := applyReplies(t, st,
+		reply("ok", 1, true),      // running, success → final/succeeded
+		reply("fail", 1, false),   // running, failure → retry policy
+		fatal,                     // failure, retryable false → final/failed
+		reply("old", 0, true),     // attempt absent → applies
+		reply("newer", 2, true),   // attempt newer than the job's → dead letter
+		reply("nojob", 0, true),   // no row at all → early
+		reply("waiting", 1, true), // initial, attempt 1 → early
+		unknown,                   // unknown job type → dead letter
+	)
+	want := []correlator.Verdict{correlator.Apply, correlator.Apply, correlator.Apply, correlator.Apply,
+		correlator.DeadLetter, correlator.Early, correlator.Early, correlator.DeadLetter}
+	for i, v := range res.Verdicts {
+		if v != want[i] {
+			t.Errorf("reply %d: %v, want %v", i, v, want[i])
+		}
+	}
+	ok := get(t, st, "ok")
+	wantState(t, ok, correlator.StateFinal, correlator.OutcomeSucceeded, 1)
+	if string(ok.Result) != `{"r": 1}` || ok.Error != correlator.ErrorNone {
+		t.Errorf("result %s error %q", ok.Result, ok.Error)
+	}
+	fail := get(t, st, "fail")
+	wantState(t, fail, correlator.StateRetry, "", 1)
+	if fail.Error != "nope" || fail.ScheduledRunTime.Before(time.Now().Add(50*time.Second)) {
+		t.Errorf("retry: error %q next %v", fail.Error, fail.ScheduledRunTime)
+	}
+	wantState(t, get(t, st, "fatal"), correlator.StateFinal, correlator.OutcomeFailed, 1)
+	wantState(t, get(t, st, "newer"), correlator.StateRunning, "", 1)
+	if n := count(t, st, "SELECT count(*) FROM hipq_early_reply"); n != 2 {
+		t.Errorf("%d early replies kept, want 2", n)
+	}
+	if n := count(t, st, "SELECT count(*) FROM hipq_dead_letter WHERE source = 'reply'"); n != 2 {
+		t.Errorf("%d dead letters, want 2", n)
+	}
+	if n := count(t, st, "SELECT count(*) FROM hipq_attempt WHERE outcome = 'succeeded' AND replied_at IS NOT NULL AND reply IS NOT NULL"); n != 2 {
+		t.Errorf("%d attempts record their reply, want 2", n)
+	}
+
+	// Now the stale and duplicate rows: a reply for the resolved attempt of
+	// a job in retry, for a final job, and an older attempt.
+	res = applyReplies(t, st, reply("fail", 1, true), reply("ok", 1, true), reply("ok", 0, false))
+	for i, v := range []correlator.Verdict{correlator.Stale, correlator.Duplicate, correlator.Duplicate} {
+		if res.Verdicts[i] != v {
+			t.Errorf("second batch reply %d: %v, want %v", i, res.Verdicts[i], v)
+		}
+	}
+	wantState(t, get(t, st, "fail"), correlator.StateRetry, "", 1)
+	wantState(t, get(t, st, "ok"), correlator.StateFinal, correlator.OutcomeSucceeded, 1)
+}
+
+// Key reuse: a late reply fenced by an old job id never touches the newer
+// job with the same key.
+func TestLateReplyNeverTouchesNewerJobWithSameKey(t *testing.T) {
+	t.Parallel()
+	st := pgtest.New(t)
+	insert(t, st, job("k"))
+	old := claim(t, st, 1)[0]
+	applyReplies(t, st, reply("k", 1, true))
+	insert(t, st, job("k"))
+	newer := claim(t, st, 1)[0]
+	if newer.ID == old.ID || newer.Attempt != 1 {
+		t.Fatalf("new job %d attempt %d", newer.ID, newer.Attempt)
+	}
+	late := reply("k", 1, false) // same key and attempt number as the new job
+	late.Reply.JobID = &old.ID
+	res := applyReplies(t, st, late)
+	if res.Verdicts[0] != correlator.Duplicate {
+		t.Fatalf("late reply: %v, want duplicate", res.Verdicts[0])
+	}
+	wantState(t, get(t, st, "k"), correlator.StateRunning, "", 1)
+}
+
+// Several replies for one job in one batch: the first wins.
+func TestRepliesReducedWithinBatch(t *testing.T) {
+	t.Parallel()
+	st := pgtest.New(t)
+	insert(t, st, job("a"))
+	c := claim(t, st, 1)[0]
+	first := reply("a", 1, true)
+	byID := reply("a", 1, false)
+	byID.Reply.JobID = &c.ID
+	res := applyReplies(t, st, first, byID, reply("a", 1, false))
+	if res.Counts[correlator.Apply] != 1 || res.Counts[correlator.Duplicate] != 2 {
+		t.Fatalf("counts %v", res.Counts)
+	}
+	wantState(t, get(t, st, "a"), correlator.StateFinal, correlator.OutcomeSucceeded, 1)
+}
+
+// An early reply waits for its job's claim and is applied after it; one
+// whose job never comes is dead-lettered past its TTL.
+func TestEarlyReplies(t *testing.T) {
+	t.Parallel()
+	st := pgtest.New(t)
+	applyReplies(t, st, reply("soon", 0, true), reply("never", 0, true))
+	insert(t, st, job("soon"))
+	c := claim(t, st, 1)[0]
+	res, err := st.EarlyReplyApply(ctx, []int64{c.ID}, 0, typeInfo)
+	if err != nil || res.Counts[correlator.Apply] != 1 {
+		t.Fatalf("early apply: %+v %v", res, err)
+	}
+	wantState(t, get(t, st, "soon"), correlator.StateFinal, correlator.OutcomeSucceeded, 1)
+	// The sweep keeps the unexpired one, then dead-letters it past its TTL.
+	if res, _ := st.EarlyReplyApply(ctx, nil, 100, typeInfo); len(res.DeadLetters) != 0 {
+		t.Fatalf("dead-lettered before its TTL: %+v", res)
+	}
+	if _, err := st.Pool().Exec(ctx, "UPDATE hipq_early_reply SET expires_at = now() - interval '1s'"); err != nil {
+		t.Fatal(err)
+	}
+	res, err = st.EarlyReplyApply(ctx, nil, 100, typeInfo)
+	if err != nil || len(res.DeadLetters) != 1 {
+		t.Fatalf("past TTL: %+v %v", res, err)
+	}
+	if n := count(t, st, "SELECT count(*) FROM hipq_early_reply"); n != 0 {
+		t.Fatalf("%d early replies left", n)
+	}
+	if n := count(t, st, "SELECT count(*) FROM hipq_dead_letter WHERE reason LIKE 'no_job:%' AND record_value = 'reply never'"); n != 1 {
+		t.Fatalf("dead letter of the expired early reply missing its record")
+	}
+}
+
+// A reply racing a timeout: the sweeper skips a row a reply holds, and its
+// guarded write never overwrites the reply's outcome (River #1302).
+func TestTimeoutRacingReply(t *testing.T) {
+	t.Parallel()
+	st := pgtest.New(t)
+	insert(t, st, job("a"), job("b"))
+	claim(t, st, 2)
+	if _, err := st.Pool().Exec(ctx, "UPDATE hipq_job SET started_at = now() - interval '2 hours'"); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := st.Pool().Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, "SELECT 1 FROM hipq_job WHERE job_key = 'a' FOR UPDATE"); err != nil {
+		t.Fatal(err)
+	}
+	done, err := st.JobTimeOutStuck(ctx, 100, typeInfo)
+	if err != nil || len(done) != 1 {
+		t.Fatalf("timed out %v, err %v; want only the unlocked job", done, err)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	applyReplies(t, st, reply("a", 1, true))
+	if done, _ := st.JobTimeOutStuck(ctx, 100, typeInfo); len(done) != 0 {
+		t.Fatalf("timed out a job the reply finalized: %v", done)
+	}
+	wantState(t, get(t, st, "a"), correlator.StateFinal, correlator.OutcomeSucceeded, 1)
+	b := get(t, st, "b")
+	wantState(t, b, correlator.StateRetry, "", 1)
+	if b.Error != correlator.ErrorTimeout {
+		t.Errorf("error %q, want timeout", b.Error)
+	}
+	if res := applyReplies(t, st, reply("b", 1, true)); res.Verdicts[0] != correlator.Stale {
+		t.Fatalf("reply after its attempt timed out: %v, want stale", res.Verdicts[0])
+	}
+}
+
+// Concurrent reply batches and sweeps over the same rows never deadlock
+// and never apply one attempt twice.
+func TestConcurrentRepliesAndSweeps(t *testing.T) {
+	t.Parallel()
+	st := pgtest.New(t)
+	var jobs []*correlator.Job
+	for i := range 200 {
+		jobs = append(jobs, job(string(rune('a'+i%26))+string(rune('a'+i/26))))
+	}
+	insert(t, st, jobs...)
+	claimed := claim(t, st, 200)
+	if _, err := st.Pool().Exec(ctx, "UPDATE hipq_job SET started_at = now() - interval '2 hours'"); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	applied := make([]int, 4)
+	for w := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var rs []store.ReplyIn
+			for i := len(claimed) - 1; i >= 0; i-- { // reverse order: lock order must not matter
+				rs = append(rs, reply(claimed[i].JobKey, 1, true))
+			}
+			res, err := st.ReplyApply(ctx, store.ReplyBatch{Replies: rs}, typeInfo)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			applied[w] = res.Counts[correlator.Apply]
+		}()
+	}
+	var timedOut int
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		done, err := st.JobTimeOutStuck(ctx, 1000, typeInfo)
+		if err != nil {
+			t.Error(err)
+		}
+		timedOut = len(done)
+	}()
+	wg.Wait()
+	total := timedOut
+	for _, n := range applied {
+		total += n
+	}
+	if total != 200 {
+		t.Fatalf("applied %v + timed out %d = %d, want each of 200 attempts resolved once", applied, timedOut, total)
+	}
+	if n := count(t, st, "SELECT count(*) FROM hipq_attempt WHERE outcome IS NULL"); n != 0 {
+		t.Fatalf("%d attempts unresolved", n)
+	}
+}
+
+func TestExpireAndPrune(t *testing.T) {
+	t.Parallel()
+	st := pgtest.New(t)
+	past := time.Now().Add(-time.Minute)
+	insert(t, st, job("exp", func(j *correlator.Job) { j.ExpiresAt = &past }), job("keep"))
+	if n, err := st.JobExpire(ctx, 10); err != nil || n != 1 {
+		t.Fatalf("expired %d, err %v", n, err)
+	}
+	e := get(t, st, "exp")
+	wantState(t, e, correlator.StateFinal, correlator.OutcomeExpired, 0)
+	if e.Error != correlator.ErrorExpired {
+		t.Errorf("error %q", e.Error)
+	}
+	if err := st.DeadLetterInsert(ctx, []store.DeadLetter{{Kind: store.SourceIntake, Reason: "x: y", Source: store.Source{Received: time.Now().Add(-48 * time.Hour)}}}); err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := st.JobPrune(ctx, time.Now().Add(time.Second), 10); n != 1 {
+		t.Fatalf("pruned %d, want the final job only", n)
+	}
+	if n, _ := st.DeadLetterPrune(ctx, time.Now().Add(-24*time.Hour), 10); n != 1 {
+		t.Fatalf("pruned %d dead letters, want 1", n)
+	}
+	if _, err := st.JobGet(ctx, "t", "exp"); err != correlator.ErrNotFound {
+		t.Fatalf("pruned job: %v", err)
+	}
+	_ = json.RawMessage(nil)
+}

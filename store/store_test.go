@@ -1,0 +1,272 @@
+package store_test
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hipq/hipq/correlator"
+	"github.com/hipq/hipq/internal/pgtest"
+	"github.com/hipq/hipq/store"
+)
+
+func TestMigrateIdempotentAndRefusesNewerSchema(t *testing.T) {
+	t.Parallel()
+	st := pgtest.New(t)
+	applied, err := st.Migrate(ctx)
+	if err != nil || len(applied) != 0 {
+		t.Fatalf("second migrate applied %v, err %v", applied, err)
+	}
+	if err := st.CheckSchema(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Pool().Exec(ctx, "INSERT INTO hipq_schema_migration (version, name) VALUES (999, 'future')"); err != nil {
+		t.Fatal(err)
+	}
+	var tooNew *store.ErrSchemaTooNew
+	if _, err := st.Migrate(ctx); !errors.As(err, &tooNew) {
+		t.Fatalf("migrate on a newer schema: %v", err)
+	}
+	if err := st.CheckSchema(ctx); !errors.As(err, &tooNew) {
+		t.Fatalf("check on a newer schema: %v", err)
+	}
+}
+
+// Invariant 1: at most one non-final job per (type, key).
+func TestOneNonFinalJobPerKey(t *testing.T) {
+	t.Parallel()
+	st := pgtest.New(t)
+	insert(t, st, job("a"))
+	if _, err := st.Pool().Exec(ctx, `INSERT INTO hipq_job (queue, job_type, job_key) VALUES ('default', 't', 'a')`); err == nil {
+		t.Fatal("a second non-final job for one key was accepted")
+	}
+	if _, err := st.Pool().Exec(ctx, `UPDATE hipq_job SET state = 'final', outcome = 'cancelled' WHERE job_key = 'a'`); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := st.JobsInsert(ctx, []*correlator.Job{job("a")}); err != nil || n != 1 {
+		t.Fatalf("a key whose jobs are all final makes a new job: n=%d err=%v", n, err)
+	}
+}
+
+func intakeBatch(from, to int64, jobs ...*correlator.Job) store.IntakeBatch {
+	b := store.IntakeBatch{Group: "g", Offsets: []store.OffsetAdvance{{Topic: "in", Partition: 0, From: from, To: to}}}
+	for i, j := range jobs {
+		b.Jobs = append(b.Jobs, store.IntakeJob{Job: j, Source: store.Source{Topic: "in", Offset: from + int64(i), Value: []byte(j.JobKey)}})
+	}
+	return b
+}
+
+func TestIntakeDuplicatesAndConflicts(t *testing.T) {
+	t.Parallel()
+	st := pgtest.New(t)
+	res, err := st.IntakeApply(ctx, intakeBatch(-1, 2, job("a"), job("b")))
+	if err != nil || res.Inserted != 2 {
+		t.Fatalf("res %+v err %v", res, err)
+	}
+	other := job("b", func(j *correlator.Job) { j.JobData = []byte(`{"other":true}`) })
+	same := job("a", func(j *correlator.Job) { j.JobData = []byte(`{ "k" : "a" }`) }) // same JSON, other spelling
+	res, err = st.IntakeApply(ctx, intakeBatch(2, 4, same, other))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Inserted != 0 || res.Duplicates != 1 || len(res.DeadLetters) != 1 {
+		t.Fatalf("got %+v, want one duplicate and one conflict", res)
+	}
+	if n := count(t, st, "SELECT count(*) FROM hipq_dead_letter WHERE source = 'intake' AND reason LIKE 'conflict: %'"); n != 1 {
+		t.Fatalf("%d conflict dead letters, want 1", n)
+	}
+	if n := count(t, st, "SELECT count(*) FROM hipq_job"); n != 2 {
+		t.Fatalf("%d jobs, want 2", n)
+	}
+}
+
+// Invariant 7: offsets advance by compare-and-set in the effect's
+// transaction; a batch applied twice takes effect once.
+func TestOffsetCompareAndSet(t *testing.T) {
+	t.Parallel()
+	st := pgtest.New(t)
+	if _, err := st.IntakeApply(ctx, intakeBatch(-1, 1, job("a"))); err != nil {
+		t.Fatal(err)
+	}
+	for _, from := range []int64{-1, 0, 5} {
+		if _, err := st.IntakeApply(ctx, intakeBatch(from, 2, job("x"))); !errors.Is(err, store.ErrOffsetConflict) {
+			t.Fatalf("from %d: got %v, want ErrOffsetConflict", from, err)
+		}
+	}
+	if n := count(t, st, "SELECT count(*) FROM hipq_job"); n != 1 {
+		t.Fatalf("a refused batch wrote jobs: %d", n)
+	}
+	got, err := st.OffsetsLoad(ctx, "g", []store.TopicPartition{{Topic: "in", Partition: 0}, {Topic: "in", Partition: 1}})
+	if err != nil || len(got) != 1 || got[store.TopicPartition{Topic: "in"}] != 1 {
+		t.Fatalf("offsets %v, err %v", got, err)
+	}
+
+	// Two consumers (one lost the partition in a rebalance) apply the same
+	// records at once: exactly one takes effect.
+	var wg sync.WaitGroup
+	errs := make([]error, 8)
+	for i := range errs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, errs[i] = st.IntakeApply(ctx, intakeBatch(1, 3, job("b"), job("c")))
+		}()
+	}
+	wg.Wait()
+	ok := 0
+	for _, err := range errs {
+		switch {
+		case err == nil:
+			ok++
+		case !errors.Is(err, store.ErrOffsetConflict):
+			t.Fatal(err)
+		}
+	}
+	if ok != 1 {
+		t.Fatalf("%d concurrent applies took effect, want 1", ok)
+	}
+	if n := count(t, st, "SELECT count(*) FROM hipq_job"); n != 3 {
+		t.Fatalf("%d jobs, want 3", n)
+	}
+}
+
+// Claims are exclusive across concurrent dispatchers; expired and future
+// jobs are not claimed; attempt and update_time move (invariants 2, 4).
+func TestClaim(t *testing.T) {
+	t.Parallel()
+	st := pgtest.New(t)
+	var jobs []*correlator.Job
+	for i := range 40 {
+		jobs = append(jobs, job(fmt.Sprintf("j%d", i)))
+	}
+	past := time.Now().Add(-time.Minute)
+	insert(t, st, jobs...)
+	insert(t, st, job("expired", func(j *correlator.Job) { j.ExpiresAt = &past }),
+		job("future", func(j *correlator.Job) { j.ScheduledRunTime = time.Now().Add(time.Hour) }))
+	before := get(t, st, "j0").UpdateTime
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	seen := map[int64]int{}
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				c, err := st.JobClaim(ctx, store.JobClaimParams{Queue: "default", Limit: 7, Instance: "i"})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if len(c) == 0 {
+					return
+				}
+				mu.Lock()
+				for _, j := range c {
+					seen[j.ID]++
+					if j.Attempt != 1 {
+						t.Errorf("claimed attempt %d", j.Attempt)
+					}
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	if len(seen) != 40 {
+		t.Fatalf("claimed %d jobs, want 40", len(seen))
+	}
+	for id, n := range seen {
+		if n != 1 {
+			t.Fatalf("job %d claimed %d times", id, n)
+		}
+	}
+	a := get(t, st, "j0")
+	wantState(t, a, correlator.StateRunning, "", 1)
+	if !a.UpdateTime.After(before) || a.StartedAt == nil {
+		t.Errorf("update_time %v (before %v), started_at %v", a.UpdateTime, before, a.StartedAt)
+	}
+	if n := count(t, st, "SELECT count(*) FROM hipq_attempt WHERE attempt = 1 AND instance = 'i' AND sent_at IS NULL"); n != 40 {
+		t.Fatalf("%d attempt rows, want 40", n)
+	}
+	wantState(t, get(t, st, "expired"), correlator.StateInitial, "", 0)
+	wantState(t, get(t, st, "future"), correlator.StateInitial, "", 0)
+}
+
+// Invariant 8: an undone claim restores state, attempt and the previous
+// error, and deletes its attempt row; a sent claim is never undone.
+func TestUndoClaim(t *testing.T) {
+	t.Parallel()
+	st := pgtest.New(t)
+	insert(t, st, job("a"), job("b"))
+	c := claim(t, st, 10)
+	refs := []store.AttemptRef{{JobID: c[0].ID, Attempt: 1}, {JobID: c[1].ID, Attempt: 1}}
+	if err := st.AttemptMarkSent(ctx, refs[1:]); err != nil {
+		t.Fatal(err)
+	}
+	n, err := st.JobUndoClaim(ctx, refs)
+	if err != nil || n != 1 {
+		t.Fatalf("undone %d, err %v; want 1 (the sent one stays)", n, err)
+	}
+	a := get(t, st, c[0].JobKey)
+	wantState(t, a, correlator.StateInitial, "", 0)
+	if a.Error != correlator.ErrorNone || a.StartedAt != nil {
+		t.Errorf("error %q started_at %v", a.Error, a.StartedAt)
+	}
+	if n := count(t, st, "SELECT count(*) FROM hipq_attempt WHERE job_id = $1", c[0].ID); n != 0 {
+		t.Fatalf("attempt row kept")
+	}
+
+	// A job in retry: the undo brings back its last attempt's error.
+	applyReplies(t, st, reply(c[1].JobKey, 1, false))
+	if _, err := st.Pool().Exec(ctx, "UPDATE hipq_job SET scheduled_run_time = now() - interval '1s' WHERE id = $1", c[1].ID); err != nil {
+		t.Fatal(err)
+	}
+	c2 := claim(t, st, 10)
+	var again store.Claimed
+	for _, x := range c2 {
+		if x.ID == c[1].ID {
+			again = x
+		}
+	}
+	if again.Attempt != 2 {
+		t.Fatalf("reclaimed attempt %d, want 2", again.Attempt)
+	}
+	if n, _ := st.JobUndoClaim(ctx, []store.AttemptRef{{JobID: again.ID, Attempt: 2}}); n != 1 {
+		t.Fatal("retry claim not undone")
+	}
+	b := get(t, st, c[1].JobKey)
+	wantState(t, b, correlator.StateRetry, "", 1)
+	if b.Error != "nope" {
+		t.Errorf("error %q, want the last attempt's", b.Error)
+	}
+}
+
+// Invariant 3 and the guards: a write for another attempt, or on a final
+// job, changes nothing.
+func TestResolveIsGuarded(t *testing.T) {
+	t.Parallel()
+	st := pgtest.New(t)
+	insert(t, st, job("a"))
+	c := claim(t, st, 1)[0]
+	final := correlator.Resolution{State: correlator.StateFinal, Outcome: correlator.OutcomeSucceeded, Error: correlator.ErrorNone}
+	done, err := st.JobResolveMany(ctx, []store.Resolve{{JobID: c.ID, Attempt: 2, Res: final, AttemptOutcome: correlator.AttemptSucceeded}})
+	if err != nil || len(done) != 0 {
+		t.Fatalf("a write for attempt 2 took effect on attempt 1: %v %v", done, err)
+	}
+	done, _ = st.JobResolveMany(ctx, []store.Resolve{{JobID: c.ID, Attempt: 1, Res: final, AttemptOutcome: correlator.AttemptSucceeded}})
+	if len(done) != 1 {
+		t.Fatal("the right write did not take effect")
+	}
+	before := get(t, st, "a")
+	failed := correlator.Resolution{State: correlator.StateFinal, Outcome: correlator.OutcomeFailed, Error: "x"}
+	done, _ = st.JobResolveMany(ctx, []store.Resolve{{JobID: c.ID, Attempt: 1, Res: failed, AttemptOutcome: correlator.AttemptFailed}})
+	after := get(t, st, "a")
+	if len(done) != 0 || after.Outcome != correlator.OutcomeSucceeded || !after.UpdateTime.Equal(before.UpdateTime) {
+		t.Fatalf("a final job changed: %+v", after)
+	}
+	if _, err := st.Pool().Exec(ctx, "UPDATE hipq_job SET attempt = 9 WHERE id = $1", c.ID); err == nil {
+		t.Fatal("attempt above max_attempts was accepted by the table")
+	}
+}
