@@ -1,0 +1,194 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/hipq/hipq/correlator"
+	"github.com/hipq/hipq/store"
+)
+
+const e2eConfig = `
+name: e2e
+database: {url: "{{DB}}"}
+kafka: {brokers: ["{{BROKERS}}"], session_timeout: 6s}
+intake: {topics: ["{{T:jobs}}"], dead_letter_topic: "{{T:jobs.dlq}}", max_bytes: 2048}
+responses: {topics: [{topic: "{{T:replies}}"}], dead_letter_topic: "{{T:replies.dlq}}", early_ttl: 1m}
+dispatch: {interval: 100ms, batch_size: 50, grace: 1s}
+sweeper: {schedule: "@every 1s"}
+job_types:
+  - name: e2e
+    transport: {kafka: {topic: "{{T:requests}}"}}
+    reply_topic: "{{T:replies}}"
+    timeout: 2s
+    retry: {max_attempts: 3, backoff: fixed, initial: 200ms, jitter: 0}
+`
+
+var e2eTopics = []string{"jobs", "jobs.dlq", "requests", "replies", "replies.dlq"}
+
+// The whole loop: intake → dispatch → reply → final, with a failure
+// retried, a reply that never comes timed out and retried, and a job whose
+// retries run out.
+func TestRoundTrip(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, e2eTopics...)
+	a := e.start(e.config(e2eConfig))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	e.respond(ctx, "requests", "replies", func(key string, attempt int) (string, bool) {
+		switch {
+		case strings.HasPrefix(key, "fail-once") && attempt == 1:
+			return "failed", true
+		case strings.HasPrefix(key, "silent-once") && attempt == 1:
+			return "", false
+		case strings.HasPrefix(key, "always-fail"):
+			return "failed", true
+		}
+		return "succeeded", true
+	})
+	var reqs []string
+	for i := range 20 {
+		reqs = append(reqs, jobReq(fmt.Sprintf("ok-%d", i)))
+	}
+	reqs = append(reqs, jobReq("fail-once"), jobReq("silent-once"), jobReq("always-fail"))
+	e.produce("jobs", reqs...)
+	eventually(t, 30*time.Second, "all jobs final", func() (bool, string) {
+		n := e.countJobs(a, "state = 'final'")
+		return n == 23, fmt.Sprintf("%d final", n)
+	})
+	check := func(key string, outcome correlator.Outcome, attempt int) {
+		j, err := a.st.JobGet(ctx, "e2e", key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if j.Outcome != outcome || j.Attempt != attempt {
+			t.Errorf("%s: outcome %s attempt %d, want %s %d", key, j.Outcome, j.Attempt, outcome, attempt)
+		}
+	}
+	check("ok-3", correlator.OutcomeSucceeded, 1)
+	check("fail-once", correlator.OutcomeSucceeded, 2)
+	check("silent-once", correlator.OutcomeSucceeded, 2)
+	check("always-fail", correlator.OutcomeFailed, 3)
+	var timedOut int
+	_ = a.st.Pool().QueryRow(ctx, "SELECT count(*) FROM hipq_attempt WHERE outcome = 'timed_out'").Scan(&timedOut)
+	if timedOut != 1 {
+		t.Errorf("%d timed-out attempts, want 1", timedOut)
+	}
+	if n := e.countJobs(a, "attempt > max_attempts"); n != 0 {
+		t.Errorf("%d jobs above max_attempts", n)
+	}
+}
+
+// Every bad-input case of SPEC §4 is dead-lettered, to PostgreSQL and to
+// the dead-letter topic with a hipq-error header, and never blocks the
+// partition: good records after bad ones become jobs.
+func TestIntakeBadInputIsDeadLettered(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, e2eTopics...)
+	cfg := e.config(e2eConfig)
+	a := e.start(cfg, "intake")
+	bad := map[string]string{
+		"not json":         `{{{`,
+		"not an object":    `[1,2]`,
+		"missing key":      `{"job_type":"e2e"}`,
+		"ill-typed":        `{"job_type":"e2e","job_key":"k1","priority":"high"}`,
+		"unknown field":    `{"job_type":"e2e","job_key":"k2","job_kye":"typo"}`,
+		"unknown job type": `{"job_type":"nope","job_key":"k3"}`,
+		"too large":        `{"job_type":"e2e","job_key":"k4","job_data":"` + strings.Repeat("x", 3000) + `"}`,
+		"too deep":         `{"job_type":"e2e","job_key":"k5","job_data":` + strings.Repeat("[", 70) + strings.Repeat("]", 70) + `}`,
+		"invalid UTF-8":    "{\"job_type\":\"e2e\",\"job_key\":\"k6\xff\"}",
+		"NUL":              `{"job_type":"e2e","job_key":"k7","job_data":"a\u0000b"}`,
+	}
+	var vals []string
+	for _, v := range bad {
+		vals = append(vals, v)
+	}
+	vals = append(vals, jobReq("good-1"), `{"job_type":"e2e","job_key":"good-1","job_data":{"other":1}}`, jobReq("good-1"), jobReq("good-2"))
+	e.produce("jobs", vals...)
+	eventually(t, 20*time.Second, "good jobs stored", func() (bool, string) {
+		n := e.countJobs(a, "true")
+		return n == 2, fmt.Sprintf("%d jobs", n)
+	})
+	wantDead := len(bad) + 1 // plus the conflict
+	eventually(t, 10*time.Second, "dead letters stored", func() (bool, string) {
+		var n int
+		_ = a.st.Pool().QueryRow(context.Background(), "SELECT count(*) FROM hipq_dead_letter WHERE source = 'intake'").Scan(&n)
+		return n == wantDead, fmt.Sprintf("%d dead letters", n)
+	})
+	dls, err := a.st.DeadLetterList(context.Background(), store.DeadLetterListParams{Kind: store.SourceIntake})
+	if err != nil {
+		t.Fatal(err)
+	}
+	codes := map[string]bool{}
+	for _, d := range dls {
+		code, _, _ := strings.Cut(d.Reason, ":")
+		codes[code] = true
+		if d.Source.Topic == "" || len(d.Source.Value) == 0 {
+			t.Errorf("dead letter without its record: %+v", d)
+		}
+	}
+	for _, c := range []string{correlator.CodeInvalidJSON, correlator.CodeNotObject, correlator.CodeMissingField, correlator.CodeInvalidField,
+		correlator.CodeUnknownField, correlator.CodeUnknownJobType, correlator.CodeTooLarge, correlator.CodeTooDeep,
+		correlator.CodeInvalidUTF8, correlator.CodeNullChar, correlator.CodeConflict} {
+		if !codes[c] {
+			t.Errorf("no dead letter with reason %s (have %v)", c, codes)
+		}
+	}
+	// The dead-letter topic gets copies with the reason in hipq-error.
+	cl := e.kafka.Client(kgo.ConsumeTopics(e.kafka.Topic("jobs.dlq")), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	defer cl.Close()
+	got := 0
+	deadline := time.Now().Add(15 * time.Second)
+	for got < wantDead && time.Now().Before(deadline) {
+		pctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		cl.PollFetches(pctx).EachRecord(func(r *kgo.Record) {
+			for _, h := range r.Headers {
+				if h.Key == correlator.HeaderError && len(h.Value) > 0 {
+					got++
+				}
+			}
+		})
+		cancel()
+	}
+	if got != wantDead {
+		t.Errorf("%d copies with hipq-error on the dead-letter topic, want %d", got, wantDead)
+	}
+}
+
+// On assignment the consumer seeks to the offsets stored in PostgreSQL,
+// not the group's: records already applied (by an instance whose Kafka
+// commit never happened) are not applied again.
+func TestIntakeSeeksToStoredOffsets(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, e2eTopics...)
+	cfg := e.config(e2eConfig)
+	topic := e.kafka.Topic("jobs")
+	var rs []*kgo.Record
+	for i := range 10 {
+		rs = append(rs, &kgo.Record{Topic: topic, Partition: 0, Value: []byte(jobReq(fmt.Sprintf("k%d", i)))})
+	}
+	cl := e.kafka.Client(kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err := cl.ProduceSync(context.Background(), rs...).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	cl.Close()
+	// Another instance applied the first 6 records and died before its
+	// Kafka commit: PostgreSQL says partition 0 resumes at 6.
+	a0 := e.start(cfg, "sweeper")
+	if _, err := a0.st.Pool().Exec(context.Background(), `INSERT INTO hipq_offset VALUES ($1, $2, 0, 6)`, cfg.Intake.Group, topic); err != nil {
+		t.Fatal(err)
+	}
+	a := e.start(cfg, "intake")
+	eventually(t, 20*time.Second, "records after the stored offset applied", func() (bool, string) {
+		n := e.countJobs(a, "true")
+		return n == 4, fmt.Sprintf("%d jobs", n)
+	})
+	if n := e.countJobs(a, "job_key IN ('k0','k5')"); n != 0 {
+		t.Fatalf("records before the stored offset were applied again")
+	}
+}

@@ -1,0 +1,139 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/hipq/hipq/config"
+	"github.com/hipq/hipq/correlator"
+	"github.com/hipq/hipq/internal/kafkatest"
+	"github.com/hipq/hipq/internal/pgtest"
+)
+
+// TestMain doubles as `hipq` for the crash tests: with HIPQ_TEST_MAIN set
+// the test binary runs the command line in it instead of the tests.
+func TestMain(m *testing.M) {
+	if args := os.Getenv("HIPQ_TEST_MAIN"); args != "" {
+		os.Exit(runMain(strings.Fields(args), os.Stdout, os.Stderr))
+	}
+	pgtest.Main(m)
+}
+
+// env is one test's Kafka, database and config text.
+type env struct {
+	t     *testing.T
+	kafka *kafkatest.Cluster
+	dbURL string
+}
+
+func newEnv(t *testing.T, topics ...string) *env {
+	t.Helper()
+	e := &env{t: t, kafka: kafkatest.New(t), dbURL: pgtest.URL(t)}
+	var names []string
+	for _, tp := range topics {
+		names = append(names, e.kafka.Topic(tp))
+	}
+	e.kafka.CreateTopics(2, names...)
+	return e
+}
+
+// config renders text: {{DB}}, {{BROKERS}} and {{T:name}} for topic names.
+func (e *env) configText(text string) string {
+	r := []string{"{{DB}}", e.dbURL, "{{BROKERS}}", strings.Join(e.kafka.Brokers, ",")}
+	for _, f := range strings.Split(text, "{{T:")[1:] {
+		name, _, _ := strings.Cut(f, "}}")
+		r = append(r, "{{T:"+name+"}}", e.kafka.Topic(name))
+	}
+	return strings.NewReplacer(r...).Replace(text)
+}
+
+func (e *env) config(text string) *config.Config {
+	e.t.Helper()
+	cfg, err := config.Parse(e.configText(text), nil)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return cfg
+}
+
+// start runs an app until the test ends.
+func (e *env) start(cfg *config.Config, roles ...string) *app {
+	e.t.Helper()
+	log := zaptest.NewLogger(e.t, zaptest.Level(zap.WarnLevel))
+	a, err := newApp(context.Background(), cfg, log, appOptions{roles: roles, metadataMinAge: 100 * time.Millisecond})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.run(ctx) }()
+	e.t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				e.t.Errorf("app: %v", err)
+			}
+		case <-time.After(30 * time.Second):
+			e.t.Error("app did not stop within 30s")
+		}
+		a.close()
+	})
+	return a
+}
+
+// eventually polls cond until it holds or the deadline passes.
+func eventually(t *testing.T, within time.Duration, what string, cond func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	var last string
+	for time.Now().Before(deadline) {
+		var ok bool
+		if ok, last = cond(); ok {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("%s: not within %v (last: %s)", what, within, last)
+}
+
+func (e *env) countJobs(a *app, where string) int {
+	e.t.Helper()
+	var n int
+	if err := a.st.Pool().QueryRow(context.Background(), "SELECT count(*) FROM hipq_job WHERE "+where).Scan(&n); err != nil {
+		e.t.Fatal(err)
+	}
+	return n
+}
+
+func (e *env) produce(topic string, values ...string) {
+	e.t.Helper()
+	var rs []*kgo.Record
+	for _, v := range values {
+		rs = append(rs, &kgo.Record{Topic: e.kafka.Topic(topic), Value: []byte(v)})
+	}
+	e.kafka.Produce(rs...)
+}
+
+// respond answers requests on topic like a downstream: decide says what.
+func (e *env) respond(ctx context.Context, requests, replies string, decide func(key string, attempt int) (string, bool)) {
+	r, err := newResponder(e.kafka.Brokers, "responder-"+e.kafka.Topic(requests), e.kafka.Topic(requests), e.kafka.Topic(replies), zap.NewNop(), decide)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	go r.run(ctx)
+}
+
+func jobReq(key string) string {
+	return fmt.Sprintf(`{"job_type":"e2e","job_key":%q,"job_data":{"key":%q}}`, key, key)
+}
+
+var _ = correlator.StateFinal

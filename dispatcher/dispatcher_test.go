@@ -1,0 +1,143 @@
+package dispatcher_test
+
+import (
+	"context"
+	"encoding/json"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/hipq/hipq/correlator"
+	"github.com/hipq/hipq/dispatcher"
+	"github.com/hipq/hipq/internal/kafkatest"
+	"github.com/hipq/hipq/internal/pgtest"
+	"github.com/hipq/hipq/store"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+var ctx = context.Background()
+
+func types() map[string]*correlator.JobType {
+	return map[string]*correlator.JobType{
+		"alo": {Name: "alo", Queue: "default", Timeout: time.Hour, Delivery: correlator.AtLeastOnce, Retry: correlator.NoRetry},
+		"amo": {Name: "amo", Queue: "default", Timeout: time.Hour, Delivery: correlator.AtMostOnce, Retry: correlator.NoRetry},
+	}
+}
+
+func insert(t *testing.T, st *store.Store, typ string, n int) {
+	t.Helper()
+	var jobs []*correlator.Job
+	for i := range n {
+		jobs = append(jobs, &correlator.Job{Queue: "default", JobType: typ, JobKey: typ + strconv.Itoa(i), JobData: json.RawMessage(`{}`),
+			MaxAttempts: 1, Priority: 100, ThrottleFactor: 1, TimeoutSeconds: 3600, ScheduledRunTime: time.Now().Add(-time.Second)})
+	}
+	if _, err := st.JobsInsert(ctx, jobs); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func newDispatcher(t *testing.T, st *store.Store, cl *kgo.Client, topic string) *dispatcher.Dispatcher {
+	routes := map[string]dispatcher.KafkaRoute{"alo": {Topic: topic, ReplyTopic: "replies"}, "amo": {Topic: topic, Envelope: true}}
+	s := dispatcher.NewKafkaSender(cl, routes)
+	return dispatcher.New(zaptest.NewLogger(t), st, dispatcher.Config{Instance: "test", BatchSize: 100,
+		Queues: []dispatcher.QueueConfig{{Name: "default"}}, Types: types(), Senders: map[string]dispatcher.Sender{"alo": s, "amo": s}})
+}
+
+func scalar(t *testing.T, st *store.Store, q string) int {
+	t.Helper()
+	var n int
+	if err := st.Pool().QueryRow(ctx, q).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// Requests carry the §5 key, value and headers, and sent_at is recorded.
+func TestSendKafka(t *testing.T) {
+	t.Parallel()
+	st := pgtest.New(t)
+	k := kafkatest.New(t)
+	topic := k.Topic("requests")
+	k.CreateTopics(1, topic)
+	cl := k.Client(dispatcher.KafkaProducerOpts()...)
+	defer cl.Close()
+	insert(t, st, "alo", 3)
+	insert(t, st, "amo", 1)
+	d := newDispatcher(t, st, cl, topic)
+	if n, err := d.RunOnce(ctx); err != nil || n != 4 {
+		t.Fatalf("claimed %d, err %v", n, err)
+	}
+	if n := scalar(t, st, "SELECT count(*) FROM hipq_attempt WHERE sent_at IS NOT NULL"); n != 4 {
+		t.Fatalf("%d sends recorded, want 4", n)
+	}
+	rd := k.Client(kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	defer rd.Close()
+	var recs []*kgo.Record
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	for len(recs) < 4 {
+		if pctx.Err() != nil {
+			t.Fatalf("read %d requests, want 4", len(recs))
+		}
+		recs = append(recs, rd.PollFetches(pctx).Records()...)
+	}
+	for _, r := range recs {
+		h := map[string]string{}
+		for _, x := range r.Headers {
+			h[x.Key] = string(x.Value)
+		}
+		if h["hipq-job-key"] != string(r.Key) || h["hipq-attempt"] != "1" || h["hipq-job-id"] == "" || h["hipq-job-type"] == "" {
+			t.Errorf("headers %v key %s", h, r.Key)
+		}
+		switch h["hipq-job-type"] {
+		case "alo":
+			if string(r.Value) != "{}" || h["hipq-reply-to"] != "replies" {
+				t.Errorf("plain request: value %s reply-to %q", r.Value, h["hipq-reply-to"])
+			}
+		case "amo":
+			var env map[string]any
+			if json.Unmarshal(r.Value, &env) != nil || env["job_key"] != "amo0" || env["attempt"] != 1.0 {
+				t.Errorf("envelope %s", r.Value)
+			}
+		}
+	}
+}
+
+// Invariant 8: while the broker refuses, claims are undone (no attempt is
+// burned, for either delivery mode) and the dispatcher stops claiming.
+func TestBrokerDownUndoesClaimsAndBacksOff(t *testing.T) {
+	t.Parallel()
+	st := pgtest.New(t)
+	k := kafkatest.New(t)
+	if k.Fake() == nil {
+		t.Skip("needs kfake to take the broker down")
+	}
+	topic := k.Topic("requests")
+	k.CreateTopics(1, topic)
+	cl := k.Client(append(dispatcher.KafkaProducerOpts(), kgo.RecordDeliveryTimeout(time.Second), kgo.RequestTimeoutOverhead(500*time.Millisecond))...)
+	defer cl.Close()
+	insert(t, st, "alo", 5)
+	insert(t, st, "amo", 5)
+	k.Fake().Close()
+	d := newDispatcher(t, st, cl, topic)
+	if _, err := d.RunOnce(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if s := d.Stats(); s["claimed"] != 10 || s["undone"] != 10 || s["sent"] != 0 {
+		t.Fatalf("stats %v: want 10 claimed and undone", s)
+	}
+	if n := scalar(t, st, "SELECT count(*) FROM hipq_job WHERE state = 'initial' AND attempt = 0 AND error = 'NONE'"); n != 10 {
+		t.Fatalf("%d jobs restored, want 10", n)
+	}
+	if n := scalar(t, st, "SELECT count(*) FROM hipq_attempt"); n != 0 {
+		t.Fatalf("%d attempt rows left", n)
+	}
+	// Backing off: the next round claims nothing.
+	if n, _ := d.RunOnce(ctx); n != 0 {
+		t.Fatalf("claimed %d while the transport backs off", n)
+	}
+}
