@@ -82,7 +82,11 @@ func newGroup(log *zap.Logger, st *store.Store, cfg GroupConfig, app applier) (*
 		kgo.FetchMaxWait(500 * time.Millisecond),
 	}
 	if cfg.SessionTimeout > 0 {
-		opts = append(opts, kgo.SessionTimeout(cfg.SessionTimeout))
+		// The rebalance timeout bounds how long members may take to rejoin:
+		// one batch's transaction, seconds at most. A short one lets a group
+		// get past members that died without leaving (SIGKILL) soon after
+		// their sessions expire, instead of waiting kgo's default minute.
+		opts = append(opts, kgo.SessionTimeout(cfg.SessionTimeout), kgo.RebalanceTimeout(max(3*cfg.SessionTimeout, 10*time.Second)))
 	}
 	cl, err := kafkaconn.NewClient(cfg.Kafka, log, opts...)
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"os"
 	"slices"
@@ -165,6 +166,9 @@ func (a *app) sendTimeout(jobType string) time.Duration {
 
 // run runs every component until ctx ends; each drains what it started.
 func (a *app) run(ctx context.Context) error {
+	if a.intake == nil && a.responses == nil && a.dispatcher == nil && a.sweeper == nil {
+		return errors.New("nothing to run: the roles asked for have nothing configured (intake.topics, responses.topics)")
+	}
 	g, ctx := errgroup.WithContext(ctx)
 	if a.intake != nil {
 		g.Go(func() error { return a.intake.Run(ctx) })

@@ -35,9 +35,13 @@ type Config struct {
 
 // NewClient returns a client with the connection options plus opts.
 func NewClient(cfg Config, log *zap.Logger, opts ...kgo.Opt) (*kgo.Client, error) {
+	level := kgo.LogLevelWarn
+	if log.Core().Enabled(zap.DebugLevel) {
+		level = kgo.LogLevelInfo // group joins, assignments, connections
+	}
 	base := []kgo.Opt{
 		kgo.SeedBrokers(cfg.Brokers...),
-		kgo.WithLogger(kzap.New(log.Named("kafka"), kzap.Level(kgo.LogLevelWarn))),
+		kgo.WithLogger(kzap.New(log.Named("kafka"), kzap.Level(level))),
 	}
 	if cfg.ClientID != "" {
 		base = append(base, kgo.ClientID(cfg.ClientID))
