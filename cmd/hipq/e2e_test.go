@@ -192,3 +192,28 @@ func TestIntakeSeeksToStoredOffsets(t *testing.T) {
 		t.Fatalf("records before the stored offset were applied again")
 	}
 }
+
+// A reply that arrives before its job is dispatched is kept and applied to
+// the job's first attempt once it is claimed and sent (SPEC §6, early).
+func TestEarlyReplyAppliedAfterDispatch(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, e2eTopics...)
+	cfg := e.config(e2eConfig)
+	a := e.start(cfg, "responses", "sweeper")
+	e.kafka.Produce(&kgo.Record{Topic: e.kafka.Topic("replies"), Value: []byte(`{"status":"succeeded","v":42}`),
+		Headers: []kgo.RecordHeader{{Key: "hipq-job-type", Value: []byte("e2e")}, {Key: "hipq-job-key", Value: []byte("eager")}}})
+	eventually(t, 15*time.Second, "early reply kept", func() (bool, string) {
+		var n int
+		_ = a.st.Pool().QueryRow(context.Background(), "SELECT count(*) FROM hipq_early_reply").Scan(&n)
+		return n == 1, fmt.Sprintf("%d early replies", n)
+	})
+	b := e.start(cfg, "intake", "dispatcher") // no responder: only the early reply can finish it
+	e.produce("jobs", jobReq("eager"))
+	eventually(t, 20*time.Second, "job finalized by its early reply", func() (bool, string) {
+		j, err := b.st.JobGet(context.Background(), "e2e", "eager")
+		if err != nil {
+			return false, err.Error()
+		}
+		return j.Outcome == correlator.OutcomeSucceeded && string(j.Result) == `{"v": 42, "status": "succeeded"}`, fmt.Sprintf("%s %s %s", j.State, j.Outcome, j.Result)
+	})
+}

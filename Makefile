@@ -1,0 +1,43 @@
+# hipq — `make test` runs everything CI runs: vet, format check, and the
+# tests with the race detector against real PostgreSQL and Kafka (kfake).
+
+GO ?= go
+
+.PHONY: test vet fmt-check postgres-check build bench demo fuzz
+
+test: vet fmt-check postgres-check
+	$(GO) test -race -count=1 -timeout 15m ./...
+
+vet:
+	$(GO) vet ./...
+
+fmt-check:
+	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
+	if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+
+# The tests start a private PostgreSQL from the server binaries, unless
+# HIPQ_TEST_DATABASE_URL names a server to use.
+postgres-check:
+	@if [ -z "$$HIPQ_TEST_DATABASE_URL" ] && ! command -v initdb >/dev/null 2>&1 && \
+	   ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then \
+	  echo "The tests need PostgreSQL's server binaries (initdb, postgres) and none were found."; \
+	  echo "Install them (Debian/Ubuntu: sudo apt-get install -y postgresql; macOS: brew install postgresql)"; \
+	  echo "or point HIPQ_TEST_DATABASE_URL at a server where the user may create databases."; \
+	  exit 1; \
+	fi
+
+build:
+	$(GO) build -o hipq ./cmd/hipq
+
+demo:
+	$(GO) run ./cmd/hipq demo
+
+bench:
+	$(GO) run ./cmd/hipq bench
+
+# Run each fuzzer for a while (FUZZTIME=1m make fuzz).
+FUZZTIME ?= 30s
+fuzz:
+	$(GO) test ./correlator -run '^$$' -fuzz FuzzDecodeRequest -fuzztime $(FUZZTIME)
+	$(GO) test ./correlator -run '^$$' -fuzz FuzzMatch -fuzztime $(FUZZTIME)
+	$(GO) test ./config -run '^$$' -fuzz FuzzParse -fuzztime $(FUZZTIME)

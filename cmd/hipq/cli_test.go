@@ -1,0 +1,61 @@
+package main
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestCheckConfig(t *testing.T) {
+	dir := t.TempDir()
+	good := filepath.Join(dir, "good.yaml")
+	os.WriteFile(good, []byte(`
+database: {url: "postgres://hipq:hunter2hunter2@db/hipq"}
+kafka: {brokers: [k:9092], sasl: {mechanism: PLAIN, username: u, password: "${KPASS}"}}
+`), 0o600)
+	t.Setenv("KPASS", "kafka-secret-pw")
+	var out, errOut bytes.Buffer
+	if code := runMain([]string{"check-config", "--config", good}, &out, &errOut); code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut.String())
+	}
+	for _, secret := range []string{"hunter2hunter2", "kafka-secret-pw"} {
+		if strings.Contains(out.String(), secret) {
+			t.Errorf("check-config printed a secret:\n%s", out.String())
+		}
+	}
+	if !strings.Contains(out.String(), "group: hipq-intake") {
+		t.Errorf("effective config lacks defaults:\n%s", out.String())
+	}
+	bad := filepath.Join(dir, "bad.yaml")
+	os.WriteFile(bad, []byte("database: {}\nkafka: {brokers: []}\nbogus: 1\n"), 0o600)
+	out.Reset()
+	errOut.Reset()
+	if code := runMain([]string{"check-config", "--config", bad}, &out, &errOut); code != 2 {
+		t.Fatalf("exit %d, want 2", code)
+	}
+	if !strings.Contains(errOut.String(), "bogus: unknown key") {
+		t.Errorf("problems not reported:\n%s", errOut.String())
+	}
+}
+
+func TestMigrateCommand(t *testing.T) {
+	e := newEnv(t)
+	cfgPath := filepath.Join(t.TempDir(), "hipq.yaml")
+	os.WriteFile(cfgPath, []byte(e.configText(`{database: {url: "{{DB}}", schema: other}, kafka: {brokers: [x:1]}}`)), 0o600)
+	var out, errOut bytes.Buffer
+	for i, want := range []string{"applied 0001_init", "schema is up to date"} {
+		out.Reset()
+		if code := runMain([]string{"migrate", "--config", cfgPath}, &out, &errOut); code != 0 || !strings.Contains(out.String(), want) {
+			t.Fatalf("migrate #%d: exit %d, out %q, err %q", i+1, code, out.String(), errOut.String())
+		}
+	}
+	out.Reset()
+	if code := runMain([]string{"migrate", "status", "--config", cfgPath}, &out, &errOut); code != 0 || !strings.Contains(out.String(), "0001_init  applied") {
+		t.Fatalf("status: exit %d, out %q", code, out.String())
+	}
+	if code := runMain([]string{"run", "--config", cfgPath, "--only", "bogus"}, &out, &errOut); code != 2 {
+		t.Fatalf("unknown role: exit %d, want 2", code)
+	}
+}
