@@ -205,7 +205,8 @@ func (d *Dispatcher) round(ctx context.Context, q QueueConfig) (int, error) {
 	if d.allPaused(q) {
 		return 0, nil
 	}
-	claimed, err := d.st.JobClaim(ctx, store.JobClaimParams{Queue: q.Name, Order: q.Order, Limit: d.cfg.BatchSize, Instance: d.cfg.Instance})
+	claimed, err := d.st.JobClaim(ctx, store.JobClaimParams{Queue: q.Name, Order: q.Order, Limit: d.cfg.BatchSize,
+		Instance: d.cfg.Instance, Types: d.sendable(q)})
 	if err != nil || len(claimed) == 0 {
 		return 0, err
 	}
@@ -215,8 +216,8 @@ func (d *Dispatcher) round(ctx context.Context, q QueueConfig) (int, error) {
 	for _, c := range claimed {
 		s := d.cfg.Senders[c.JobType]
 		if s == nil || d.paused(s) {
-			// No transport for this type on this instance (config rolling
-			// out), or the transport is backing off: give the claim back.
+			// The transport started backing off during this round: give
+			// the claim back.
 			orphans = append(orphans, store.AttemptRef{JobID: c.ID, Attempt: c.Attempt})
 			continue
 		}
@@ -356,6 +357,19 @@ func (d *Dispatcher) paused(s Sender) bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return time.Now().Before(d.pausedTo[s])
+}
+
+// sendable lists the queue's job types that have a transport here, so an
+// instance never claims what it cannot send (a type rolling out, or a
+// transport this build lacks).
+func (d *Dispatcher) sendable(q QueueConfig) []string {
+	out := []string{}
+	for name, jt := range d.cfg.Types {
+		if jt.Queue == q.Name && d.cfg.Senders[name] != nil {
+			out = append(out, name)
+		}
+	}
+	return out
 }
 
 // allPaused reports whether every transport of the queue's types is

@@ -67,9 +67,13 @@ func TestSendKafka(t *testing.T) {
 	defer cl.Close()
 	insert(t, st, "alo", 3)
 	insert(t, st, "amo", 1)
+	insert(t, st, "unsendable", 2) // no transport on this instance: never claimed
 	d := newDispatcher(t, st, cl, topic)
 	if n, err := d.RunOnce(ctx); err != nil || n != 4 {
 		t.Fatalf("claimed %d, err %v", n, err)
+	}
+	if n := scalar(t, st, "SELECT count(*) FROM hipq_job WHERE job_type = 'unsendable' AND state = 'initial' AND attempt = 0"); n != 2 {
+		t.Fatalf("jobs without a transport were claimed")
 	}
 	if n := scalar(t, st, "SELECT count(*) FROM hipq_attempt WHERE sent_at IS NOT NULL"); n != 4 {
 		t.Fatalf("%d sends recorded, want 4", n)

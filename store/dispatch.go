@@ -23,6 +23,9 @@ type JobClaimParams struct {
 	Order    string // OrderScheduledFirst (default) or OrderPriorityFirst
 	Limit    int
 	Instance string // recorded on each hipq_attempt row
+	// Types limits the claim to job types this instance can send; nil
+	// claims every type.
+	Types []string
 }
 
 // Claimed is a job moved to running by a claim.
@@ -59,6 +62,7 @@ func (s *Store) JobClaim(ctx context.Context, p JobClaimParams) ([]Claimed, erro
 		  SELECT id, state, attempt FROM hipq_job
 		  WHERE queue = $1 AND state IN ('initial', 'retry') AND scheduled_run_time <= now()
 		    AND (expires_at IS NULL OR expires_at > now())
+		    AND ($4::text[] IS NULL OR job_type = ANY($4))
 		  ORDER BY `+order+`
 		  LIMIT $2
 		  FOR UPDATE SKIP LOCKED
@@ -73,7 +77,7 @@ func (s *Store) JobClaim(ctx context.Context, p JobClaimParams) ([]Claimed, erro
 		  INSERT INTO hipq_attempt (job_id, attempt, instance, dispatched_at)
 		  SELECT id, attempt, $3, started_at FROM claimed
 		)
-		SELECT * FROM claimed ORDER BY id`, p.Queue, p.Limit, p.Instance)
+		SELECT * FROM claimed ORDER BY id`, p.Queue, p.Limit, p.Instance, p.Types)
 	if err != nil {
 		return nil, fmt.Errorf("claim due jobs of queue %q: %w", p.Queue, err)
 	}

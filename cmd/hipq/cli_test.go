@@ -59,3 +59,12 @@ func TestMigrateCommand(t *testing.T) {
 		t.Fatalf("unknown role: exit %d, want 2", code)
 	}
 }
+
+// The config docker-compose.yml runs must stay valid.
+func TestExampleConfigIsValid(t *testing.T) {
+	t.Setenv("HIPQ_DATABASE_URL", "postgres://hipq:hipq@postgres:5432/hipq")
+	var out, errOut bytes.Buffer
+	if code := runMain([]string{"check-config", "--config", "../../examples/hipq.yaml"}, &out, &errOut); code != 0 {
+		t.Fatalf("examples/hipq.yaml: exit %d: %s", code, errOut.String())
+	}
+}
