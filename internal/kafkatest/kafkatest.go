@@ -1,13 +1,18 @@
 // Package kafkatest gives tests a Kafka cluster reached over TCP through the
-// same client code a real broker gets: franz-go's kfake, or the cluster at
-// HIPQ_TEST_KAFKA_BROKERS when set (topics then get unique names).
+// same client code a real broker gets: franz-go's kfake, the cluster at
+// HIPQ_TEST_KAFKA_BROKERS when set, or, with HIPQ_TEST_DOCKER=1 and the
+// tests built with -tags docker, one testcontainers Kafka per test binary
+// (tests skip, saying why, when Docker is not there). On a shared cluster
+// topics get unique names.
 package kafkatest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -27,12 +32,42 @@ type Cluster struct {
 
 var seq atomic.Int64
 
+// startContainer starts a Kafka container; docker.go sets it in builds with
+// -tags docker.
+var startContainer func(context.Context) ([]string, error)
+
+var errNoDocker = errors.New("no Docker engine is reachable")
+
+var (
+	containerOnce    sync.Once
+	containerBrokers []string
+	containerErr     error
+)
 // New starts (or reaches) a cluster for t, closed when t ends.
 func New(t testing.TB) *Cluster {
 	t.Helper()
 	c := &Cluster{t: t}
 	if b := os.Getenv("HIPQ_TEST_KAFKA_BROKERS"); b != "" {
 		c.Brokers = strings.Split(b, ",")
+		c.prefix = fmt.Sprintf("hipqtest-%d-%d-", os.Getpid(), seq.Add(1))
+		return c
+	}
+	if os.Getenv("HIPQ_TEST_DOCKER") == "1" {
+		if startContainer == nil {
+			t.Skip("HIPQ_TEST_DOCKER=1 asks for a Kafka container: build the tests with -tags docker")
+		}
+		containerOnce.Do(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+			defer cancel()
+			containerBrokers, containerErr = startContainer(ctx)
+		})
+		if errors.Is(containerErr, errNoDocker) {
+			t.Skip("HIPQ_TEST_DOCKER=1 asks for a Kafka container, but " + containerErr.Error())
+		}
+		if containerErr != nil {
+			t.Fatalf("Kafka container: %v", containerErr)
+		}
+		c.Brokers = containerBrokers
 		c.prefix = fmt.Sprintf("hipqtest-%d-%d-", os.Getpid(), seq.Add(1))
 		return c
 	}

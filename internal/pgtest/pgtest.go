@@ -1,11 +1,14 @@
 // Package pgtest gives each test its own freshly migrated database on a
 // real PostgreSQL: a private throwaway cluster per test binary (see
-// localpg), or the server at HIPQ_TEST_DATABASE_URL when set. Databases are
-// copied from a migrated template, so tests can run in parallel.
+// localpg), the server at HIPQ_TEST_DATABASE_URL when set, or, with
+// HIPQ_TEST_DOCKER=1 and the tests built with -tags docker, a testcontainers
+// PostgreSQL (tests skip, saying why, when Docker is not there). Databases
+// are copied from a migrated template, so tests can run in parallel.
 package pgtest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"sync"
@@ -26,6 +29,8 @@ var (
 	cluster  *localpg.Cluster
 	adminURL string // a URL to the server's maintenance database
 	setupErr error
+	skipWhy  string // set when containers were asked for but cannot run
+	stopDB   func()
 	mu       sync.Mutex // CREATE DATABASE from one template, one at a time
 	seq      atomic.Int64
 	prefix   = fmt.Sprintf("hipq_t%d_", os.Getpid())
@@ -37,14 +42,37 @@ func Main(m *testing.M) {
 	if cluster != nil {
 		cluster.Stop()
 	}
+	if stopDB != nil {
+		stopDB()
+	}
 	os.Exit(code)
 }
+
+// startContainer starts a PostgreSQL container; docker.go sets it in
+// builds with -tags docker.
+var startContainer func(context.Context) (url string, stop func(), err error)
+
+var errNoDocker = errors.New("no Docker engine is reachable")
 
 func setup() {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	if u := os.Getenv("HIPQ_TEST_DATABASE_URL"); u != "" {
 		adminURL = u
+	} else if os.Getenv("HIPQ_TEST_DOCKER") == "1" {
+		if startContainer == nil {
+			skipWhy = "HIPQ_TEST_DOCKER=1 asks for a PostgreSQL container: build the tests with -tags docker"
+			return
+		}
+		adminURL, stopDB, setupErr = startContainer(ctx)
+		if errors.Is(setupErr, errNoDocker) {
+			skipWhy = "HIPQ_TEST_DOCKER=1 asks for a PostgreSQL container, but " + setupErr.Error()
+			setupErr = nil
+			return
+		}
+		if setupErr != nil {
+			return
+		}
 	} else {
 		cluster, setupErr = localpg.Start(ctx, localpg.Options{})
 		if setupErr != nil {
@@ -103,6 +131,9 @@ func withDB(name string) string {
 func URL(t testing.TB) string {
 	t.Helper()
 	once.Do(setup)
+	if skipWhy != "" {
+		t.Skip(skipWhy)
+	}
 	if setupErr != nil {
 		t.Fatalf("test PostgreSQL: %v", setupErr)
 	}
