@@ -43,6 +43,7 @@ var (
 	containerBrokers []string
 	containerErr     error
 )
+
 // New starts (or reaches) a cluster for t, closed when t ends.
 func New(t testing.TB) *Cluster {
 	t.Helper()
