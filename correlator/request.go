@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"reflect"
 	"strings"
 	"time"
@@ -131,6 +132,11 @@ func (r *Request) validate() error {
 	}
 	if r.JobKey == "" {
 		return inputErrorf(CodeMissingField, "job_key: a non-empty string is required")
+	}
+	for name, v := range map[string]*int{"priority": r.Priority, "timeout_seconds": r.TimeoutSeconds, "throttle_factor": r.ThrottleFactor} {
+		if v != nil && (*v > math.MaxInt32 || *v < math.MinInt32) {
+			return inputErrorf(CodeInvalidField, "%s: %d is out of range (32-bit integer)", name, *v)
+		}
 	}
 	if r.TimeoutSeconds != nil && *r.TimeoutSeconds <= 0 {
 		return inputErrorf(CodeInvalidField, "timeout_seconds: must be positive, got %d", *r.TimeoutSeconds)

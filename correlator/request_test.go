@@ -35,6 +35,7 @@ func TestDecodeRequestBadInput(t *testing.T) {
 		{"ill-typed priority", `{"job_type":"t","job_key":"k","priority":"high"}`, CodeInvalidField},
 		{"fractional priority", `{"job_type":"t","job_key":"k","priority":1.5}`, CodeInvalidField},
 		{"bad time", `{"job_type":"t","job_key":"k","scheduled_run_time":"tomorrow"}`, CodeInvalidField},
+		{"priority out of range", `{"job_type":"t","job_key":"k","priority":3000000000}`, CodeInvalidField},
 		{"zero timeout", `{"job_type":"t","job_key":"k","timeout_seconds":0}`, CodeInvalidField},
 		{"zero throttle factor", `{"job_type":"t","job_key":"k","throttle_factor":0}`, CodeInvalidField},
 		{"bad window", `{"job_type":"t","job_key":"k","time_windows":[{"start":"25:00","end":"07:00"}]}`, CodeInvalidField},

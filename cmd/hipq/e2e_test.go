@@ -217,3 +217,38 @@ func TestEarlyReplyAppliedAfterDispatch(t *testing.T) {
 		return j.Outcome == correlator.OutcomeSucceeded && string(j.Result) == `{"v": 42, "status": "succeeded"}`, fmt.Sprintf("%s %s %s", j.State, j.Outcome, j.Result)
 	})
 }
+
+// A record that passes validation but that PostgreSQL refuses (here a JSON
+// lone surrogate, which jsonb cannot store) makes the batch fail; hipq
+// splits it, dead-letters that record with PostgreSQL's reason, and stores
+// the rest: the partition never stalls.
+func TestPoisonRecordIsSplitOut(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, e2eTopics...)
+	a := e.start(e.config(e2eConfig), "intake")
+	topic := e.kafka.Topic("jobs")
+	var rs []*kgo.Record
+	for i := range 9 {
+		v := jobReq(fmt.Sprintf("fine-%d", i))
+		if i == 4 {
+			v = `{"job_type":"e2e","job_key":"poison","job_data":"\ud800"}`
+		}
+		rs = append(rs, &kgo.Record{Topic: topic, Partition: 0, Value: []byte(v)})
+	}
+	cl := e.kafka.Client(kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	defer cl.Close()
+	if err := cl.ProduceSync(context.Background(), rs...).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 20*time.Second, "good records stored around the poison", func() (bool, string) {
+		n := e.countJobs(a, "true")
+		return n == 8, fmt.Sprintf("%d jobs", n)
+	})
+	var reason string
+	if err := a.st.Pool().QueryRow(context.Background(), "SELECT reason FROM hipq_dead_letter WHERE kafka_offset = 4").Scan(&reason); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(reason, correlator.CodeRejected+": PostgreSQL refused it") {
+		t.Fatalf("reason %q", reason)
+	}
+}
