@@ -102,29 +102,19 @@ func (s *Sweeper) RunOnce(ctx context.Context) (Report, error) {
 	var rep Report
 	var errs []error
 	types := func(name string) *correlator.JobType { return s.cfg.Types[name] }
-	for ctx.Err() == nil {
-		done, err := s.st.JobTimeOutStuck(ctx, s.cfg.BatchSize, types)
-		rep.TimedOut += len(done)
+	add := func(err error) {
 		if err != nil {
 			errs = append(errs, err)
 		}
-		if err != nil || len(done) < s.cfg.BatchSize {
-			break
-		}
 	}
+	add(s.drain(ctx, &rep.TimedOut, func() (int, error) {
+		done, err := s.st.JobTimeOutStuck(ctx, s.cfg.BatchSize, types)
+		return len(done), err
+	}))
 	if err := s.rescue(ctx, &rep); err != nil {
 		errs = append(errs, err)
 	}
-	for ctx.Err() == nil {
-		n, err := s.st.JobExpire(ctx, s.cfg.BatchSize)
-		rep.Expired += n
-		if err != nil {
-			errs = append(errs, err)
-		}
-		if err != nil || n < s.cfg.BatchSize {
-			break
-		}
-	}
+	add(s.drain(ctx, &rep.Expired, func() (int, error) { return s.st.JobExpire(ctx, s.cfg.BatchSize) }))
 	if res, err := s.st.EarlyReplyApply(ctx, nil, s.cfg.BatchSize, types); err != nil {
 		errs = append(errs, err)
 	} else {
@@ -132,28 +122,22 @@ func (s *Sweeper) RunOnce(ctx context.Context) (Report, error) {
 		rep.EarlyDeadLettered = len(res.DeadLetters)
 	}
 	cutoff := time.Now().Add(-s.cfg.Retention)
-	for ctx.Err() == nil {
-		n, err := s.st.JobPrune(ctx, cutoff, s.cfg.BatchSize)
-		rep.Pruned += n
-		if err != nil {
-			errs = append(errs, err)
-		}
-		if err != nil || n < s.cfg.BatchSize {
-			break
-		}
-	}
+	add(s.drain(ctx, &rep.Pruned, func() (int, error) { return s.st.JobPrune(ctx, cutoff, s.cfg.BatchSize) }))
 	dlCutoff := time.Now().Add(-s.cfg.DeadLetterRetention)
+	add(s.drain(ctx, &rep.DeadLettersPruned, func() (int, error) { return s.st.DeadLetterPrune(ctx, dlCutoff, s.cfg.BatchSize) }))
+	return rep, errors.Join(errs...)
+}
+
+// drain runs one batched step until a batch comes back short.
+func (s *Sweeper) drain(ctx context.Context, total *int, step func() (int, error)) error {
 	for ctx.Err() == nil {
-		n, err := s.st.DeadLetterPrune(ctx, dlCutoff, s.cfg.BatchSize)
-		rep.DeadLettersPruned += n
-		if err != nil {
-			errs = append(errs, err)
-		}
+		n, err := step()
+		*total += n
 		if err != nil || n < s.cfg.BatchSize {
-			break
+			return err
 		}
 	}
-	return rep, errors.Join(errs...)
+	return nil
 }
 
 // rescue handles claims whose request was never acknowledged once the

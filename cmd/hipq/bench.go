@@ -71,23 +71,14 @@ func cmdBench(args []string, stdout io.Writer) error {
 		return err
 	}
 	defer sb.close()
-	schema := fmt.Sprintf("hipq_bench_%d", time.Now().UnixNano())
-	cfg, err := sb.config(benchConfig, schema)
+	a, done, err := sb.newApp(ctx, benchConfig, "hipq_bench", cmp.Or(os.Getenv("HIPQ_LOG_LEVEL"), "error"))
 	if err != nil {
 		return err
 	}
-	log := newLogger(cmp.Or(os.Getenv("HIPQ_LOG_LEVEL"), "error"), "console", os.Stderr)
-	a, err := newApp(ctx, cfg, log, appOptions{metadataMinAge: 200 * time.Millisecond})
-	if err != nil {
-		return err
-	}
-	defer a.close()
-	if sb.pg == nil {
-		defer a.st.Pool().Exec(context.Background(), "DROP SCHEMA "+schema+" CASCADE") //nolint:errcheck
-	}
+	defer done()
 	runCtx, stopRun := context.WithCancel(ctx)
 	defer stopRun()
-	resp, err := newResponder(sb.brokers, "bench-responder", "bench.requests", "bench.responses", log,
+	resp, err := newResponder(sb.brokers, "bench-responder", "bench.requests", "bench.responses",
 		func(string, int) (string, bool) { return "succeeded", true })
 	if err != nil {
 		return err

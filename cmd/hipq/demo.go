@@ -6,12 +6,10 @@ import (
 	"fmt"
 	"hash/fnv"
 	"io"
-	"os"
 	"strings"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
-	"go.uber.org/zap"
 
 	"github.com/hipq/hipq/correlator"
 	"github.com/hipq/hipq/store"
@@ -67,26 +65,17 @@ func cmdDemo(args []string, stdout io.Writer) error {
 		return err
 	}
 	defer sb.close()
-	schema := fmt.Sprintf("hipq_demo_%d", time.Now().UnixNano())
-	cfg, err := sb.config(demoConfig, schema)
+	a, done, err := sb.newApp(ctx, demoConfig, "hipq_demo", "error")
 	if err != nil {
 		return err
 	}
-	log := newLogger("error", "console", os.Stderr)
-	a, err := newApp(ctx, cfg, log, appOptions{metadataMinAge: 200 * time.Millisecond})
-	if err != nil {
-		return err
-	}
-	defer a.close()
-	if sb.pg == nil {
-		defer a.st.Pool().Exec(context.Background(), "DROP SCHEMA "+schema+" CASCADE") //nolint:errcheck
-	}
-	fmt.Fprintf(stdout, "  Kafka at %s, %s, schema %s\n", strings.Join(sb.brokers, ","), sb.dbDescription(), schema)
+	defer done()
+	fmt.Fprintf(stdout, "  Kafka at %s, %s\n", strings.Join(sb.brokers, ","), sb.dbDescription())
 	fmt.Fprintln(stdout, "  responder: most jobs succeed, ~10% fail once, ~8% are ignored once (they time out after 3s), ~3% always fail")
 
 	runCtx, stopRun := context.WithCancel(ctx)
 	defer stopRun()
-	resp, err := newResponder(sb.brokers, "demo-responder", "demo.requests", "demo.responses", log, demoFate)
+	resp, err := newResponder(sb.brokers, "demo-responder", "demo.requests", "demo.responses", demoFate)
 	if err != nil {
 		return err
 	}
@@ -160,5 +149,3 @@ func demoSummary(ctx context.Context, st *store.Store, w io.Writer, took time.Du
 	fmt.Fprintf(w, "  %d malformed requests kept as dead letters (hipq_dead_letter)\n", dead)
 	return nil
 }
-
-var _ = zap.NewNop

@@ -125,7 +125,7 @@ func (e *env) produce(topic string, values ...string) {
 
 // respond answers requests on topic like a downstream: decide says what.
 func (e *env) respond(ctx context.Context, requests, replies string, decide func(key string, attempt int) (string, bool)) {
-	r, err := newResponder(e.kafka.Brokers, "responder-"+e.kafka.Topic(requests), e.kafka.Topic(requests), e.kafka.Topic(replies), zap.NewNop(), decide)
+	r, err := newResponder(e.kafka.Brokers, "responder-"+e.kafka.Topic(requests), e.kafka.Topic(requests), e.kafka.Topic(replies), decide)
 	if err != nil {
 		e.t.Fatal(err)
 	}

@@ -9,7 +9,6 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"go.uber.org/zap"
 
 	"github.com/hipq/hipq/config"
 	"github.com/hipq/hipq/correlator"
@@ -69,6 +68,28 @@ func (sb *sandbox) config(yaml string, schema string) (*config.Config, error) {
 	return config.Parse(text, func(k string) (string, bool) { v, ok := env[k]; return v, ok })
 }
 
+// newApp builds hipq from the sandbox config text in a schema of its own,
+// logging at level to stderr. done closes it and, on a shared database,
+// drops the schema.
+func (sb *sandbox) newApp(ctx context.Context, yaml, schemaPrefix, level string) (a *app, done func(), err error) {
+	schema := fmt.Sprintf("%s_%d", schemaPrefix, time.Now().UnixNano())
+	cfg, err := sb.config(yaml, schema)
+	if err != nil {
+		return nil, nil, err
+	}
+	log := newLogger(level, "console", os.Stderr)
+	a, err = newApp(ctx, cfg, log, appOptions{metadataMinAge: 200 * time.Millisecond})
+	if err != nil {
+		return nil, nil, err
+	}
+	return a, func() {
+		if sb.pg == nil {
+			_, _ = a.st.Pool().Exec(context.Background(), "DROP SCHEMA "+schema+" CASCADE")
+		}
+		a.close()
+	}, nil
+}
+
 // responder answers requests like a downstream service would: it copies
 // the hipq-* headers onto its reply, so hipq needs no matcher.
 type responder struct {
@@ -77,7 +98,7 @@ type responder struct {
 	decide func(key string, attempt int) (status string, answer bool)
 }
 
-func newResponder(brokers []string, group, requests, replies string, log *zap.Logger,
+func newResponder(brokers []string, group, requests, replies string,
 	decide func(key string, attempt int) (string, bool)) (*responder, error) {
 	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumerGroup(group), kgo.ConsumeTopics(requests),
 		kgo.FetchMaxWait(100*time.Millisecond), kgo.ProducerLinger(2*time.Millisecond))
