@@ -98,7 +98,12 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	if err != nil {
 		return nil, err
 	}
-	dir, err := os.MkdirTemp("", "hipq-pg-")
+	parent := "" // the system temp directory
+	if cred != nil {
+		// $TMPDIR may sit where the unprivileged user cannot enter (/root/…).
+		parent = "/tmp"
+	}
+	dir, err := os.MkdirTemp(parent, "hipq-pg-")
 	if err != nil {
 		return nil, err
 	}
