@@ -27,12 +27,7 @@ type IntakeConfig struct {
 type Intake struct {
 	*group
 	cfg   IntakeConfig
-	stats Stats
-}
-
-// Stats counts what a consumer did; safe to read while it runs.
-type Stats struct {
-	counters
+	stats counters
 }
 
 // NewIntake builds the intake consumer; Run starts it.

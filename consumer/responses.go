@@ -25,7 +25,7 @@ type ResponsesConfig struct {
 type Responses struct {
 	*group
 	cfg   ResponsesConfig
-	stats Stats
+	stats counters
 }
 
 // NewResponses builds the response consumer; Run starts it.

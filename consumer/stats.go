@@ -2,6 +2,7 @@ package consumer
 
 import "sync"
 
+// counters count what a consumer did; safe to read while it runs.
 type counters struct {
 	mu sync.Mutex
 	m  map[string]int64

@@ -19,6 +19,20 @@ type Resolution struct {
 	NextRun time.Time // set when State is StateRetry
 }
 
+// ResolveFor is Resolve under job type jt's policy, its windows standing
+// in when the job has none of its own. A nil jt (a type no longer
+// configured) gets no retry.
+func ResolveFor(jt *JobType, job Running, outcome AttemptOutcome, retryable bool, errText string, now time.Time) Resolution {
+	var policy RetryPolicy
+	if jt != nil {
+		policy = jt.Retry
+		if job.Windows == nil {
+			job.Windows = jt.Windows
+		}
+	}
+	return Resolve(job, outcome, retryable, errText, policy, now)
+}
+
 // Resolve decides what follows an attempt that ended with outcome.
 // retryable=false (an explicit reply saying so) ends the job whatever the
 // policy says. errText is the attempt's error (ignored on success).

@@ -51,8 +51,6 @@ const (
 type Result struct {
 	Status SendStatus
 	Err    error
-	// Reply is a synchronous reply (HTTP sync mode), applied at once.
-	Reply *correlator.Reply
 }
 
 // QueueConfig is one queue the dispatcher serves.
@@ -226,7 +224,6 @@ func (d *Dispatcher) round(ctx context.Context, q QueueConfig) (int, error) {
 	var (
 		sent, undo []store.AttemptRef
 		resolves   []store.Resolve
-		replies    []store.ReplyIn
 		wg         sync.WaitGroup
 		mu         sync.Mutex
 	)
@@ -247,9 +244,6 @@ func (d *Dispatcher) round(ctx context.Context, q QueueConfig) (int, error) {
 				switch r.Status {
 				case Sent:
 					sent = append(sent, ref)
-					if r.Reply != nil {
-						replies = append(replies, store.ReplyIn{Reply: r.Reply, Kind: store.SourceReply})
-					}
 				case NotSent:
 					refused++
 					undo = append(undo, ref)
@@ -290,11 +284,6 @@ func (d *Dispatcher) round(ctx context.Context, q QueueConfig) (int, error) {
 		}
 		d.count("dispatch_error", len(done))
 	}
-	if len(replies) > 0 {
-		if _, err := d.st.ReplyApply(ctx, store.ReplyBatch{Replies: replies}, d.typeInfo); err != nil {
-			errs = append(errs, err)
-		}
-	}
 	// Replies that came before their job was dispatched apply now.
 	if len(sent) > 0 {
 		ids := make([]int64, len(sent))
@@ -314,17 +303,9 @@ func (d *Dispatcher) typeInfo(name string) *correlator.JobType { return d.cfg.Ty
 
 // dispatchError resolves a failed send through the retry policy.
 func dispatchError(c *store.Claimed, jt *correlator.JobType, err error, now time.Time) store.Resolve {
-	run := c.Running()
-	var policy correlator.RetryPolicy
-	if jt != nil {
-		policy = jt.Retry
-		if run.Windows == nil {
-			run.Windows = jt.Windows
-		}
-	}
 	return store.Resolve{JobID: c.ID, Attempt: c.Attempt, AttemptOutcome: correlator.AttemptDispatchError,
 		AttemptError: errText(err),
-		Res:          correlator.Resolve(run, correlator.AttemptDispatchError, true, errText(err), policy, now)}
+		Res:          correlator.ResolveFor(jt, c.Running(), correlator.AttemptDispatchError, true, errText(err), now)}
 }
 
 func errText(err error) string {

@@ -86,14 +86,9 @@ func (s *Store) JobClaim(ctx context.Context, p JobClaimParams) ([]Claimed, erro
 	var windows []byte
 	_, err = pgx.ForEachRow(rows, []any{&c.ID, &c.Queue, &c.JobType, &c.JobKey, &c.JobData, &c.Attempt, &c.MaxAttempts,
 		&c.TimeoutSeconds, &c.ExpiresAt, &windows, &c.StartedAt}, func() error {
-		c.TimeWindows = nil
-		if windows != nil {
-			if err := json.Unmarshal(windows, &c.TimeWindows); err != nil {
-				return fmt.Errorf("job %d: time_windows: %w", c.ID, err)
-			}
-			if err := correlator.CompileWindows(c.TimeWindows); err != nil {
-				return fmt.Errorf("job %d: %w", c.ID, err)
-			}
+		var err error
+		if c.TimeWindows, err = decodeWindows(windows); err != nil {
+			return fmt.Errorf("job %d: time_windows: %w", c.ID, err)
 		}
 		c.JobData = append(json.RawMessage(nil), c.JobData...)
 		out = append(out, c)

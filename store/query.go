@@ -26,8 +26,8 @@ func scanJob(row pgx.Row) (*correlator.Job, error) {
 	if err != nil {
 		return nil, err
 	}
-	if windows != nil {
-		_ = jsonUnmarshal(windows, &j.TimeWindows)
+	if j.TimeWindows, err = decodeWindows(windows); err != nil {
+		return nil, fmt.Errorf("job %d: time_windows: %w", j.ID, err)
 	}
 	return &j, nil
 }

@@ -156,14 +156,9 @@ func resolveReply(r *correlator.Reply, t *target, jt *correlator.JobType, now ti
 	if !r.Success {
 		outcome = correlator.AttemptFailed
 	}
-	run := t.run
-	if run.Windows == nil {
-		run.Windows = jt.Windows
-	}
-	rv := Resolve{JobID: t.ID, Attempt: t.Attempt, AttemptOutcome: outcome, AttemptError: r.Error,
-		Reply: r.Result, Result: r.Result}
-	rv.Res = correlator.Resolve(run, outcome, r.Retryable, r.Error, jt.Retry, now)
-	return rv
+	return Resolve{JobID: t.ID, Attempt: t.Attempt, AttemptOutcome: outcome, AttemptError: r.Error,
+		Reply: r.Result, Result: r.Result,
+		Res: correlator.ResolveFor(jt, t.run, outcome, r.Retryable, r.Error, now)}
 }
 
 // lockTargets reads and locks, in id order, the rows the replies name: by
@@ -202,10 +197,9 @@ func lockTargets(ctx context.Context, tx pgx.Tx, ins []ReplyIn) (map[int64]*targ
 	_, err = pgx.ForEachRow(rows, []any{&id, &jt, &jk, &state, &attempt, &maxAttempts, &expires, &windows}, func() error {
 		t := &target{Target: correlator.Target{ID: id, JobType: jt, JobKey: jk, State: correlator.State(state), Attempt: attempt},
 			run: correlator.Running{Attempt: attempt, MaxAttempts: maxAttempts, ExpiresAt: expires}}
-		if windows != nil {
-			if err := json.Unmarshal(windows, &t.run.Windows); err == nil {
-				_ = correlator.CompileWindows(t.run.Windows)
-			}
+		var err error
+		if t.run.Windows, err = decodeWindows(windows); err != nil {
+			return fmt.Errorf("job %d: time_windows: %w", id, err)
 		}
 		byID[id] = t
 		if t.State != correlator.StateFinal {

@@ -2,7 +2,6 @@ package store
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"time"
 
@@ -62,20 +61,13 @@ func (s *Store) JobTimeOutStuck(ctx context.Context, limit int, types TypeInfo) 
 		var windows []byte
 		_, err = pgx.ForEachRow(rows, []any{&id, &jt, &run.Attempt, &run.MaxAttempts, &run.ExpiresAt, &windows}, func() error {
 			r := run
-			r.Windows = nil
-			if windows != nil && json.Unmarshal(windows, &r.Windows) == nil {
-				_ = correlator.CompileWindows(r.Windows)
-			}
-			var policy correlator.RetryPolicy
-			if t := types(jt); t != nil {
-				policy = t.Retry
-				if r.Windows == nil {
-					r.Windows = t.Windows
-				}
+			var err error
+			if r.Windows, err = decodeWindows(windows); err != nil {
+				return fmt.Errorf("job %d: time_windows: %w", id, err)
 			}
 			rs = append(rs, Resolve{JobID: id, Attempt: r.Attempt, AttemptOutcome: correlator.AttemptTimedOut,
 				AttemptError: correlator.ErrorTimeout,
-				Res:          correlator.Resolve(r, correlator.AttemptTimedOut, true, correlator.ErrorTimeout, policy, now)})
+				Res:          correlator.ResolveFor(types(jt), r, correlator.AttemptTimedOut, true, correlator.ErrorTimeout, now)})
 			return nil
 		})
 		if err != nil {

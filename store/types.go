@@ -105,4 +105,15 @@ func nullable[T comparable](v T) *T {
 	return &v
 }
 
-func jsonUnmarshal(b []byte, v any) error { return json.Unmarshal(b, v) }
+// decodeWindows reads a time_windows column: nil when NULL, else the
+// compiled windows.
+func decodeWindows(b []byte) ([]correlator.TimeWindow, error) {
+	if b == nil {
+		return nil, nil
+	}
+	var ws []correlator.TimeWindow
+	if err := json.Unmarshal(b, &ws); err != nil {
+		return nil, err
+	}
+	return ws, correlator.CompileWindows(ws)
+}
