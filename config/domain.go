@@ -20,6 +20,44 @@ func (c *Config) Queue(name string) *Queue {
 	return nil
 }
 
+// shares returns the queue's share caps, nil when it has none (or they are
+// invalid, which Validate reports).
+func (q *Queue) shares() *correlator.Shares {
+	if q.Shares == nil {
+		return nil
+	}
+	s, err := correlator.NewShares(q.Shares.By.JSON, q.Shares.Weights, q.ThrottleLimit)
+	if err != nil {
+		return nil
+	}
+	return s
+}
+
+// Throttles returns every queue's throttle, by queue name.
+func (c *Config) Throttles() map[string]*correlator.Throttle {
+	out := map[string]*correlator.Throttle{}
+	for i := range c.Queues {
+		q := &c.Queues[i]
+		out[q.Name] = &correlator.Throttle{Limit: q.ThrottleLimit, Shares: q.shares()}
+	}
+	for _, jt := range c.JobTypes {
+		t := out[jt.Queue]
+		if t == nil {
+			continue
+		}
+		if jt.Critical {
+			t.Critical = append(t.Critical, jt.Name)
+		}
+		if jt.MaxConcurrency > 0 {
+			if t.MaxConcurrency == nil {
+				t.MaxConcurrency = map[string]int{}
+			}
+			t.MaxConcurrency[jt.Name] = jt.MaxConcurrency
+		}
+	}
+	return out
+}
+
 // Domain maps the job types onto the correlator's, by name.
 func (c *Config) Domain() map[string]*correlator.JobType {
 	out := make(map[string]*correlator.JobType, len(c.JobTypes))
@@ -36,8 +74,10 @@ func (c *Config) Domain() map[string]*correlator.JobType {
 			Windows:        append([]correlator.TimeWindow(nil), jt.TimeWindows...),
 		}
 		_ = correlator.CompileWindows(d.Windows)
+		d.Critical, d.MaxConcurrency = jt.Critical, jt.MaxConcurrency
 		if q := c.Queue(jt.Queue); q != nil {
 			d.QueueLimit = q.ThrottleLimit
+			d.Shares = q.shares()
 		}
 		if r := jt.Retry; r != nil {
 			b := &correlator.Backoff{

@@ -289,7 +289,7 @@ func (c *Config) Validate() error {
 		}
 		if jt.ThrottleFactor < 1 {
 			bad(p+".throttle_factor", "must be at least 1")
-		} else if q != nil && q.ThrottleLimit > 0 && jt.ThrottleFactor > q.ThrottleLimit {
+		} else if q != nil && !jt.Critical && q.ThrottleLimit > 0 && jt.ThrottleFactor > q.ThrottleLimit {
 			bad(p+".throttle_factor", "%d is larger than queue %q's throttle_limit %d", jt.ThrottleFactor, q.Name, q.ThrottleLimit)
 		}
 		if jt.MaxConcurrency < 0 {

@@ -28,6 +28,13 @@ type JobType struct {
 	// QueueLimit is the queue's throttle_limit (0 = unlimited): a job heavier
 	// than it could never run and is refused at intake.
 	QueueLimit int
+	// Shares are the queue's: a job heavier than its partition's cap could
+	// never run either.
+	Shares *Shares
+	// Critical types count against neither the queue limit nor shares.
+	Critical bool
+	// MaxConcurrency caps running jobs of the type; 0 = no cap.
+	MaxConcurrency int
 }
 
 // Job is one row of hipq_job.
@@ -92,8 +99,8 @@ func NewJob(req *Request, jt *JobType, now time.Time) (*Job, error) {
 	if j.ThrottleFactor < 1 {
 		j.ThrottleFactor = 1
 	}
-	if jt.QueueLimit > 0 && j.ThrottleFactor > jt.QueueLimit {
-		return nil, inputErrorf(CodeInvalidField, "throttle_factor: %d is larger than queue %q's throttle_limit %d, so the job could never run", j.ThrottleFactor, jt.Queue, jt.QueueLimit)
+	if err := jt.fits(j); err != nil {
+		return nil, err
 	}
 	start := now
 	if req.ScheduledRunTime != nil {
@@ -113,4 +120,22 @@ func (j *Job) Windows(jt *JobType) []TimeWindow {
 		return j.TimeWindows
 	}
 	return jt.Windows
+}
+
+// fits refuses a job too heavy ever to run: a throttle_factor above its
+// queue's limit or its share partition's cap. Critical types count against
+// neither.
+func (jt *JobType) fits(j *Job) error {
+	if jt.Critical {
+		return nil
+	}
+	if jt.QueueLimit > 0 && j.ThrottleFactor > jt.QueueLimit {
+		return inputErrorf(CodeInvalidField, "throttle_factor: %d is larger than queue %q's throttle_limit %d, so the job could never run", j.ThrottleFactor, jt.Queue, jt.QueueLimit)
+	}
+	if jt.Shares != nil {
+		if part, limit := jt.Shares.Partition(j.JobData); limit > 0 && j.ThrottleFactor > limit {
+			return inputErrorf(CodeInvalidField, "throttle_factor: %d is larger than the share of partition %q (%s = %d) in queue %q, so the job could never run", j.ThrottleFactor, part, jt.Shares.Pointer, limit, jt.Queue)
+		}
+	}
+	return nil
 }

@@ -55,8 +55,9 @@ type Result struct {
 
 // QueueConfig is one queue the dispatcher serves.
 type QueueConfig struct {
-	Name  string
-	Order string
+	Name     string
+	Order    string
+	Throttle correlator.Throttle
 }
 
 // Config configures a dispatcher.
@@ -76,6 +77,8 @@ type Dispatcher struct {
 	st   *store.Store
 	cfg  Config
 	wake chan struct{}
+	// typeWindows are the job types' time windows, for the claim.
+	typeWindows map[string][]correlator.TimeWindow
 
 	mu       sync.Mutex
 	pausedTo map[Sender]time.Time // transports backing off after a refused send
@@ -91,11 +94,18 @@ func New(log *zap.Logger, st *store.Store, cfg Config) *Dispatcher {
 	if cfg.BatchSize <= 0 {
 		cfg.BatchSize = 500
 	}
-	return &Dispatcher{log: log.Named("dispatcher"), st: st, cfg: cfg, wake: make(chan struct{}, 1),
+	tw := map[string][]correlator.TimeWindow{}
+	for name, jt := range cfg.Types {
+		if len(jt.Windows) > 0 {
+			tw[name] = jt.Windows
+		}
+	}
+	return &Dispatcher{log: log.Named("dispatcher"), st: st, cfg: cfg, wake: make(chan struct{}, 1), typeWindows: tw,
 		pausedTo: map[Sender]time.Time{}, failures: map[Sender]int{}, stats: map[string]int64{}}
 }
 
-// Stats returns counters: claimed, sent, undone, dispatch_error, failed_unknown.
+// Stats returns counters: claimed, sent, undone, dispatch_error, failed_unknown,
+// deferred (outside time windows), expired.
 func (d *Dispatcher) Stats() map[string]int64 {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -203,10 +213,17 @@ func (d *Dispatcher) round(ctx context.Context, q QueueConfig) (int, error) {
 	if d.allPaused(q) {
 		return 0, nil
 	}
-	claimed, err := d.st.JobClaim(ctx, store.JobClaimParams{Queue: q.Name, Order: q.Order, Limit: d.cfg.BatchSize,
-		Instance: d.cfg.Instance, Types: d.sendable(q)})
-	if err != nil || len(claimed) == 0 {
+	claim, err := d.st.JobClaim(ctx, store.JobClaimParams{Queue: q.Name, Order: q.Order, Limit: d.cfg.BatchSize,
+		Instance: d.cfg.Instance, Types: d.sendable(q), Throttle: q.Throttle, TypeWindows: d.typeWindows})
+	if err != nil {
 		return 0, err
+	}
+	if err := d.deferClosed(ctx, q, claim.Closed); err != nil {
+		return 0, err
+	}
+	claimed := claim.Jobs
+	if len(claimed) == 0 {
+		return len(claim.Closed), nil
 	}
 	d.count("claimed", len(claimed))
 	bySender := map[Sender][]store.Claimed{}
@@ -296,7 +313,49 @@ func (d *Dispatcher) round(ctx context.Context, q QueueConfig) (int, error) {
 			d.log.Info("early replies applied", zap.Int("replies", n))
 		}
 	}
-	return len(claimed), errors.Join(errs...)
+	return len(claimed) + len(claim.Closed), errors.Join(errs...)
+}
+
+// deferClosed moves due jobs found outside their time windows to their next
+// opening without using an attempt, or ends them final / expired when that
+// opening is past their expiry (they are never sent).
+func (d *Dispatcher) deferClosed(ctx context.Context, q QueueConfig, closed []store.Closed) error {
+	if len(closed) == 0 {
+		return nil
+	}
+	now := time.Now()
+	ds := make([]store.Deferral, 0, len(closed))
+	expired := 0
+	for _, c := range closed {
+		ws := c.TimeWindows
+		if ws == nil {
+			if jt := d.cfg.Types[c.JobType]; jt != nil {
+				ws = jt.Windows
+			}
+		}
+		next := correlator.NextAllowed(ws, now)
+		if !next.After(now) {
+			// PostgreSQL found it closed, Go finds it open (time zone data
+			// differ): look again in a minute rather than spin on it.
+			d.log.Warn("time window open here but closed in PostgreSQL; retrying in a minute",
+				zap.Int64("job_id", c.ID), zap.String("job_type", c.JobType))
+			next = now.Add(time.Minute)
+		}
+		expire := c.ExpiresAt != nil && !next.Before(*c.ExpiresAt)
+		if expire {
+			expired++
+		}
+		ds = append(ds, store.Deferral{ID: c.ID, State: c.State, Attempt: c.Attempt, RunAt: next, Expire: expire})
+	}
+	n, err := d.st.JobDefer(ctx, ds)
+	if err != nil {
+		return err
+	}
+	d.count("deferred", n-expired)
+	d.count("expired", expired)
+	d.log.Debug("jobs outside their time windows rescheduled", zap.String("queue", q.Name),
+		zap.Int("jobs", n), zap.Int("expired", expired))
+	return nil
 }
 
 func (d *Dispatcher) typeInfo(name string) *correlator.JobType { return d.cfg.Types[name] }

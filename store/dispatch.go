@@ -26,6 +26,11 @@ type JobClaimParams struct {
 	// Types limits the claim to job types this instance can send; nil
 	// claims every type.
 	Types []string
+	// Throttle bounds the queue's running jobs across every instance.
+	Throttle correlator.Throttle
+	// TypeWindows are the time windows of job types, for jobs without
+	// their own.
+	TypeWindows map[string][]correlator.TimeWindow
 }
 
 // Claimed is a job moved to running by a claim.
@@ -48,56 +53,134 @@ func (c *Claimed) Running() correlator.Running {
 	return correlator.Running{Attempt: c.Attempt, MaxAttempts: c.MaxAttempts, ExpiresAt: c.ExpiresAt, Windows: c.TimeWindows}
 }
 
-// JobClaim moves up to Limit due jobs of one queue to running in one
-// statement: attempt+1, started_at, and a hipq_attempt row each. Jobs past
-// their expiry are never claimed; locked rows are skipped, so dispatchers on
-// many instances never claim the same job.
-func (s *Store) JobClaim(ctx context.Context, p JobClaimParams) ([]Claimed, error) {
-	order := "scheduled_run_time, priority, id"
-	if p.Order == OrderPriorityFirst {
-		order = "priority, scheduled_run_time, id"
+// Closed is a due job the claim found outside its time windows and left
+// waiting: it is to be rescheduled (JobDefer) without using an attempt.
+type Closed struct {
+	ID          int64
+	JobType     string
+	State       correlator.State
+	Attempt     int
+	ExpiresAt   *time.Time
+	TimeWindows []correlator.TimeWindow // nil = the type's
+}
+
+// Claim is what one claim statement did.
+type Claim struct {
+	Jobs   []Claimed // moved to running, in the queue's order
+	Closed []Closed  // due but outside their windows: not claimed
+}
+
+// JobClaim moves up to Limit due jobs of one queue to running in one round
+// trip (the hipq_claim function): attempt+1, started_at, and a hipq_attempt
+// row each, in the queue's order and within its throttle. Jobs past their
+// expiry are never claimed; locked rows are skipped, so dispatchers on many
+// instances never claim the same job; a throttled queue is claimed by one
+// instance at a time, so its limits hold across all of them. A paused queue
+// claims nothing.
+func (s *Store) JobClaim(ctx context.Context, p JobClaimParams) (Claim, error) {
+	typeWindows := map[string]json.RawMessage{}
+	for name, ws := range p.TypeWindows {
+		if len(ws) == 0 {
+			continue
+		}
+		b, err := json.Marshal(ws)
+		if err != nil {
+			return Claim{}, fmt.Errorf("claim: time windows of %q: %w", name, err)
+		}
+		typeWindows[name] = b
 	}
-	rows, err := s.pool.Query(ctx, `
-		WITH due AS (
-		  SELECT id, state, attempt FROM hipq_job
-		  WHERE queue = $1 AND state IN ('initial', 'retry') AND scheduled_run_time <= now()
-		    AND (expires_at IS NULL OR expires_at > now())
-		    AND ($4::text[] IS NULL OR job_type = ANY($4))
-		  ORDER BY `+order+`
-		  LIMIT $2
-		  FOR UPDATE SKIP LOCKED
-		), claimed AS (
-		  UPDATE hipq_job j
-		  SET state = 'running', attempt = j.attempt + 1, started_at = now(), update_time = now(), error = 'NONE'
-		  FROM due
-		  WHERE j.id = due.id AND j.state = due.state AND j.attempt = due.attempt
-		  RETURNING j.id, j.queue, j.job_type, j.job_key, j.job_data, j.attempt, j.max_attempts,
-		            j.timeout_seconds, j.expires_at, j.time_windows, j.started_at
-		), att AS (
-		  INSERT INTO hipq_attempt (job_id, attempt, instance, dispatched_at)
-		  SELECT id, attempt, $3, started_at FROM claimed
-		)
-		SELECT * FROM claimed ORDER BY id`, p.Queue, p.Limit, p.Instance, p.Types)
+	t := p.Throttle
+	var (
+		sharePath []string
+		shareCaps map[string]int
+		otherCap  *int
+	)
+	if t.Shares != nil && t.Limit >= 1 {
+		sharePath, shareCaps = t.Shares.Path, t.Shares.Caps
+		if t.Shares.OtherCap > 0 {
+			otherCap = &t.Shares.OtherCap
+		}
+	}
+	rows, err := s.pool.Query(ctx, `SELECT * FROM hipq_claim($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)`,
+		p.Queue, p.Order, p.Limit, p.Instance, p.Types, jsonbOrNull(typeWindows), t.Limit, t.Critical,
+		jsonbOrNull(t.MaxConcurrency), sharePath, jsonbOrNull(shareCaps), otherCap)
 	if err != nil {
-		return nil, fmt.Errorf("claim due jobs of queue %q: %w", p.Queue, err)
+		return Claim{}, fmt.Errorf("claim due jobs of queue %q: %w", p.Queue, err)
 	}
-	var out []Claimed
-	var c Claimed
-	var windows []byte
-	_, err = pgx.ForEachRow(rows, []any{&c.ID, &c.Queue, &c.JobType, &c.JobKey, &c.JobData, &c.Attempt, &c.MaxAttempts,
-		&c.TimeoutSeconds, &c.ExpiresAt, &windows, &c.StartedAt}, func() error {
-		var err error
-		if c.TimeWindows, err = decodeWindows(windows); err != nil {
+	var (
+		out     Claim
+		c       Claimed
+		claimed bool
+		state   string
+		windows []byte
+		started *time.Time
+	)
+	_, err = pgx.ForEachRow(rows, []any{&claimed, &c.ID, &c.JobType, &c.JobKey, &c.JobData, &state, &c.Attempt,
+		&c.MaxAttempts, &c.TimeoutSeconds, &c.ExpiresAt, &windows, &started}, func() error {
+		ws, err := decodeWindows(windows)
+		if err != nil {
 			return fmt.Errorf("job %d: time_windows: %w", c.ID, err)
 		}
+		if !claimed {
+			out.Closed = append(out.Closed, Closed{ID: c.ID, JobType: c.JobType, State: correlator.State(state),
+				Attempt: c.Attempt, ExpiresAt: c.ExpiresAt, TimeWindows: ws})
+			return nil
+		}
+		c.Queue, c.TimeWindows, c.StartedAt = p.Queue, ws, *started
 		c.JobData = append(json.RawMessage(nil), c.JobData...)
-		out = append(out, c)
+		out.Jobs = append(out.Jobs, c)
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("claim due jobs of queue %q: %w", p.Queue, err)
+		return Claim{}, fmt.Errorf("claim due jobs of queue %q: %w", p.Queue, err)
 	}
 	return out, nil
+}
+
+// jsonbOrNull passes an empty map as SQL NULL, not as the JSON null.
+func jsonbOrNull[V any](m map[string]V) any {
+	if len(m) == 0 {
+		return nil
+	}
+	return m
+}
+
+// Deferral moves a waiting job found outside its time windows to its next
+// opening, or ends it final / expired when that opening is past its expiry.
+type Deferral struct {
+	ID      int64
+	State   correlator.State // expected: initial or retry
+	Attempt int              // expected
+	RunAt   time.Time
+	Expire  bool
+}
+
+// JobDefer applies deferrals in one statement, each guarded by its
+// expected state and attempt, and returns how many rows moved. The state
+// and attempt stay (a reschedule uses no attempt).
+func (s *Store) JobDefer(ctx context.Context, ds []Deferral) (int, error) {
+	if len(ds) == 0 {
+		return 0, nil
+	}
+	ids, states, atts := make([]int64, len(ds)), make([]string, len(ds)), make([]int32, len(ds))
+	runAt, expire := make([]time.Time, len(ds)), make([]bool, len(ds))
+	for i, d := range ds {
+		ids[i], states[i], atts[i], runAt[i], expire[i] = d.ID, string(d.State), int32(d.Attempt), d.RunAt, d.Expire
+	}
+	tag, err := s.pool.Exec(ctx, `
+		UPDATE hipq_job j
+		SET scheduled_run_time = CASE WHEN u.expire THEN j.scheduled_run_time ELSE u.run_at END,
+		    state = CASE WHEN u.expire THEN 'final' ELSE j.state END,
+		    outcome = CASE WHEN u.expire THEN 'expired' ELSE j.outcome END,
+		    error = CASE WHEN u.expire THEN $6 ELSE j.error END,
+		    update_time = now()
+		FROM unnest($1::bigint[], $2::text[], $3::int[], $4::timestamptz[], $5::bool[]) AS u(id, state, att, run_at, expire)
+		WHERE j.id = u.id AND j.state = u.state AND j.attempt = u.att AND j.state IN ('initial', 'retry')`,
+		ids, states, atts, runAt, expire, correlator.ErrorExpired)
+	if err != nil {
+		return 0, fmt.Errorf("reschedule jobs outside their time windows: %w", err)
+	}
+	return int(tag.RowsAffected()), nil
 }
 
 // AttemptRef names one attempt of one job.

@@ -46,7 +46,7 @@ func claim(t *testing.T, st *store.Store, limit int) []store.Claimed {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return c
+	return c.Jobs
 }
 
 func get(t *testing.T, st *store.Store, key string) *correlator.Job {

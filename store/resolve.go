@@ -24,7 +24,8 @@ type Resolve struct {
 }
 
 // JobResolveMany applies resolutions in one statement, each guarded by
-// state running and its attempt. It returns the refs that took effect; the
+// state running and its attempt, and notifies hipq_job_ready (a throttle
+// slot is free). It returns the refs that took effect; the
 // others were moved by someone else first.
 func (s *Store) JobResolveMany(ctx context.Context, rs []Resolve) ([]AttemptRef, error) {
 	var done []AttemptRef
@@ -75,7 +76,11 @@ func jobResolveMany(ctx context.Context, tx pgx.Tx, rs []Resolve) ([]AttemptRef,
 		      result = coalesce(u.result, j.result), update_time = now()
 		  FROM u
 		  WHERE j.id = u.id AND j.state = 'running' AND j.attempt = u.att
-		  RETURNING j.id, j.attempt, u.att_outcome, u.att_error, u.reply
+		  RETURNING j.id, j.queue, j.attempt, u.att_outcome, u.att_error, u.reply
+		), notify AS (
+		  -- A job left running: a throttle slot is free, so dispatchers
+		  -- may claim now rather than at their next poll.
+		  SELECT pg_notify('hipq_job_ready', q) FROM (SELECT DISTINCT queue AS q FROM done) d
 		), att AS (
 		  -- done carries u's values: joining two CTEs (no statistics) could
 		  -- plan as a nested loop, quadratic in the batch.
@@ -86,7 +91,7 @@ func jobResolveMany(ctx context.Context, tx pgx.Tx, rs []Resolve) ([]AttemptRef,
 		  FROM done
 		  WHERE a.job_id = done.id AND a.attempt = done.attempt
 		)
-		SELECT id, attempt FROM done`,
+		SELECT id, attempt FROM done WHERE (SELECT count(*) FROM notify) >= 0`,
 		ids, atts, states, outcomes, errs, next, results, attOutcomes, attErrs, replies)
 	if err != nil {
 		return nil, fmt.Errorf("resolve attempts: %w", err)

@@ -159,11 +159,11 @@ func TestClaim(t *testing.T) {
 					t.Error(err)
 					return
 				}
-				if len(c) == 0 {
+				if len(c.Jobs) == 0 {
 					return
 				}
 				mu.Lock()
-				for _, j := range c {
+				for _, j := range c.Jobs {
 					seen[j.ID]++
 					if j.Attempt != 1 {
 						t.Errorf("claimed attempt %d", j.Attempt)

@@ -137,8 +137,13 @@ func newApp(ctx context.Context, cfg *config.Config, log *zap.Logger, opts appOp
 			}
 		}
 		var queues []dispatcher.QueueConfig
+		throttles := cfg.Throttles()
 		for _, q := range cfg.Queues {
-			queues = append(queues, dispatcher.QueueConfig{Name: q.Name, Order: q.Order})
+			if t := throttles[q.Name]; t.Bounded() {
+				log.Info("queue throttled", zap.String("queue", q.Name), zap.Int("throttle_limit", t.Limit),
+					zap.Stringer("shares", t.Shares), zap.Strings("critical", t.Critical), zap.Any("max_concurrency", t.MaxConcurrency))
+			}
+			queues = append(queues, dispatcher.QueueConfig{Name: q.Name, Order: q.Order, Throttle: *throttles[q.Name]})
 		}
 		a.dispatcher = dispatcher.New(log, st, dispatcher.Config{Instance: instance, Interval: cfg.Dispatch.Interval.D(),
 			BatchSize: cfg.Dispatch.BatchSize, Queues: queues, Types: a.types, Senders: senders})

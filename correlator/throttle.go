@@ -1,0 +1,132 @@
+package correlator
+
+import (
+	"encoding/json"
+	"fmt"
+	"sort"
+	"strings"
+)
+
+// Throttle is what bounds the running jobs of one queue (SPEC §8). The
+// claim applies it across every hipq instance at once; the zero value bounds
+// nothing.
+type Throttle struct {
+	// Limit is the most total throttle_factor of running non-critical jobs;
+	// < 1 is unlimited.
+	Limit int
+	// Shares split Limit among partitions of the queue's jobs; nil = none.
+	Shares *Shares
+	// Critical names the queue's types that count against neither Limit
+	// nor Shares.
+	Critical []string
+	// MaxConcurrency caps the running jobs of a type (a count), critical
+	// or not; types not listed are not capped.
+	MaxConcurrency map[string]int
+}
+
+// Bounded reports whether the claim must count running jobs at all.
+func (t *Throttle) Bounded() bool {
+	return t.Limit >= 1 || len(t.MaxConcurrency) > 0
+}
+
+// OtherPartition names the pooled partition of values not listed in the
+// weights (SPEC §8: the weight of key "*").
+const OtherPartition = "*"
+
+// Shares split a queue's throttle limit among partitions of its jobs, named
+// by the value a JSON pointer finds in job_data.
+type Shares struct {
+	Pointer string
+	// Path is Pointer as a PostgreSQL text[] path (job_data #>> Path).
+	Path []string
+	// Caps is the most total throttle_factor each listed value may run:
+	// floor(limit × weight ÷ total weight), at least 1.
+	Caps map[string]int
+	// OtherCap bounds the pooled partition of every value not listed
+	// (absent ones included) when the weights have "*"; 0 = only the
+	// queue limit bounds them.
+	OtherCap int
+}
+
+// NewShares computes the partition caps of weights under limit. The
+// pointer is an RFC 6901 JSON pointer into job_data.
+func NewShares(pointer string, weights map[string]int, limit int) (*Shares, error) {
+	if !strings.HasPrefix(pointer, "/") {
+		return nil, fmt.Errorf("%q is not a JSON pointer into job_data (it must start with /)", pointer)
+	}
+	if limit < 1 {
+		return nil, fmt.Errorf("shares need throttle_limit >= 1")
+	}
+	total := 0
+	for k, w := range weights {
+		if w < 1 {
+			return nil, fmt.Errorf("weight of %q must be a positive integer", k)
+		}
+		total += w
+	}
+	if total == 0 {
+		return nil, fmt.Errorf("at least one weight is required")
+	}
+	s := &Shares{Pointer: pointer, Caps: map[string]int{}}
+	for _, tok := range strings.Split(pointer[1:], "/") {
+		s.Path = append(s.Path, strings.ReplaceAll(strings.ReplaceAll(tok, "~1", "/"), "~0", "~"))
+	}
+	for k, w := range weights {
+		c := max(1, int(int64(limit)*int64(w)/int64(total)))
+		if k == OtherPartition {
+			s.OtherCap = c
+		} else {
+			s.Caps[k] = c
+		}
+	}
+	return s, nil
+}
+
+// Partition returns the partition jobData falls in and its cap (0 = not
+// bounded by shares). It reads the value as PostgreSQL's #>> does: a
+// string as itself, a number or boolean as its JSON text; a value not
+// listed, absent or null falls in the pooled "*" partition.
+func (s *Shares) Partition(jobData json.RawMessage) (name string, cap int) {
+	var doc any
+	d := json.NewDecoder(strings.NewReader(string(jobData)))
+	d.UseNumber()
+	if d.Decode(&doc) == nil {
+		v, ok := pointer(doc, s.Pointer)
+		var key string
+		switch x := v.(type) {
+		case string:
+			key = x
+		case json.Number:
+			key = x.String()
+		case bool:
+			key = fmt.Sprint(x)
+		default:
+			ok = false
+		}
+		if c, listed := s.Caps[key]; ok && listed {
+			return key, c
+		}
+	}
+	return OtherPartition, s.OtherCap
+}
+
+// String lists the caps, for logs.
+func (s *Shares) String() string {
+	if s == nil {
+		return "none"
+	}
+	keys := make([]string, 0, len(s.Caps))
+	for k := range s.Caps {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	var b strings.Builder
+	fmt.Fprintf(&b, "by %s:", s.Pointer)
+	for _, k := range keys {
+		fmt.Fprintf(&b, " %s=%d", k, s.Caps[k])
+	}
+	if s.OtherCap > 0 {
+		fmt.Fprintf(&b, " *=%d", s.OtherCap)
+	}
+	return b.String()
+}

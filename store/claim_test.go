@@ -1,0 +1,410 @@
+package store_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sort"
+	"testing"
+	"time"
+
+	"github.com/hipq/hipq/correlator"
+	"github.com/hipq/hipq/internal/pgtest"
+	"github.com/hipq/hipq/store"
+)
+
+func claimWith(t *testing.T, st *store.Store, p store.JobClaimParams) store.Claim {
+	t.Helper()
+	p.Queue, p.Instance = "default", "test"
+	if p.Limit == 0 {
+		p.Limit = 100
+	}
+	c, err := st.JobClaim(ctx, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func keys(c []store.Claimed) []string {
+	var out []string
+	for _, j := range c {
+		out = append(out, j.JobKey)
+	}
+	return out
+}
+
+func factor(n int) func(*correlator.Job) { return func(j *correlator.Job) { j.ThrottleFactor = n } }
+func ofType(typ string) func(*correlator.Job) {
+	return func(j *correlator.Job) { j.JobType = typ }
+}
+func region(r string) func(*correlator.Job) {
+	return func(j *correlator.Job) { j.JobData = json.RawMessage(fmt.Sprintf(`{"region":%q}`, r)) }
+}
+var base = time.Now()
+
+func at(ago time.Duration) func(*correlator.Job) {
+	return func(j *correlator.Job) { j.ScheduledRunTime = base.Add(-ago) }
+}
+func prio(p int) func(*correlator.Job) { return func(j *correlator.Job) { j.Priority = p } }
+
+// finish ends running jobs so their throttle weight is free again.
+func finish(t *testing.T, st *store.Store, cs ...store.Claimed) {
+	t.Helper()
+	var rs []store.Resolve
+	for _, c := range cs {
+		rs = append(rs, store.Resolve{JobID: c.ID, Attempt: c.Attempt, AttemptOutcome: correlator.AttemptSucceeded,
+			Res: correlator.Resolution{State: correlator.StateFinal, Outcome: correlator.OutcomeSucceeded, Error: correlator.ErrorNone}})
+	}
+	if _, err := st.JobResolveMany(ctx, rs); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// In the queue's order, a job too heavy for the capacity left is skipped
+// and lighter ones behind it run (SPEC §5, §8).
+func TestClaimThrottleSkipsTooHeavy(t *testing.T) {
+	t.Parallel()
+	st := pgtest.New(t)
+	insert(t, st, job("a3", factor(3), at(5*time.Second)), job("b3", factor(3), at(4*time.Second)),
+		job("c1", at(3*time.Second)), job("d1", at(2*time.Second)), job("e1", at(time.Second)))
+	th := correlator.Throttle{Limit: 5}
+	got := claimWith(t, st, store.JobClaimParams{Throttle: th})
+	if want := []string{"a3", "c1", "d1"}; !slices.Equal(keys(got.Jobs), want) {
+		t.Fatalf("claimed %v, want %v", keys(got.Jobs), want)
+	}
+	if again := claimWith(t, st, store.JobClaimParams{Throttle: th}); len(again.Jobs) != 0 {
+		t.Fatalf("claimed %v over a full queue", keys(again.Jobs))
+	}
+	finish(t, st, got.Jobs[0]) // 3 free: b3 is next in order and fits
+	if again := claimWith(t, st, store.JobClaimParams{Throttle: th}); !slices.Equal(keys(again.Jobs), []string{"b3"}) {
+		t.Fatalf("after a slot freed: claimed %v, want [b3]", keys(again.Jobs))
+	}
+}
+
+// Both orders: scheduled_first is time then priority, priority_first the
+// other way round; lower priority numbers first.
+func TestClaimOrder(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		order string
+		want  []string
+	}{
+		{store.OrderScheduledFirst, []string{"old-p9", "mid-p5", "new-p1", "new-p2"}},
+		{store.OrderPriorityFirst, []string{"new-p1", "new-p2", "mid-p5", "old-p9"}},
+	} {
+		t.Run(tc.order, func(t *testing.T) {
+			st := pgtest.New(t)
+			insert(t, st, job("new-p2", prio(2), at(time.Second)), job("mid-p5", prio(5), at(time.Minute)),
+				job("old-p9", prio(9), at(time.Hour)), job("new-p1", prio(1), at(time.Second)))
+			var got []string
+			for range 4 { // limit 1: one at a time, in order
+				c := claimWith(t, st, store.JobClaimParams{Order: tc.order, Throttle: correlator.Throttle{Limit: 1}})
+				got = append(got, keys(c.Jobs)...)
+				finish(t, st, c.Jobs...)
+			}
+			if !slices.Equal(got, tc.want) {
+				t.Fatalf("order %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+// A partition runs at most floor(limit × weight ÷ total), at least 1;
+// values not listed share the "*" weight as one pool, or with no "*" only
+// the queue limit bounds them.
+func TestClaimShares(t *testing.T) {
+	t.Parallel()
+	mk := func(weights map[string]int, limit int) correlator.Throttle {
+		s, err := correlator.NewShares("/region", weights, limit)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return correlator.Throttle{Limit: limit, Shares: s}
+	}
+	fill := func(st *store.Store, regions ...string) {
+		var js []*correlator.Job
+		for _, r := range regions {
+			for i := range 10 {
+				js = append(js, job(fmt.Sprintf("%s-%d", r, i), region(r)))
+			}
+		}
+		insert(t, st, js...)
+	}
+	byRegion := func(c store.Claim) map[string]int {
+		out := map[string]int{}
+		for _, j := range c.Jobs {
+			var d struct{ Region string }
+			_ = json.Unmarshal(j.JobData, &d)
+			out[d.Region]++
+		}
+		return out
+	}
+	t.Run("listed", func(t *testing.T) {
+		st := pgtest.New(t)
+		fill(st, "east", "north", "west", "south")
+		// 10 × 40/100 = 4, 10 × 30/100 = 3 each; south is not listed and there is no "*".
+		got := byRegion(claimWith(t, st, store.JobClaimParams{Throttle: mk(map[string]int{"east": 40, "north": 30, "west": 20}, 10)}))
+		// east 4, north 3, west 2: 9 of 10, so south (bounded by the queue only) gets the last 1.
+		if want := map[string]int{"east": 4, "north": 3, "west": 2, "south": 1}; !mapsEqual(got, want) {
+			t.Fatalf("claimed %v, want %v", got, want)
+		}
+	})
+	t.Run("pooled", func(t *testing.T) {
+		st := pgtest.New(t)
+		fill(st, "east", "north", "west")
+		got := byRegion(claimWith(t, st, store.JobClaimParams{Throttle: mk(map[string]int{"east": 50, "*": 25}, 8)}))
+		// east 8×50/75 = 5; north and west together 8×25/75 = 2.
+		if got["east"] != 5 || got["north"]+got["west"] != 2 {
+			t.Fatalf("claimed %v, want east 5 and 2 between north and west", got)
+		}
+	})
+	t.Run("at least 1", func(t *testing.T) {
+		st := pgtest.New(t)
+		fill(st, "big", "tiny")
+		got := byRegion(claimWith(t, st, store.JobClaimParams{Throttle: mk(map[string]int{"big": 99, "tiny": 1}, 10)}))
+		if want := map[string]int{"big": 9, "tiny": 1}; !mapsEqual(got, want) {
+			t.Fatalf("claimed %v, want %v", got, want)
+		}
+	})
+}
+
+func mapsEqual(a, b map[string]int) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if b[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+// Critical types pass a full queue and take no capacity; max_concurrency
+// caps a type (critical or not) by count.
+func TestClaimCriticalAndMaxConcurrency(t *testing.T) {
+	t.Parallel()
+	st := pgtest.New(t)
+	var js []*correlator.Job
+	for i := range 5 {
+		js = append(js, job(fmt.Sprintf("n%d", i), at(time.Hour)), job(fmt.Sprintf("crit%d", i), ofType("crit"), factor(7)),
+			job(fmt.Sprintf("cap%d", i), ofType("capped"), at(2*time.Hour)))
+	}
+	insert(t, st, js...)
+	th := correlator.Throttle{Limit: 2, Critical: []string{"crit"}, MaxConcurrency: map[string]int{"crit": 3, "capped": 1}}
+	first := claimWith(t, st, store.JobClaimParams{Throttle: th})
+	count := func(c []store.Claimed) map[string]int {
+		out := map[string]int{}
+		for _, j := range c {
+			out[j.JobType]++
+		}
+		return out
+	}
+	// Oldest first: one capped (its cap), then one t fills the queue;
+	// crit runs beside them (3 of them, its cap) though heavier than the
+	// whole limit.
+	if got, want := count(first.Jobs), map[string]int{"capped": 1, "t": 1, "crit": 3}; !mapsEqual(got, want) {
+		t.Fatalf("claimed %v, want %v", got, want)
+	}
+	if again := claimWith(t, st, store.JobClaimParams{Throttle: th}); len(again.Jobs) != 0 {
+		t.Fatalf("claimed %v with the queue full and crit at its cap", keys(again.Jobs))
+	}
+	// The capped job ends: the next capped (oldest) takes its place.
+	for _, j := range first.Jobs {
+		if j.JobType == "capped" {
+			finish(t, st, j)
+		}
+	}
+	second := claimWith(t, st, store.JobClaimParams{Throttle: th})
+	if got, want := count(second.Jobs), map[string]int{"capped": 1}; !mapsEqual(got, want) {
+		t.Fatalf("claimed %v, want %v", got, want)
+	}
+}
+
+// A job found outside its time windows is not claimed: it comes back as
+// Closed, and JobDefer moves it to the next opening without using an
+// attempt, or ends it expired when that is past its expiry.
+func TestClaimWindowsAndDefer(t *testing.T) {
+	t.Parallel()
+	st := pgtest.New(t)
+	now := time.Now().UTC()
+	// A one-hour window that closed an hour ago, today's clock in UTC.
+	closedStart := now.Add(-2 * time.Hour).Format("15:04")
+	closedEnd := now.Add(-time.Hour).Format("15:04")
+	closed := []correlator.TimeWindow{{Start: closedStart, End: closedEnd, TZ: "UTC"}}
+	open := []correlator.TimeWindow{{Start: now.Add(-time.Hour).Format("15:04"), End: now.Add(time.Hour).Format("15:04"), TZ: "UTC"}}
+	soon := now.Add(time.Hour)
+	insert(t, st,
+		job("own-closed", func(j *correlator.Job) { j.TimeWindows = closed }),
+		job("own-open", func(j *correlator.Job) { j.TimeWindows = open }),
+		job("type-closed", ofType("windowed")),
+		job("own-open-over-type", ofType("windowed"), func(j *correlator.Job) { j.TimeWindows = open }),
+		job("closed-expiring", func(j *correlator.Job) { j.TimeWindows = closed; j.ExpiresAt = &soon }),
+	)
+	c := claimWith(t, st, store.JobClaimParams{TypeWindows: map[string][]correlator.TimeWindow{"windowed": closed}})
+	if got := keys(c.Jobs); !slices.Equal(sorted(got), []string{"own-open", "own-open-over-type"}) {
+		t.Fatalf("claimed %v", got)
+	}
+	var closedKeys []string
+	var ds []store.Deferral
+	for _, x := range c.Closed {
+		closedKeys = append(closedKeys, fmt.Sprint(x.ID))
+		ws := x.TimeWindows
+		if ws == nil {
+			ws = closed
+		}
+		if err := correlator.CompileWindows(ws); err != nil {
+			t.Fatal(err)
+		}
+		next := correlator.NextAllowed(ws, now)
+		ds = append(ds, store.Deferral{ID: x.ID, State: x.State, Attempt: x.Attempt, RunAt: next,
+			Expire: x.ExpiresAt != nil && !next.Before(*x.ExpiresAt)})
+	}
+	if len(c.Closed) != 3 {
+		t.Fatalf("%d closed jobs, want 3", len(c.Closed))
+	}
+	if n, err := st.JobDefer(ctx, ds); err != nil || n != 3 {
+		t.Fatalf("deferred %d, err %v", n, err)
+	}
+	stale := ds[0]
+	stale.Attempt++
+	if n, _ := st.JobDefer(ctx, []store.Deferral{stale}); n != 0 {
+		t.Fatalf("a deferral with a stale attempt moved %d rows", n)
+	}
+	j := get(t, st, "own-closed")
+	wantState(t, j, correlator.StateInitial, "", 0)
+	if d := j.ScheduledRunTime.Sub(now); d < 21*time.Hour || d > 23*time.Hour {
+		t.Fatalf("rescheduled %v ahead, want to tomorrow's opening (~22h)", d)
+	}
+	wantState(t, get(t, st, "closed-expiring"), correlator.StateFinal, correlator.OutcomeExpired, 0)
+	if n := count(t, st, "SELECT count(*) FROM hipq_attempt a JOIN hipq_job j ON j.id = a.job_id WHERE j.job_key IN ('own-closed', 'type-closed')"); n != 0 {
+		t.Fatalf("a reschedule left %d attempt rows", n)
+	}
+	if again := claimWith(t, st, store.JobClaimParams{TypeWindows: map[string][]correlator.TimeWindow{"windowed": closed}}); len(again.Jobs)+len(again.Closed) != 0 {
+		t.Fatalf("rescheduled jobs came back at once: %+v", again)
+	}
+}
+
+func sorted(s []string) []string { sort.Strings(s); return s }
+
+// A paused queue (hipq_queue) claims nothing until resumed.
+func TestClaimPausedQueue(t *testing.T) {
+	t.Parallel()
+	st := pgtest.New(t)
+	insert(t, st, job("p1"))
+	if _, err := st.Pool().Exec(ctx, "INSERT INTO hipq_queue (name, paused) VALUES ('default', true)"); err != nil {
+		t.Fatal(err)
+	}
+	if c := claimWith(t, st, store.JobClaimParams{}); len(c.Jobs) != 0 {
+		t.Fatal("a paused queue was claimed")
+	}
+	if _, err := st.Pool().Exec(ctx, "UPDATE hipq_queue SET paused = false"); err != nil {
+		t.Fatal(err)
+	}
+	if c := claimWith(t, st, store.JobClaimParams{}); len(c.Jobs) != 1 {
+		t.Fatal("a resumed queue was not claimed")
+	}
+}
+
+// Concurrent claimers of one throttled queue never overshoot its limit:
+// the claim is serialized per queue, each counting what the others took.
+func TestClaimThrottleConcurrent(t *testing.T) {
+	t.Parallel()
+	st := pgtest.New(t)
+	var js []*correlator.Job
+	for i := range 300 {
+		js = append(js, job(fmt.Sprintf("j%d", i), factor(1+i%3)))
+	}
+	insert(t, st, js...)
+	const limit = 7
+	done := make(chan int)
+	for w := range 6 {
+		go func() {
+			r := rand.New(rand.NewPCG(uint64(w), 1))
+			claimed := 0
+			for range 40 {
+				c, err := st.JobClaim(ctx, store.JobClaimParams{Queue: "default", Limit: 1 + r.IntN(5), Instance: "w",
+					Throttle: correlator.Throttle{Limit: limit}})
+				if err != nil {
+					t.Error(err)
+					break
+				}
+				claimed += len(c.Jobs)
+				if r.IntN(2) == 0 {
+					finish(t, st, c.Jobs...)
+				}
+				if w := count(t, st, "SELECT coalesce(sum(throttle_factor), 0) FROM hipq_job WHERE state = 'running'"); w > limit {
+					t.Errorf("running weight %d above the limit %d", w, limit)
+				}
+			}
+			done <- claimed
+		}()
+	}
+	total := 0
+	for range 6 {
+		total += <-done
+	}
+	if total < limit {
+		t.Fatalf("only %d claims: the test did not exercise the limit", total)
+	}
+}
+
+// hipq_window_open (the claim's check, in SQL) and TimeWindow.Contains (Go)
+// agree on random windows, zones and instants, DST changes included.
+func TestWindowOpenAgreesWithGo(t *testing.T) {
+	t.Parallel()
+	st := pgtest.New(t)
+	zones := []string{"UTC", "Europe/Berlin", "America/New_York", "Australia/Lord_Howe", "Asia/Kolkata", "America/Sao_Paulo", ""}
+	clock := func(m int) string { return fmt.Sprintf("%02d:%02d", m/60, m%60) }
+	r := rand.New(rand.NewPCG(42, 7))
+	const n = 3000
+	windows, instants := make([]string, n), make([]time.Time, n)
+	want := make([]bool, n)
+	for i := range n {
+		ws := make([]correlator.TimeWindow, 1+r.IntN(3))
+		for k := range ws {
+			ws[k] = correlator.TimeWindow{Start: clock(r.IntN(1440)), End: clock(r.IntN(1440)), TZ: zones[r.IntN(len(zones))]}
+		}
+		if r.IntN(20) == 0 {
+			ws[0].End = ws[0].Start
+		}
+		if err := correlator.CompileWindows(ws); err != nil {
+			t.Fatal(err)
+		}
+		// Spread over a year, with extra weight on the hours around DST changes.
+		instants[i] = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).Add(time.Duration(r.Int64N(int64(365 * 24 * time.Hour))))
+		if r.IntN(3) == 0 {
+			instants[i] = time.Date(2026, 3, 29, 0, 0, 0, 0, time.UTC).Add(time.Duration(r.Int64N(int64(4 * time.Hour))))
+		}
+		for k := range ws {
+			want[i] = want[i] || ws[k].Contains(instants[i])
+		}
+		b, _ := json.Marshal(ws)
+		windows[i] = string(b)
+	}
+	rows, err := st.Pool().Query(ctx, `SELECT hipq_window_open(w, t) FROM unnest($1::jsonb[], $2::timestamptz[]) WITH ORDINALITY AS u(w, t, i) ORDER BY i`, windows, instants)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	i := 0
+	for rows.Next() {
+		var got bool
+		if err := rows.Scan(&got); err != nil {
+			t.Fatal(err)
+		}
+		if got != want[i] {
+			t.Errorf("windows %s at %v: PostgreSQL says open=%v, Go %v", windows[i], instants[i], got, want[i])
+		}
+		i++
+	}
+	if rows.Err() != nil || i != n {
+		t.Fatalf("%d rows, err %v", i, rows.Err())
+	}
+	var open bool
+	if err := st.Pool().QueryRow(ctx, `SELECT hipq_window_open('[{"start":"01:00","end":"02:00","tz":"Not/AZone"}]', now())`).Scan(&open); err != nil || !open {
+		t.Fatalf("a zone PostgreSQL does not know: open=%v err=%v, want open", open, err)
+	}
+}
