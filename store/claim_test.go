@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sort"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -320,10 +321,12 @@ func TestClaimThrottleConcurrent(t *testing.T) {
 	insert(t, st, js...)
 	const limit = 7
 	done := make(chan int)
+	var peak atomic.Int64 // racy max, good enough to see the limit was reached
 	for w := range 6 {
 		go func() {
 			r := rand.New(rand.NewPCG(uint64(w), 1))
 			claimed := 0
+			var held []store.Claimed
 			for range 40 {
 				c, err := st.JobClaim(ctx, store.JobClaimParams{Queue: "default", Limit: 1 + r.IntN(5), Instance: "w",
 					Throttle: correlator.Throttle{Limit: limit}})
@@ -332,13 +335,18 @@ func TestClaimThrottleConcurrent(t *testing.T) {
 					break
 				}
 				claimed += len(c.Jobs)
-				if r.IntN(2) == 0 {
-					finish(t, st, c.Jobs...)
+				held = append(held, c.Jobs...)
+				if r.IntN(2) == 0 { // the replies to what this worker holds come in
+					finish(t, st, held...)
+					held = nil
 				}
-				if w := count(t, st, "SELECT coalesce(sum(throttle_factor), 0) FROM hipq_job WHERE state = 'running'"); w > limit {
+				w := count(t, st, "SELECT coalesce(sum(throttle_factor), 0) FROM hipq_job WHERE state = 'running'")
+				if w > limit {
 					t.Errorf("running weight %d above the limit %d", w, limit)
 				}
+				peak.Store(max(peak.Load(), int64(w)))
 			}
+			finish(t, st, held...)
 			done <- claimed
 		}()
 	}
@@ -346,9 +354,10 @@ func TestClaimThrottleConcurrent(t *testing.T) {
 	for range 6 {
 		total += <-done
 	}
-	if total < limit {
-		t.Fatalf("only %d claims: the test did not exercise the limit", total)
+	if total < 30 || peak.Load() < limit-2 {
+		t.Fatalf("%d claims, peak weight %d: the test did not exercise the limit", total, peak.Load())
 	}
+	t.Logf("%d claims, peak running weight %d of %d", total, peak.Load(), limit)
 }
 
 // hipq_window_open (the claim's check, in SQL) and TimeWindow.Contains (Go)
