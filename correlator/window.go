@@ -73,11 +73,28 @@ func (w *TimeWindow) nextOpening(t time.Time) time.Time {
 			day := time.Date(y, mo, d+i, 12, 0, 0, 0, w.loc)
 			open = w.afterGap(open, day.Year(), day.Month(), day.Day())
 		}
+		open = w.firstOccurrence(open, t)
 		if !open.Before(t) {
 			return open
 		}
 	}
 	return t // unreachable for a compiled window
+}
+
+// firstOccurrence returns the earliest instant not before t whose wall clock
+// is open's: when clocks fall back, a wall time happens twice and time.Date
+// may give the second.
+func (w *TimeWindow) firstOccurrence(open, t time.Time) time.Time {
+	lo := open.In(w.loc)
+	for _, back := range []time.Duration{2 * time.Hour, time.Hour, 30 * time.Minute} {
+		c := open.Add(-back)
+		lc := c.In(w.loc)
+		if !c.Before(t) && lc.Year() == lo.Year() && lc.YearDay() == lo.YearDay() &&
+			lc.Hour() == lo.Hour() && lc.Minute() == lo.Minute() {
+			return c
+		}
+	}
+	return open
 }
 
 // afterGap returns the first instant on the local date of day whose wall

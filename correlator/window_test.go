@@ -35,6 +35,10 @@ func TestNextAllowed(t *testing.T) {
 		{"zone", []TimeWindow{{Start: "05:00", End: "07:00", TZ: "Europe/Berlin"}}, "2026-01-10T12:00:00Z", "2026-01-11T04:00:00Z"},
 		// Berlin springs forward 2026-03-29 02:00 → 03:00: a 02:30 start moves to 03:00 CEST (01:00 UTC).
 		{"DST gap", []TimeWindow{{Start: "02:30", End: "04:00", TZ: "Europe/Berlin"}}, "2026-03-28T23:00:00Z", "2026-03-29T01:00:00Z"},
+		// Berlin falls back 2026-10-25 03:00 → 02:00: 02:30 happens twice; the first counts.
+		{"DST repeat", []TimeWindow{{Start: "02:30", End: "04:00", TZ: "Europe/Berlin"}}, "2026-10-24T23:00:00Z", "2026-10-25T00:30:00Z"},
+		{"DST gap, crosses midnight", []TimeWindow{{Start: "02:15", End: "01:00", TZ: "America/New_York"}}, "2026-03-08T06:30:00Z", "2026-03-08T07:00:00Z"},
+		{"New York on a DST day", []TimeWindow{{Start: "09:00", End: "17:00", TZ: "America/New_York"}}, "2026-03-08T12:00:00Z", "2026-03-08T13:00:00Z"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -78,6 +82,52 @@ func TestNextAllowedProperties(t *testing.T) {
 		return inside
 	}
 	if err := quick.Check(prop, &quick.Config{MaxCount: 5000}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Never backwards: a later instant never gets an earlier opening, and no
+// minute between the instant and its opening is inside a window (the
+// opening is the first one).
+func TestNextAllowedMonotonicAndFirst(t *testing.T) {
+	zones := []string{"UTC", "Europe/Berlin", "America/New_York", "Australia/Lord_Howe", "Asia/Kolkata"}
+	clock := func(m int) string { return time.Date(2000, 1, 1, m/60, m%60, 0, 0, time.UTC).Format("15:04") }
+	prop := func(seed uint64) bool {
+		r := rand.New(rand.NewPCG(seed, 9))
+		ws := make([]TimeWindow, 1+r.IntN(2))
+		for i := range ws {
+			ws[i] = TimeWindow{Start: clock(r.IntN(1440)), End: clock(r.IntN(1440)), TZ: zones[r.IntN(len(zones))]}
+		}
+		if err := CompileWindows(ws); err != nil {
+			t.Fatal(err)
+		}
+		// Around the 2026 DST changes of both hemispheres, or anywhere.
+		starts := []time.Time{time.Date(2026, 3, 28, 0, 0, 0, 0, time.UTC), time.Date(2026, 10, 24, 0, 0, 0, 0, time.UTC),
+			time.Date(2026, 4, 4, 0, 0, 0, 0, time.UTC), time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+		t1 := starts[r.IntN(len(starts))].Add(time.Duration(r.Int64N(int64(72 * time.Hour))))
+		t2 := t1.Add(time.Duration(r.Int64N(int64(6 * time.Hour))))
+		n1, n2 := NextAllowed(ws, t1), NextAllowed(ws, t2)
+		if n2.Before(n1) {
+			t.Logf("windows %+v: NextAllowed(%v) = %v but NextAllowed(%v) = %v", ws, t1, n1, t2, n2)
+			return false
+		}
+		inside := func(x time.Time) bool {
+			for i := range ws {
+				if ws[i].Contains(x) {
+					return true
+				}
+			}
+			return false
+		}
+		for m := t1.Truncate(time.Minute).Add(time.Minute); m.Before(n1); m = m.Add(time.Minute) {
+			if inside(m) {
+				t.Logf("windows %+v at %v: opening %v, but %v was already inside", ws, t1, n1, m)
+				return false
+			}
+		}
+		return true
+	}
+	if err := quick.Check(prop, &quick.Config{MaxCount: 1500}); err != nil {
 		t.Fatal(err)
 	}
 }
