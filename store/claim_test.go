@@ -43,6 +43,7 @@ func ofType(typ string) func(*correlator.Job) {
 func region(r string) func(*correlator.Job) {
 	return func(j *correlator.Job) { j.JobData = json.RawMessage(fmt.Sprintf(`{"region":%q}`, r)) }
 }
+
 var base = time.Now()
 
 func at(ago time.Duration) func(*correlator.Job) {
