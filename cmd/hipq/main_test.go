@@ -125,10 +125,17 @@ func (e *env) produce(topic string, values ...string) {
 
 // respond answers requests on topic like a downstream: decide says what.
 func (e *env) respond(ctx context.Context, requests, replies string, decide func(key string, attempt int) (string, bool)) {
+	e.respondAfter(ctx, requests, replies, nil, decide)
+}
+
+// respondAfter is respond with each reply sent delay() after its request.
+func (e *env) respondAfter(ctx context.Context, requests, replies string, delay func() time.Duration,
+	decide func(key string, attempt int) (string, bool)) {
 	r, err := newResponder(e.kafka.Brokers, "responder-"+e.kafka.Topic(requests), e.kafka.Topic(requests), e.kafka.Topic(replies), decide)
 	if err != nil {
 		e.t.Fatal(err)
 	}
+	r.delay = delay
 	go r.run(ctx)
 }
 

@@ -96,6 +96,9 @@ type responder struct {
 	cl     *kgo.Client
 	reply  string
 	decide func(key string, attempt int) (status string, answer bool)
+	// delay, when set, says how long to wait before replying (replies
+	// wait concurrently).
+	delay func() time.Duration
 }
 
 func newResponder(brokers []string, group, requests, replies string,
@@ -131,7 +134,12 @@ func (r *responder) run(ctx context.Context) {
 			if status == "failed" {
 				value = fmt.Sprintf(`{"status":"failed","error":"downstream said no (attempt %d)"}`, attempt)
 			}
-			r.cl.Produce(ctx, &kgo.Record{Topic: r.reply, Key: rec.Key, Value: []byte(value), Headers: headers}, nil)
+			out := &kgo.Record{Topic: r.reply, Key: rec.Key, Value: []byte(value), Headers: headers}
+			if r.delay != nil {
+				time.AfterFunc(r.delay(), func() { r.cl.Produce(ctx, out, nil) })
+				return
+			}
+			r.cl.Produce(ctx, out, nil)
 		})
 	}
 }
