@@ -50,6 +50,8 @@ func cmdBench(args []string, stdout io.Writer) error {
 	asJSON := fs.Bool("json", false, "print one JSON object on the last line")
 	partitions := fs.Int("partitions", 6, "partitions of each topic")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of hipq to this file")
+	throttle := fs.Int("throttle-limit", 0, "give the queue this throttle_limit (0 = unlimited), to measure what limits cost")
+	shares := fs.Bool("shares", false, "with --throttle-limit: split the limit into three equal shares by job_data /r")
 	if err := fs.Parse(args); err != nil {
 		return &exitError{2, err}
 	}
@@ -71,7 +73,17 @@ func cmdBench(args []string, stdout io.Writer) error {
 		return err
 	}
 	defer sb.close()
-	a, done, err := sb.newApp(ctx, benchConfig, "hipq_bench", cmp.Or(os.Getenv("HIPQ_LOG_LEVEL"), "error"))
+	conf := benchConfig
+	if *throttle > 0 {
+		share := ""
+		if *shares {
+			share = ", shares: {by: {json: /r}, weights: {a: 1, b: 1, c: 1}}"
+		}
+		conf += fmt.Sprintf("queues:\n  - {name: default, throttle_limit: %d%s}\n", *throttle, share)
+	} else if *shares {
+		return &exitError{2, fmt.Errorf("--shares needs --throttle-limit")}
+	}
+	a, done, err := sb.newApp(ctx, conf, "hipq_bench", cmp.Or(os.Getenv("HIPQ_LOG_LEVEL"), "error"))
 	if err != nil {
 		return err
 	}
@@ -92,12 +104,19 @@ func cmdBench(args []string, stdout io.Writer) error {
 		return err
 	}
 	defer prod.Close()
-	fmt.Fprintf(stdout, "hipq bench: %d jobs, intake → dispatch → responder → match → final, embedded Kafka (%d partitions), %s\n",
-		*n, *partitions, sb.dbDescription())
+	limits := "no throttle"
+	if *throttle > 0 {
+		limits = fmt.Sprintf("throttle_limit %d", *throttle)
+		if *shares {
+			limits += " in three shares"
+		}
+	}
+	fmt.Fprintf(stdout, "hipq bench: %d jobs, intake → dispatch → responder → match → final, embedded Kafka (%d partitions), %s, %s\n",
+		*n, *partitions, sb.dbDescription(), limits)
 	start := time.Now()
 	go func() {
 		for i := range *n {
-			v := fmt.Sprintf(`{"job_type":"bench.noop","job_key":"k%d","job_data":{"t":%d}}`, i, time.Now().UnixNano())
+			v := fmt.Sprintf(`{"job_type":"bench.noop","job_key":"k%d","job_data":{"t":%d,"r":"%c"}}`, i, time.Now().UnixNano(), 'a'+i%3)
 			prod.Produce(ctx, &kgo.Record{Topic: "hipq.jobs", Key: []byte("k" + strconv.Itoa(i)), Value: []byte(v)}, nil)
 		}
 		prod.Flush(ctx)
