@@ -145,3 +145,52 @@ func TestBrokerDownUndoesClaimsAndBacksOff(t *testing.T) {
 		t.Fatalf("claimed %d while the transport backs off", n)
 	}
 }
+
+// A due job found outside its time windows is not sent: it moves to the
+// next opening with no attempt used, or ends expired when that opening is
+// past its expiry (SPEC §8).
+func TestClosedWindowReschedulesOrExpires(t *testing.T) {
+	t.Parallel()
+	st := pgtest.New(t)
+	k := kafkatest.New(t)
+	topic := k.Topic("requests")
+	k.CreateTopics(1, topic)
+	cl := k.Client(dispatcher.KafkaProducerOpts()...)
+	defer cl.Close()
+	now := time.Now().UTC()
+	closed := []correlator.TimeWindow{{Start: now.Add(2 * time.Hour).Format("15:04"), End: now.Add(3 * time.Hour).Format("15:04")}}
+	soon := now.Add(time.Hour)
+	later := now.Add(5 * time.Hour)
+	mk := func(key string, expires *time.Time) *correlator.Job {
+		return &correlator.Job{Queue: "default", JobType: "alo", JobKey: key, JobData: json.RawMessage(`{}`), MaxAttempts: 1,
+			Priority: 100, ThrottleFactor: 1, TimeoutSeconds: 3600, ScheduledRunTime: now.Add(-time.Minute),
+			TimeWindows: closed, ExpiresAt: expires}
+	}
+	if _, err := st.JobsInsert(ctx, []*correlator.Job{mk("waits", &later), mk("expires", &soon)}); err != nil {
+		t.Fatal(err)
+	}
+	d := newDispatcher(t, st, cl, topic)
+	if _, err := d.RunOnce(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if s := d.Stats(); s["claimed"] != 0 || s["deferred"] != 1 || s["expired"] != 1 {
+		t.Fatalf("stats %v: want 1 deferred, 1 expired, none claimed", s)
+	}
+	j, err := st.JobGet(ctx, "alo", "waits")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if j.State != correlator.StateInitial || j.Attempt != 0 || j.ScheduledRunTime.Sub(now) < time.Hour+58*time.Minute {
+		t.Fatalf("waiting job: state %s attempt %d scheduled %v, want initial, 0, at the opening in ~2h", j.State, j.Attempt, j.ScheduledRunTime)
+	}
+	j, err = st.JobGet(ctx, "alo", "expires")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if j.Outcome != correlator.OutcomeExpired || j.Attempt != 0 {
+		t.Fatalf("expiring job: outcome %s attempt %d, want expired without an attempt", j.Outcome, j.Attempt)
+	}
+	if n := scalar(t, st, "SELECT count(*) FROM hipq_attempt"); n != 0 {
+		t.Fatalf("%d attempt rows: a closed job was sent", n)
+	}
+}
