@@ -33,7 +33,7 @@ func job(key string, opts ...func(*correlator.Job)) *correlator.Job {
 	return j
 }
 
-func insert(t *testing.T, st *store.Store, jobs ...*correlator.Job) {
+func insert(t testing.TB, st *store.Store, jobs ...*correlator.Job) {
 	t.Helper()
 	if _, err := st.JobsInsert(ctx, jobs); err != nil {
 		t.Fatal(err)

@@ -19,20 +19,22 @@ BEGIN
     IF windows IS NULL OR jsonb_typeof(windows) <> 'array' OR jsonb_array_length(windows) = 0 THEN
         RETURN true;
     END IF;
-    FOR w IN SELECT value FROM jsonb_array_elements(windows) LOOP
-        s := (w ->> 'start')::time;
-        e := (w ->> 'end')::time;
-        IF s = e THEN
-            RETURN true;
-        END IF;
-        lt := (t AT TIME ZONE coalesce(nullif(w ->> 'tz', ''), 'UTC'))::time;
-        IF (s < e AND lt >= s AND lt < e) OR (s > e AND (lt >= s OR lt < e)) THEN
-            RETURN true;
-        END IF;
-    END LOOP;
-    RETURN false;
-EXCEPTION WHEN OTHERS THEN
-    RETURN true;
+    BEGIN  -- an exception block costs a subtransaction: only jobs with windows pay it
+        FOR w IN SELECT value FROM jsonb_array_elements(windows) LOOP
+            s := (w ->> 'start')::time;
+            e := (w ->> 'end')::time;
+            IF s = e THEN
+                RETURN true;
+            END IF;
+            lt := (t AT TIME ZONE coalesce(nullif(w ->> 'tz', ''), 'UTC'))::time;
+            IF (s < e AND lt >= s AND lt < e) OR (s > e AND (lt >= s OR lt < e)) THEN
+                RETURN true;
+            END IF;
+        END LOOP;
+        RETURN false;
+    EXCEPTION WHEN OTHERS THEN
+        RETURN true;
+    END;
 END $$;
 
 -- hipq_claim moves due jobs of one queue to running (attempt + 1,
@@ -48,7 +50,7 @@ END $$;
 -- queue's order; a job that does not fit what is left (queue capacity, its
 -- share partition, its type's cap) is skipped and lighter ones behind it
 -- may run. Every statement inside runs on a fresh snapshot, taken after the
--- lock.
+-- lock. An unbounded queue is claimed in one set-based statement.
 --
 -- p_type_windows maps job type to its windows, for jobs without their own.
 -- p_share_caps maps a listed partition value to its cap; p_share_other_cap
@@ -64,134 +66,175 @@ RETURNS TABLE (claimed boolean, id bigint, job_type text, job_key text, job_data
 LANGUAGE plpgsql VOLATILE AS $$
 #variable_conflict use_column
 DECLARE
-    v_bounded   boolean := p_limit >= 1 OR coalesce(p_max_concurrency, '{}') <> '{}';
-    v_cap       int := CASE WHEN p_limit >= 1 THEN p_limit ELSE 2147483647 END;
-    v_critical  text[] := coalesce(p_critical, '{}');
-    v_used      int := 0;         -- throttle_factor of running non-critical jobs
-    v_type_used jsonb := '{}';    -- running jobs per capped type
-    v_part_used jsonb := '{}';    -- throttle_factor of running jobs per partition
-    v_full_type text[] := '{}';
-    v_full_part text[] := '{}';
+    v_order    text := CASE WHEN p_order = 'priority_first' THEN 'priority, scheduled_run_time, id'
+                            ELSE 'scheduled_run_time, priority, id' END;
+    v_critical text[] := coalesce(p_critical, '{}');
+    v_cap      int := CASE WHEN p_limit >= 1 THEN p_limit ELSE 2147483647 END;
+    v_used     int := 0;       -- throttle_factor of running non-critical jobs
+    v_tnames   text[] := '{}'; -- capped types, their caps and running counts
+    v_tcaps    int[] := '{}';
+    v_tused    int[] := '{}';
+    v_pnames   text[] := '{}'; -- share partitions ('*' last), caps (NULL = unbounded), running weight
+    v_pcaps    int[] := '{}';
+    v_pused    int[] := '{}';
+    v_np       int := 0;
+    v_full_type text[];
+    v_full_part text[];
     v_other_full boolean := false;
-    v_scan      int;
-    v_pick      bigint[] := '{}';
-    v_pick_st   text[] := '{}';
-    v_pick_att  int[] := '{}';
-    v_out       bigint[] := '{}';
-    v_part      text;
-    v_pcap      int;
-    v_tcap      int;
-    v_n         int;
-    v_order     text;
-    cur         refcursor;
-    r           record;
+    c_id bigint[]; c_state text[]; c_att int[]; c_factor int[]; c_type text[]; c_part text[]; c_open boolean[];
+    v_pick     bigint[] := '{}';
+    v_pick_st  text[] := '{}';
+    v_pick_att int[] := '{}';
+    v_out      bigint[] := '{}';
+    i int; t int; p int;
+    r record;
 BEGIN
     IF EXISTS (SELECT 1 FROM hipq_queue q WHERE q.name = p_queue AND q.paused) THEN
         RETURN;
     END IF;
-    v_order := CASE WHEN p_order = 'priority_first' THEN 'priority, scheduled_run_time, id'
-                    ELSE 'scheduled_run_time, priority, id' END;
-    IF v_bounded THEN
-        PERFORM pg_advisory_xact_lock(hashtextextended('hipq_claim/' || current_schema() || '/' || p_queue, 0));
-        SELECT coalesce(sum(j.throttle_factor) FILTER (WHERE NOT j.job_type = ANY(v_critical)), 0)
-          INTO v_used
-          FROM hipq_job j WHERE j.queue = p_queue AND j.state = 'running';
-        IF p_max_concurrency IS NOT NULL THEN
-            SELECT coalesce(jsonb_object_agg(t.job_type, t.n), '{}') INTO v_type_used
-              FROM (SELECT j.job_type, count(*) AS n FROM hipq_job j
-                    WHERE j.queue = p_queue AND j.state = 'running' AND p_max_concurrency ? j.job_type
-                    GROUP BY j.job_type) t;
-            SELECT coalesce(array_agg(k.key), '{}') INTO v_full_type
-              FROM jsonb_each_text(p_max_concurrency) k
-              WHERE coalesce((v_type_used ->> k.key)::int, 0) >= k.value::int;
-        END IF;
-        IF p_share_path IS NOT NULL THEN
-            SELECT coalesce(jsonb_object_agg(t.part, t.used), '{}') INTO v_part_used
-              FROM (SELECT CASE WHEN p_share_caps ? (j.job_data #>> p_share_path)
-                                THEN j.job_data #>> p_share_path ELSE '*' END AS part,
-                           sum(j.throttle_factor) AS used
-                    FROM hipq_job j
-                    WHERE j.queue = p_queue AND j.state = 'running' AND NOT j.job_type = ANY(v_critical)
-                    GROUP BY 1) t;
-            SELECT coalesce(array_agg(k.key), '{}') INTO v_full_part
-              FROM jsonb_each_text(p_share_caps) k
-              WHERE coalesce((v_part_used ->> k.key)::int, 0) >= k.value::int;
-            v_other_full := p_share_other_cap IS NOT NULL
-                            AND coalesce((v_part_used ->> '*')::int, 0) >= p_share_other_cap;
-        END IF;
-        IF v_used >= v_cap AND cardinality(v_critical) = 0 THEN
-            RETURN;  -- full, and nothing here may pass a full queue
-        END IF;
-        -- Skips only happen for what fills up during this scan; the next
-        -- claim starts from the full sets again, so the bound costs at most
-        -- a round.
-        v_scan := greatest(p_batch * 4, 1000);
-    ELSE
-        v_scan := p_batch;
+
+    IF NOT (p_limit >= 1 OR coalesce(p_max_concurrency, '{}') <> '{}') THEN
+        -- Unbounded: one set-based statement; SKIP LOCKED keeps concurrent
+        -- dispatchers off each other's rows.
+        RETURN QUERY EXECUTE format($q$
+            WITH due AS (
+                SELECT j.id, j.state, j.attempt,
+                       CASE WHEN j.time_windows IS NULL AND NOT $3 ? j.job_type THEN true
+                            ELSE hipq_window_open(coalesce(j.time_windows, $3 -> j.job_type), now()) END AS open
+                FROM hipq_job j
+                WHERE j.queue = $1 AND j.state IN ('initial', 'retry') AND j.scheduled_run_time <= now()
+                  AND (j.expires_at IS NULL OR j.expires_at > now())
+                  AND ($2::text[] IS NULL OR j.job_type = ANY($2))
+                ORDER BY %s
+                LIMIT $4
+                FOR UPDATE SKIP LOCKED
+            ), moved AS (
+                UPDATE hipq_job j
+                SET state = 'running', attempt = j.attempt + 1, started_at = now(), update_time = now(), error = 'NONE'
+                FROM due
+                WHERE due.open AND j.id = due.id AND j.state = due.state AND j.attempt = due.attempt
+                RETURNING j.id, j.job_type, j.job_key, j.job_data, j.state, j.attempt, j.max_attempts,
+                          j.timeout_seconds, j.expires_at, j.time_windows, j.started_at
+            ), att AS (
+                INSERT INTO hipq_attempt (job_id, attempt, instance, dispatched_at)
+                SELECT m.id, m.attempt, $5, m.started_at FROM moved m
+            )
+            SELECT true, m.* FROM moved m
+            UNION ALL
+            SELECT false, j.id, j.job_type, j.job_key, NULL::jsonb, j.state, j.attempt, j.max_attempts,
+                   j.timeout_seconds, j.expires_at, j.time_windows, j.started_at
+            FROM due JOIN hipq_job j ON j.id = due.id WHERE NOT due.open$q$, v_order)
+            USING p_queue, p_types, coalesce(p_type_windows, '{}'), p_batch, p_instance;
+        RETURN;
+    END IF;
+
+    -- Bounded: one claimer of this queue at a time, across every instance.
+    -- The statements below run on snapshots taken after the lock, so they
+    -- count what the previous holder claimed. Rows are not locked while
+    -- choosing: the final update is guarded by each row's state and
+    -- attempt, so a row another writer moved meanwhile is simply not taken.
+    PERFORM pg_advisory_xact_lock(hashtextextended('hipq_claim/' || current_schema() || '/' || p_queue, 0));
+
+    SELECT coalesce(sum(j.throttle_factor) FILTER (WHERE NOT j.job_type = ANY(v_critical)), 0)
+      INTO v_used
+      FROM hipq_job j WHERE j.queue = p_queue AND j.state = 'running';
+    IF v_used >= v_cap AND cardinality(v_critical) = 0 THEN
+        RETURN;  -- full, and nothing here may pass a full queue
+    END IF;
+
+    IF p_max_concurrency IS NOT NULL THEN
+        SELECT coalesce(array_agg(k.key ORDER BY k.key), '{}'), coalesce(array_agg(k.value::int ORDER BY k.key), '{}')
+          INTO v_tnames, v_tcaps FROM jsonb_each_text(p_max_concurrency) k;
+        v_tused := array_fill(0, ARRAY[cardinality(v_tnames)]);
+        FOR r IN SELECT j.job_type, count(*)::int AS n FROM hipq_job j
+                 WHERE j.queue = p_queue AND j.state = 'running' AND j.job_type = ANY(v_tnames)
+                 GROUP BY j.job_type LOOP
+            v_tused[array_position(v_tnames, r.job_type)] := r.n;
+        END LOOP;
+    END IF;
+    v_full_type := ARRAY(SELECT v_tnames[k] FROM generate_subscripts(v_tnames, 1) k WHERE v_tused[k] >= v_tcaps[k]);
+
+    IF p_share_path IS NOT NULL THEN
+        SELECT coalesce(array_agg(k.key ORDER BY k.key), '{}'), coalesce(array_agg(k.value::int ORDER BY k.key), '{}')
+          INTO v_pnames, v_pcaps FROM jsonb_each_text(p_share_caps) k;
+        v_pnames := v_pnames || '*'::text;
+        v_pcaps := v_pcaps || p_share_other_cap;
+        v_np := cardinality(v_pnames);
+        v_pused := array_fill(0, ARRAY[v_np]);
+        FOR r IN SELECT CASE WHEN p_share_caps ? (j.job_data #>> p_share_path)
+                             THEN j.job_data #>> p_share_path ELSE '*' END AS part,
+                        sum(j.throttle_factor)::int AS used
+                 FROM hipq_job j
+                 WHERE j.queue = p_queue AND j.state = 'running' AND NOT j.job_type = ANY(v_critical)
+                 GROUP BY 1 LOOP
+            v_pused[array_position(v_pnames, r.part)] := r.used;
+        END LOOP;
+        v_full_part := ARRAY(SELECT v_pnames[k] FROM generate_subscripts(v_pnames, 1) k
+                             WHERE k < v_np AND v_pused[k] >= v_pcaps[k]);
+        v_other_full := v_pcaps[v_np] IS NOT NULL AND v_pused[v_np] >= v_pcaps[v_np];
     END IF;
 
     -- Candidates in the queue's order. What cannot run whatever happens in
-    -- this scan (a full type or partition, a job heavier than the capacity
+    -- this claim (a full type or partition, a job heavier than the capacity
     -- left) is filtered out here, so it never crowds the scan.
-    OPEN cur FOR EXECUTE format($q$
-        SELECT j.id, j.job_type, j.state, j.attempt, j.throttle_factor,
-               j.job_type = ANY($4) AS critical,
-               CASE WHEN $5::text[] IS NULL THEN NULL ELSE j.job_data #>> $5 END AS part,
-               coalesce(j.time_windows, $3 -> j.job_type) AS windows
-        FROM hipq_job j
-        WHERE j.queue = $1 AND j.state IN ('initial', 'retry') AND j.scheduled_run_time <= now()
-          AND (j.expires_at IS NULL OR j.expires_at > now())
-          AND ($2::text[] IS NULL OR j.job_type = ANY($2))
-          AND NOT j.job_type = ANY($7)
-          AND (j.job_type = ANY($4) OR (
-                j.throttle_factor <= $6
-                AND ($5::text[] IS NULL OR NOT CASE WHEN $9 ? (j.job_data #>> $5)
-                                                    THEN (j.job_data #>> $5) = ANY($8)
-                                                    ELSE $10 END)))
-        ORDER BY %s
-        LIMIT $11
-        FOR UPDATE SKIP LOCKED$q$, v_order)
-        USING p_queue, p_types, p_type_windows, v_critical, p_share_path, v_cap - v_used,
-              v_full_type, v_full_part, coalesce(p_share_caps, '{}'), v_other_full, v_scan;
-    LOOP
-        FETCH cur INTO r;
-        EXIT WHEN NOT FOUND;
-        IF r.windows IS NOT NULL AND NOT hipq_window_open(r.windows, now()) THEN
-            v_out := v_out || r.id;
+    EXECUTE format($q$
+        SELECT coalesce(array_agg(c.id), '{}'), array_agg(c.state), array_agg(c.attempt), array_agg(c.throttle_factor),
+               array_agg(c.job_type), array_agg(c.part), array_agg(c.open)
+        FROM (
+            SELECT j.id, j.state, j.attempt, j.throttle_factor, j.job_type,
+                   CASE WHEN $5::text[] IS NULL THEN NULL
+                        WHEN $9 ? (j.job_data #>> $5) THEN j.job_data #>> $5 ELSE '*' END AS part,
+                   CASE WHEN j.time_windows IS NULL AND NOT $3 ? j.job_type THEN true
+                        ELSE hipq_window_open(coalesce(j.time_windows, $3 -> j.job_type), now()) END AS open
+            FROM hipq_job j
+            WHERE j.queue = $1 AND j.state IN ('initial', 'retry') AND j.scheduled_run_time <= now()
+              AND (j.expires_at IS NULL OR j.expires_at > now())
+              AND ($2::text[] IS NULL OR j.job_type = ANY($2))
+              AND NOT j.job_type = ANY($7)
+              AND (j.job_type = ANY($4) OR (
+                    j.throttle_factor <= $6
+                    AND ($5::text[] IS NULL OR NOT CASE WHEN $9 ? (j.job_data #>> $5)
+                                                        THEN (j.job_data #>> $5) = ANY($8)
+                                                        ELSE $10 END)))
+            ORDER BY %s
+            LIMIT $11
+        ) c$q$, v_order)
+        INTO c_id, c_state, c_att, c_factor, c_type, c_part, c_open
+        USING p_queue, p_types, coalesce(p_type_windows, '{}'), v_critical, p_share_path, v_cap - v_used,
+              v_full_type, coalesce(v_full_part, '{}'), coalesce(p_share_caps, '{}'), v_other_full,
+              greatest(p_batch * 4, 1000);
+
+    FOR i IN 1 .. cardinality(c_id) LOOP
+        IF NOT c_open[i] THEN
+            v_out := v_out || c_id[i];
             CONTINUE;
         END IF;
-        IF v_bounded THEN
-            v_tcap := (p_max_concurrency ->> r.job_type)::int;
-            IF v_tcap IS NOT NULL AND coalesce((v_type_used ->> r.job_type)::int, 0) >= v_tcap THEN
+        t := array_position(v_tnames, c_type[i]);
+        IF t IS NOT NULL AND v_tused[t] >= v_tcaps[t] THEN
+            CONTINUE;
+        END IF;
+        IF NOT c_type[i] = ANY(v_critical) THEN
+            IF c_factor[i] > v_cap - v_used THEN
                 CONTINUE;
             END IF;
-            IF NOT r.critical THEN
-                IF r.throttle_factor > v_cap - v_used THEN
+            IF v_np > 0 THEN
+                p := array_position(v_pnames, c_part[i]);
+                IF v_pcaps[p] IS NOT NULL AND v_pused[p] + c_factor[i] > v_pcaps[p] THEN
                     CONTINUE;
                 END IF;
-                IF p_share_path IS NOT NULL THEN
-                    v_part := CASE WHEN p_share_caps ? r.part THEN r.part ELSE '*' END;
-                    v_pcap := CASE WHEN v_part = '*' THEN p_share_other_cap ELSE (p_share_caps ->> v_part)::int END;
-                    v_n := coalesce((v_part_used ->> v_part)::int, 0);
-                    IF v_pcap IS NOT NULL AND v_n + r.throttle_factor > v_pcap THEN
-                        CONTINUE;
-                    END IF;
-                    v_part_used := jsonb_set(v_part_used, ARRAY[v_part], to_jsonb(v_n + r.throttle_factor));
-                END IF;
-                v_used := v_used + r.throttle_factor;
+                v_pused[p] := v_pused[p] + c_factor[i];
             END IF;
-            IF v_tcap IS NOT NULL THEN
-                v_type_used := jsonb_set(v_type_used, ARRAY[r.job_type],
-                                         to_jsonb(coalesce((v_type_used ->> r.job_type)::int, 0) + 1));
-            END IF;
+            v_used := v_used + c_factor[i];
         END IF;
-        v_pick := v_pick || r.id;
-        v_pick_st := v_pick_st || r.state;
-        v_pick_att := v_pick_att || r.attempt;
+        IF t IS NOT NULL THEN
+            v_tused[t] := v_tused[t] + 1;
+        END IF;
+        v_pick := v_pick || c_id[i];
+        v_pick_st := v_pick_st || c_state[i];
+        v_pick_att := v_pick_att || c_att[i];
         EXIT WHEN cardinality(v_pick) >= p_batch;
         EXIT WHEN v_used >= v_cap AND cardinality(v_critical) = 0;
     END LOOP;
-    CLOSE cur;
 
     RETURN QUERY
     WITH pick AS (
