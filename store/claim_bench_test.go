@@ -5,8 +5,8 @@ import (
 	"testing"
 
 	"github.com/hipq/hipq/correlator"
-	"github.com/hipq/hipq/store"
 	"github.com/hipq/hipq/internal/pgtest"
+	"github.com/hipq/hipq/store"
 )
 
 // BenchmarkClaim claims batches of 500 from a backlog with 1000 jobs
