@@ -204,3 +204,35 @@ func FuzzParse(f *testing.F) {
 		}
 	})
 }
+
+// Throttles: a type heavier than its queue's limit is an error unless it
+// is critical (critical types count against no limit); Throttles and Domain
+// carry the limits, shares, critical types and caps to the claim and intake.
+func TestThrottles(t *testing.T) {
+	text := minimal + `
+queues:
+  - {name: q, throttle_limit: 10, shares: {by: {json: /region}, weights: {east: 3, "*": 1}}}
+job_types:
+  - {name: heavy, queue: q, throttle_factor: 11, transport: {kafka: {topic: t}}}
+  - {name: crit, queue: q, throttle_factor: 11, critical: true, max_concurrency: 2, transport: {kafka: {topic: t}}}
+`
+	_, err := Parse(text, env(map[string]string{"DB_URL": "postgres://x"}))
+	if err == nil || !strings.Contains(err.Error(), "job_types[0].throttle_factor:") || strings.Contains(err.Error(), "job_types[1]") {
+		t.Fatalf("want only job_types[0].throttle_factor refused, got %v", err)
+	}
+	c, err := Parse(strings.Replace(text, "throttle_factor: 11, transport", "throttle_factor: 2, transport", 1), env(map[string]string{"DB_URL": "postgres://x"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	th := c.Throttles()["q"]
+	if th.Limit != 10 || th.Shares == nil || th.Shares.Caps["east"] != 7 || th.Shares.OtherCap != 2 ||
+		len(th.Critical) != 1 || th.Critical[0] != "crit" || th.MaxConcurrency["crit"] != 2 {
+		t.Fatalf("throttle %+v shares %v", th, th.Shares)
+	}
+	if d := c.Domain()["crit"]; !d.Critical || d.MaxConcurrency != 2 || d.Shares == nil || d.QueueLimit != 10 {
+		t.Fatalf("domain %+v", d)
+	}
+	if th := c.Throttles()["default"]; th.Bounded() {
+		t.Fatalf("the default queue is bounded: %+v", th)
+	}
+}
