@@ -50,7 +50,7 @@ END $$;
 -- queue's order; a job that does not fit what is left (queue capacity, its
 -- share partition, its type's cap) is skipped and lighter ones behind it
 -- may run. Every statement inside runs on a fresh snapshot, taken after the
--- lock. An unbounded queue is claimed in one set-based statement.
+-- lock.
 --
 -- p_type_windows maps job type to its windows, for jobs without their own.
 -- p_share_caps maps a listed partition value to its cap; p_share_other_cap
@@ -66,6 +66,7 @@ RETURNS TABLE (claimed boolean, id bigint, job_type text, job_key text, job_data
 LANGUAGE plpgsql VOLATILE AS $$
 #variable_conflict use_column
 DECLARE
+    v_bounded  boolean := p_limit >= 1 OR coalesce(p_max_concurrency, '{}') <> '{}';
     v_order    text := CASE WHEN p_order = 'priority_first' THEN 'priority, scheduled_run_time, id'
                             ELSE 'scheduled_run_time, priority, id' END;
     v_critical text[] := coalesce(p_critical, '{}');
@@ -93,53 +94,21 @@ BEGIN
         RETURN;
     END IF;
 
-    IF NOT (p_limit >= 1 OR coalesce(p_max_concurrency, '{}') <> '{}') THEN
-        -- Unbounded: one set-based statement; SKIP LOCKED keeps concurrent
-        -- dispatchers off each other's rows.
-        RETURN QUERY EXECUTE format($q$
-            WITH due AS (
-                SELECT j.id, j.state, j.attempt,
-                       CASE WHEN j.time_windows IS NULL AND NOT $3 ? j.job_type THEN true
-                            ELSE hipq_window_open(coalesce(j.time_windows, $3 -> j.job_type), now()) END AS open
-                FROM hipq_job j
-                WHERE j.queue = $1 AND j.state IN ('initial', 'retry') AND j.scheduled_run_time <= now()
-                  AND (j.expires_at IS NULL OR j.expires_at > now())
-                  AND ($2::text[] IS NULL OR j.job_type = ANY($2))
-                ORDER BY %s
-                LIMIT $4
-                FOR UPDATE SKIP LOCKED
-            ), moved AS (
-                UPDATE hipq_job j
-                SET state = 'running', attempt = j.attempt + 1, started_at = now(), update_time = now(), error = 'NONE'
-                FROM due
-                WHERE due.open AND j.id = due.id AND j.state = due.state AND j.attempt = due.attempt
-                RETURNING j.id, j.job_type, j.job_key, j.job_data, j.state, j.attempt, j.max_attempts,
-                          j.timeout_seconds, j.expires_at, j.time_windows, j.started_at
-            ), att AS (
-                INSERT INTO hipq_attempt (job_id, attempt, instance, dispatched_at)
-                SELECT m.id, m.attempt, $5, m.started_at FROM moved m
-            )
-            SELECT true, m.* FROM moved m
-            UNION ALL
-            SELECT false, j.id, j.job_type, j.job_key, NULL::jsonb, j.state, j.attempt, j.max_attempts,
-                   j.timeout_seconds, j.expires_at, j.time_windows, j.started_at
-            FROM due JOIN hipq_job j ON j.id = due.id WHERE NOT due.open$q$, v_order)
-            USING p_queue, p_types, coalesce(p_type_windows, '{}'), p_batch, p_instance;
-        RETURN;
-    END IF;
-
-    -- Bounded: one claimer of this queue at a time, across every instance.
-    -- The statements below run on snapshots taken after the lock, so they
-    -- count what the previous holder claimed. Rows are not locked while
-    -- choosing: the final update is guarded by each row's state and
-    -- attempt, so a row another writer moved meanwhile is simply not taken.
-    PERFORM pg_advisory_xact_lock(hashtextextended('hipq_claim/' || current_schema() || '/' || p_queue, 0));
-
-    SELECT coalesce(sum(j.throttle_factor) FILTER (WHERE NOT j.job_type = ANY(v_critical)), 0)
-      INTO v_used
-      FROM hipq_job j WHERE j.queue = p_queue AND j.state = 'running';
-    IF v_used >= v_cap AND cardinality(v_critical) = 0 THEN
-        RETURN;  -- full, and nothing here may pass a full queue
+    IF v_bounded THEN
+        -- One claimer of this queue at a time, across every instance. The
+        -- statements below run on snapshots taken after the lock, so they
+        -- count what the previous holder claimed. Rows are not locked
+        -- while choosing: the final update is guarded by each row's state
+        -- and attempt, so a row another writer moved meanwhile is simply
+        -- not taken. Unbounded claims lock their candidates instead (SKIP
+        -- LOCKED keeps concurrent dispatchers off each other's rows).
+        PERFORM pg_advisory_xact_lock(hashtextextended('hipq_claim/' || current_schema() || '/' || p_queue, 0));
+        SELECT coalesce(sum(j.throttle_factor) FILTER (WHERE NOT j.job_type = ANY(v_critical)), 0)
+          INTO v_used
+          FROM hipq_job j WHERE j.queue = p_queue AND j.state = 'running';
+        IF v_used >= v_cap AND cardinality(v_critical) = 0 THEN
+            RETURN;  -- full, and nothing here may pass a full queue
+        END IF;
     END IF;
 
     IF p_max_concurrency IS NOT NULL THEN
@@ -198,15 +167,22 @@ BEGIN
                                                         ELSE $10 END)))
             ORDER BY %s
             LIMIT $11
-        ) c$q$, v_order)
+            %s
+        ) c$q$, v_order, CASE WHEN v_bounded THEN '' ELSE 'FOR UPDATE SKIP LOCKED' END)
         INTO c_id, c_state, c_att, c_factor, c_type, c_part, c_open
         USING p_queue, p_types, coalesce(p_type_windows, '{}'), v_critical, p_share_path, v_cap - v_used,
               v_full_type, coalesce(v_full_part, '{}'), coalesce(p_share_caps, '{}'), v_other_full,
-              greatest(p_batch * 4, 1000);
+              CASE WHEN v_bounded THEN greatest(p_batch * 4, 1000) ELSE p_batch END;
 
     FOR i IN 1 .. cardinality(c_id) LOOP
         IF NOT c_open[i] THEN
             v_out := v_out || c_id[i];
+            CONTINUE;
+        END IF;
+        IF NOT v_bounded THEN
+            v_pick := v_pick || c_id[i];
+            v_pick_st := v_pick_st || c_state[i];
+            v_pick_att := v_pick_att || c_att[i];
             CONTINUE;
         END IF;
         t := array_position(v_tnames, c_type[i]);
