@@ -15,6 +15,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -51,6 +52,12 @@ const (
 type Result struct {
 	Status SendStatus
 	Err    error
+	// Final, with Failed: the attempt is not retried whatever the policy
+	// says (a 4xx, or a send of an at_most_once type that may have
+	// arrived).
+	Final bool
+	// Reply, with Sent: the reply came with the send (HTTP sync mode).
+	Reply *correlator.Reply
 }
 
 // QueueConfig is one queue the dispatcher serves.
@@ -65,8 +72,12 @@ type Config struct {
 	Instance  string
 	Interval  time.Duration // poll interval; defaults to 1s
 	BatchSize int           // defaults to 500
-	Queues    []QueueConfig
-	Types     map[string]*correlator.JobType
+	// MaxInFlight bounds the claimed jobs whose sends are not yet
+	// recorded; defaults to 4 × BatchSize. Sends are recorded as they
+	// finish, so a slow downstream holds its own jobs, not the next claim.
+	MaxInFlight int
+	Queues      []QueueConfig
+	Types       map[string]*correlator.JobType
 	// Senders by job type.
 	Senders map[string]Sender
 }
@@ -80,7 +91,10 @@ type Dispatcher struct {
 	// typeWindows are the job types' time windows, for the claim.
 	typeWindows map[string][]correlator.TimeWindow
 
+	inflight atomic.Int64   // claimed jobs whose sends are not recorded yet
+	sends    sync.WaitGroup // deliveries running
 	mu       sync.Mutex
+	errs     []error              // of deliveries, for the next RunOnce to return
 	pausedTo map[Sender]time.Time // transports backing off after a refused send
 	failures map[Sender]int
 	stats    map[string]int64
@@ -93,6 +107,9 @@ func New(log *zap.Logger, st *store.Store, cfg Config) *Dispatcher {
 	}
 	if cfg.BatchSize <= 0 {
 		cfg.BatchSize = 500
+	}
+	if cfg.MaxInFlight <= 0 {
+		cfg.MaxInFlight = 4 * cfg.BatchSize
 	}
 	tw := map[string][]correlator.TimeWindow{}
 	for name, jt := range cfg.Types {
@@ -134,19 +151,26 @@ func (d *Dispatcher) Wake() {
 }
 
 // Run claims and sends every Interval, and at once when PostgreSQL notifies
-// new work, until ctx ends. A round in progress finishes (its sends drain
-// and are recorded) before Run returns.
+// new work or a send finishes, until ctx ends. Sends in flight finish and
+// are recorded before Run returns.
 func (d *Dispatcher) Run(ctx context.Context) error {
 	go d.listen(ctx)
 	t := time.NewTicker(d.cfg.Interval)
 	defer t.Stop()
 	for {
-		// A round runs to its end even during shutdown: what was claimed is sent and recorded.
-		if _, err := d.RunOnce(context.WithoutCancel(ctx)); err != nil {
+		// Deliveries run to their end even during shutdown: what was claimed is sent and recorded.
+		if _, err := d.claimAll(context.WithoutCancel(ctx)); err != nil {
 			d.log.Error("dispatch round failed", zap.Error(err))
+		}
+		if err := d.takeErrs(); err != nil {
+			d.log.Error("recording sends failed", zap.Error(err))
 		}
 		select {
 		case <-ctx.Done():
+			d.sends.Wait()
+			if err := d.takeErrs(); err != nil {
+				d.log.Error("recording sends failed", zap.Error(err))
+			}
 			return nil
 		case <-t.C:
 		case <-d.wake:
@@ -187,9 +211,25 @@ func (d *Dispatcher) listen(ctx context.Context) {
 }
 
 // RunOnce claims and sends until no queue has due work left (or every
-// transport with due work is backing off). It returns how many jobs it
-// claimed.
+// transport with due work is backing off), and waits until every send is
+// recorded. It returns how many jobs it claimed or rescheduled.
 func (d *Dispatcher) RunOnce(ctx context.Context) (int, error) {
+	n, err := d.claimAll(ctx)
+	d.sends.Wait()
+	return n, errors.Join(err, d.takeErrs())
+}
+
+func (d *Dispatcher) takeErrs() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	err := errors.Join(d.errs...)
+	d.errs = nil
+	return err
+}
+
+// claimAll claims batches, queue after queue, while due work and room in
+// flight are left, and starts their deliveries.
+func (d *Dispatcher) claimAll(ctx context.Context) (int, error) {
 	total := 0
 	var errs []error
 	for _, q := range d.cfg.Queues {
@@ -201,19 +241,24 @@ func (d *Dispatcher) RunOnce(ctx context.Context) (int, error) {
 				break
 			}
 			if n < d.cfg.BatchSize || ctx.Err() != nil {
-				break
+				break // drained, or no room left in flight
 			}
 		}
 	}
 	return total, errors.Join(errs...)
 }
 
-// round claims one batch of a queue and sends it.
+// round claims one batch of a queue (as much as there is room for in
+// flight) and starts its deliveries, one per transport.
 func (d *Dispatcher) round(ctx context.Context, q QueueConfig) (int, error) {
 	if d.allPaused(q) {
 		return 0, nil
 	}
-	claim, err := d.st.JobClaim(ctx, store.JobClaimParams{Queue: q.Name, Order: q.Order, Limit: d.cfg.BatchSize,
+	limit := min(d.cfg.BatchSize, d.cfg.MaxInFlight-int(d.inflight.Load()))
+	if limit <= 0 {
+		return 0, nil // a delivery finishing wakes the dispatcher
+	}
+	claim, err := d.st.JobClaim(ctx, store.JobClaimParams{Queue: q.Name, Order: q.Order, Limit: limit,
 		Instance: d.cfg.Instance, Types: d.sendable(q), Throttle: q.Throttle, TypeWindows: d.typeWindows})
 	if err != nil {
 		return 0, err
@@ -222,8 +267,12 @@ func (d *Dispatcher) round(ctx context.Context, q QueueConfig) (int, error) {
 		return 0, err
 	}
 	claimed := claim.Jobs
+	n := len(claimed) + len(claim.Closed)
+	if limit < d.cfg.BatchSize && n == limit {
+		n = d.cfg.BatchSize // full for the room there was: the caller may claim again
+	}
 	if len(claimed) == 0 {
-		return len(claim.Closed), nil
+		return n, nil
 	}
 	d.count("claimed", len(claimed))
 	bySender := map[Sender][]store.Claimed{}
@@ -238,61 +287,76 @@ func (d *Dispatcher) round(ctx context.Context, q QueueConfig) (int, error) {
 		}
 		bySender[s] = append(bySender[s], c)
 	}
+	if err := d.undo(ctx, q, orphans); err != nil {
+		return n, err
+	}
+	for s, jobs := range bySender {
+		d.inflight.Add(int64(len(jobs)))
+		d.sends.Add(1)
+		go func() {
+			defer d.sends.Done()
+			err := d.deliver(ctx, q, s, jobs)
+			d.inflight.Add(-int64(len(jobs)))
+			if err != nil {
+				d.mu.Lock()
+				d.errs = append(d.errs, err)
+				d.mu.Unlock()
+			}
+			d.Wake()
+		}()
+	}
+	return n, nil
+}
+
+// deliver sends one transport's share of a claim and records each outcome:
+// sent_at, undone claims, dispatch errors through the retry policy, replies
+// that came with the send, and early replies waiting for these jobs.
+func (d *Dispatcher) deliver(ctx context.Context, q QueueConfig, s Sender, jobs []store.Claimed) error {
+	results := s.Send(ctx, jobs)
+	now := time.Now()
 	var (
 		sent, undo []store.AttemptRef
 		resolves   []store.Resolve
-		wg         sync.WaitGroup
-		mu         sync.Mutex
+		replies    []store.ReplyIn
+		refused    int
 	)
-	undo = append(undo, orphans...)
-	now := time.Now()
-	for s, jobs := range bySender {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			results := s.Send(ctx, jobs)
-			refused := 0
-			mu.Lock()
-			defer mu.Unlock()
-			for i, r := range results {
-				c := &jobs[i]
-				ref := store.AttemptRef{JobID: c.ID, Attempt: c.Attempt}
-				jt := d.cfg.Types[c.JobType]
-				switch r.Status {
-				case Sent:
-					sent = append(sent, ref)
-				case NotSent:
-					refused++
-					undo = append(undo, ref)
-				case Unknown:
-					if jt != nil && jt.Delivery == correlator.AtMostOnce {
-						resolves = append(resolves, store.Resolve{JobID: c.ID, Attempt: c.Attempt,
-							AttemptOutcome: correlator.AttemptDispatchError, AttemptError: errText(r.Err),
-							Res: correlator.Resolution{State: correlator.StateFinal, Outcome: correlator.OutcomeFailed,
-								Error: "request may have been delivered (at_most_once, not re-sent): " + errText(r.Err)}})
-						d.count("failed_unknown", 1)
-					} else {
-						refused++
-						undo = append(undo, ref)
-					}
-				case Failed:
-					resolves = append(resolves, dispatchError(c, jt, r.Err, now))
-				}
+	for i, r := range results {
+		c := &jobs[i]
+		ref := store.AttemptRef{JobID: c.ID, Attempt: c.Attempt}
+		jt := d.cfg.Types[c.JobType]
+		switch r.Status {
+		case Sent:
+			sent = append(sent, ref)
+			if r.Reply != nil {
+				replies = append(replies, store.ReplyIn{Reply: r.Reply, Kind: store.SourceCallback,
+					Source: store.Source{Value: r.Reply.Result}})
 			}
-			d.backoff(s, refused)
-		}()
+		case NotSent:
+			refused++
+			undo = append(undo, ref)
+		case Unknown:
+			if jt != nil && jt.Delivery == correlator.AtMostOnce {
+				resolves = append(resolves, store.Resolve{JobID: c.ID, Attempt: c.Attempt,
+					AttemptOutcome: correlator.AttemptDispatchError, AttemptError: errText(r.Err),
+					Res: correlator.Resolution{State: correlator.StateFinal, Outcome: correlator.OutcomeFailed,
+						Error: "request may have been delivered (at_most_once, not re-sent): " + errText(r.Err)}})
+				d.count("failed_unknown", 1)
+			} else {
+				refused++
+				undo = append(undo, ref)
+			}
+		case Failed:
+			resolves = append(resolves, dispatchError(c, jt, r.Err, !r.Final, now))
+		}
 	}
-	wg.Wait()
+	d.backoff(s, refused)
 	var errs []error
 	if err := d.st.AttemptMarkSent(ctx, sent); err != nil {
 		errs = append(errs, err)
 	}
 	d.count("sent", len(sent))
-	if n, err := d.st.JobUndoClaim(ctx, undo); err != nil {
+	if err := d.undo(ctx, q, undo); err != nil {
 		errs = append(errs, err)
-	} else if n > 0 {
-		d.count("undone", n)
-		d.log.Warn("claims undone: their requests never left", zap.String("queue", q.Name), zap.Int("jobs", n))
 	}
 	if len(resolves) > 0 {
 		done, err := d.st.JobResolveMany(ctx, resolves)
@@ -300,6 +364,13 @@ func (d *Dispatcher) round(ctx context.Context, q QueueConfig) (int, error) {
 			errs = append(errs, err)
 		}
 		d.count("dispatch_error", len(done))
+	}
+	if len(replies) > 0 {
+		res, err := d.st.ReplyApply(ctx, store.ReplyBatch{Replies: replies}, d.typeInfo)
+		if err != nil {
+			errs = append(errs, err)
+		}
+		d.count("sync_replies", res.Counts[correlator.Apply])
 	}
 	// Replies that came before their job was dispatched apply now.
 	if len(sent) > 0 {
@@ -313,58 +384,30 @@ func (d *Dispatcher) round(ctx context.Context, q QueueConfig) (int, error) {
 			d.log.Info("early replies applied", zap.Int("replies", n))
 		}
 	}
-	return len(claimed) + len(claim.Closed), errors.Join(errs...)
+	return errors.Join(errs...)
 }
 
-// deferClosed moves due jobs found outside their time windows to their next
-// opening without using an attempt, or ends them final / expired when that
-// opening is past their expiry (they are never sent).
-func (d *Dispatcher) deferClosed(ctx context.Context, q QueueConfig, closed []store.Closed) error {
-	if len(closed) == 0 {
-		return nil
-	}
-	now := time.Now()
-	ds := make([]store.Deferral, 0, len(closed))
-	expired := 0
-	for _, c := range closed {
-		ws := c.TimeWindows
-		if ws == nil {
-			if jt := d.cfg.Types[c.JobType]; jt != nil {
-				ws = jt.Windows
-			}
-		}
-		next := correlator.NextAllowed(ws, now)
-		if !next.After(now) {
-			// PostgreSQL found it closed, Go finds it open (time zone data
-			// differ): look again in a minute rather than spin on it.
-			d.log.Warn("time window open here but closed in PostgreSQL; retrying in a minute",
-				zap.Int64("job_id", c.ID), zap.String("job_type", c.JobType))
-			next = now.Add(time.Minute)
-		}
-		expire := c.ExpiresAt != nil && !next.Before(*c.ExpiresAt)
-		if expire {
-			expired++
-		}
-		ds = append(ds, store.Deferral{ID: c.ID, State: c.State, Attempt: c.Attempt, RunAt: next, Expire: expire})
-	}
-	n, err := d.st.JobDefer(ctx, ds)
+// undo takes back claims whose requests never left (invariant 8).
+func (d *Dispatcher) undo(ctx context.Context, q QueueConfig, refs []store.AttemptRef) error {
+	n, err := d.st.JobUndoClaim(ctx, refs)
 	if err != nil {
 		return err
 	}
-	d.count("deferred", n-expired)
-	d.count("expired", expired)
-	d.log.Debug("jobs outside their time windows rescheduled", zap.String("queue", q.Name),
-		zap.Int("jobs", n), zap.Int("expired", expired))
+	if n > 0 {
+		d.count("undone", n)
+		d.log.Warn("claims undone: their requests never left", zap.String("queue", q.Name), zap.Int("jobs", n))
+	}
 	return nil
 }
 
 func (d *Dispatcher) typeInfo(name string) *correlator.JobType { return d.cfg.Types[name] }
 
-// dispatchError resolves a failed send through the retry policy.
-func dispatchError(c *store.Claimed, jt *correlator.JobType, err error, now time.Time) store.Resolve {
+// dispatchError resolves a failed send through the retry policy (not
+// retried at all unless retryable).
+func dispatchError(c *store.Claimed, jt *correlator.JobType, err error, retryable bool, now time.Time) store.Resolve {
 	return store.Resolve{JobID: c.ID, Attempt: c.Attempt, AttemptOutcome: correlator.AttemptDispatchError,
 		AttemptError: errText(err),
-		Res:          correlator.ResolveFor(jt, c.Running(), correlator.AttemptDispatchError, true, errText(err), now)}
+		Res:          correlator.ResolveFor(jt, c.Running(), correlator.AttemptDispatchError, retryable, errText(err), now)}
 }
 
 func errText(err error) string {
@@ -426,4 +469,46 @@ func (d *Dispatcher) allPaused(q QueueConfig) bool {
 		any = true
 	}
 	return any
+}
+
+// deferClosed moves due jobs found outside their time windows to their next
+// opening without using an attempt, or ends them final / expired when that
+// opening is past their expiry (they are never sent).
+func (d *Dispatcher) deferClosed(ctx context.Context, q QueueConfig, closed []store.Closed) error {
+	if len(closed) == 0 {
+		return nil
+	}
+	now := time.Now()
+	ds := make([]store.Deferral, 0, len(closed))
+	expired := 0
+	for _, c := range closed {
+		ws := c.TimeWindows
+		if ws == nil {
+			if jt := d.cfg.Types[c.JobType]; jt != nil {
+				ws = jt.Windows
+			}
+		}
+		next := correlator.NextAllowed(ws, now)
+		if !next.After(now) {
+			// PostgreSQL found it closed, Go finds it open (time zone data
+			// differ): look again in a minute rather than spin on it.
+			d.log.Warn("time window open here but closed in PostgreSQL; retrying in a minute",
+				zap.Int64("job_id", c.ID), zap.String("job_type", c.JobType))
+			next = now.Add(time.Minute)
+		}
+		expire := c.ExpiresAt != nil && !next.Before(*c.ExpiresAt)
+		if expire {
+			expired++
+		}
+		ds = append(ds, store.Deferral{ID: c.ID, State: c.State, Attempt: c.Attempt, RunAt: next, Expire: expire})
+	}
+	n, err := d.st.JobDefer(ctx, ds)
+	if err != nil {
+		return err
+	}
+	d.count("deferred", n-expired)
+	d.count("expired", expired)
+	d.log.Debug("jobs outside their time windows rescheduled", zap.String("queue", q.Name),
+		zap.Int("jobs", n), zap.Int("expired", expired))
+	return nil
 }
