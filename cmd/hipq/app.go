@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/hipq/hipq/api"
 	"github.com/hipq/hipq/config"
 	"github.com/hipq/hipq/consumer"
 	"github.com/hipq/hipq/correlator"
@@ -24,7 +25,7 @@ import (
 )
 
 // Roles a process can run.
-var allRoles = []string{"intake", "dispatcher", "responses", "sweeper"}
+var allRoles = []string{"intake", "dispatcher", "responses", "sweeper", "api"}
 
 // app is one hipq process: the components its roles ask for, wired from
 // the config.
@@ -37,7 +38,9 @@ type app struct {
 	responses  *consumer.Responses
 	dispatcher *dispatcher.Dispatcher
 	sweeper    *sweeper.Sweeper
+	api        *api.Server
 	producer   *kgo.Client
+	kafkaPing  *kgo.Client // readiness checks of the API
 }
 
 type appOptions struct {
@@ -125,15 +128,25 @@ func newApp(ctx context.Context, cfg *config.Config, log *zap.Logger, opts appOp
 			return fail(err)
 		}
 		routes := map[string]dispatcher.KafkaRoute{}
+		httpRoutes := map[string]dispatcher.HTTPRoute{}
 		senders := map[string]dispatcher.Sender{}
 		kafka := dispatcher.NewKafkaSender(a.producer, routes)
+		hc := dispatcher.HTTPSenderConfig{Routes: httpRoutes}
+		if cfg.API != nil {
+			hc.PublicURL, hc.CallbackSecret = cfg.API.PublicURL, []byte(cfg.API.CallbackSecret)
+		}
+		web := dispatcher.NewHTTPSender(hc)
 		for _, jt := range cfg.JobTypes {
-			if k := jt.Transport.Kafka; k != nil {
+			switch {
+			case jt.Transport.Kafka != nil:
+				k := jt.Transport.Kafka
 				routes[jt.Name] = dispatcher.KafkaRoute{Topic: k.Topic, Envelope: k.Envelope, ReplyTopic: jt.ReplyTopic}
 				senders[jt.Name] = kafka
-			} else {
-				log.Warn("job type uses the HTTP transport, which this version does not send yet; its jobs stay waiting",
-					zap.String("job_type", jt.Name))
+			case jt.Transport.HTTP != nil:
+				h := jt.Transport.HTTP
+				httpRoutes[jt.Name] = dispatcher.HTTPRoute{URL: h.URL, Method: h.Method, Headers: h.Headers,
+					Timeout: h.Timeout.D(), Sync: h.Mode == "sync", Delivery: correlator.Delivery(jt.Delivery)}
+				senders[jt.Name] = web
 			}
 		}
 		var queues []dispatcher.QueueConfig
@@ -153,8 +166,20 @@ func newApp(ctx context.Context, cfg *config.Config, log *zap.Logger, opts appOp
 			DeadLetterRetention: cfg.Sweeper.DeadLetterRetention.D(), Grace: cfg.Dispatch.Grace.D(), Types: a.types,
 			SendTimeout: a.sendTimeout})
 	}
-	if cfg.API != nil {
-		log.Warn("the api section is set, but this version of hipq has no HTTP API yet; it is ignored")
+	if has("api") && cfg.API != nil {
+		a.kafkaPing, err = kafkaconn.NewClient(kc, log)
+		if err != nil {
+			return fail(err)
+		}
+		var queues []string
+		for _, q := range cfg.Queues {
+			queues = append(queues, q.Name)
+		}
+		a.api = api.New(log, st, api.Config{Listen: cfg.API.Listen, Tokens: cfg.API.Tokens,
+			CallbackSecret: []byte(cfg.API.CallbackSecret), MaxBodyBytes: cfg.Intake.MaxBytes, Queues: queues,
+			Types: a.types, EarlyTTL: cfg.Responses.EarlyTTL.D(), Ready: a.kafkaPing.Ping})
+	} else if slices.Equal(opts.roles, []string{"api"}) {
+		return fail(errors.New("--only api: the config has no api section"))
 	}
 	return a, nil
 }
@@ -171,7 +196,7 @@ func (a *app) sendTimeout(jobType string) time.Duration {
 
 // run runs every component until ctx ends; each drains what it started.
 func (a *app) run(ctx context.Context) error {
-	if a.intake == nil && a.responses == nil && a.dispatcher == nil && a.sweeper == nil {
+	if a.intake == nil && a.responses == nil && a.dispatcher == nil && a.sweeper == nil && a.api == nil {
 		return errors.New("nothing to run: the roles asked for have nothing configured (intake.topics, responses.topics)")
 	}
 	g, ctx := errgroup.WithContext(ctx)
@@ -187,8 +212,11 @@ func (a *app) run(ctx context.Context) error {
 	if a.sweeper != nil {
 		g.Go(func() error { return a.sweeper.Run(ctx) })
 	}
+	if a.api != nil {
+		g.Go(func() error { return a.api.Run(ctx) })
+	}
 	a.log.Info("hipq running", zap.String("name", a.cfg.Name), zap.Bool("intake", a.intake != nil),
-		zap.Bool("dispatcher", a.dispatcher != nil), zap.Bool("responses", a.responses != nil), zap.Bool("sweeper", a.sweeper != nil))
+		zap.Bool("dispatcher", a.dispatcher != nil), zap.Bool("responses", a.responses != nil), zap.Bool("sweeper", a.sweeper != nil), zap.Bool("api", a.api != nil))
 	err := g.Wait()
 	if a.producer != nil {
 		a.producer.Flush(context.Background())
@@ -200,6 +228,9 @@ func (a *app) close() {
 	if a.producer != nil {
 		a.producer.Close()
 	}
+	if a.kafkaPing != nil {
+		a.kafkaPing.Close()
+	}
 	a.st.Close()
 }
 
@@ -209,11 +240,8 @@ func parseRoles(s string) ([]string, error) {
 	}
 	var out []string
 	for _, r := range splitComma(s) {
-		if r == "api" {
-			return nil, fmt.Errorf("--only: role api is not available in this version")
-		}
 		if !slices.Contains(allRoles, r) {
-			return nil, fmt.Errorf("--only: unknown role %q (roles: intake, dispatcher, responses, sweeper)", r)
+			return nil, fmt.Errorf("--only: unknown role %q (roles: intake, dispatcher, responses, sweeper, api)", r)
 		}
 		out = append(out, r)
 	}

@@ -1,7 +1,7 @@
 // Command hipq is the durable request/response correlator: it keeps jobs in
 // PostgreSQL, sends their requests over Kafka, and matches the replies.
 //
-//	hipq run --config hipq.yaml [--only intake,dispatcher,responses,sweeper]
+//	hipq run --config hipq.yaml [--only intake,dispatcher,responses,sweeper,api]
 //	hipq migrate [up|status] --config hipq.yaml
 //	hipq check-config --config hipq.yaml
 //	hipq demo
@@ -29,7 +29,7 @@ import (
 const usage = `hipq — durable request/response correlator
 
 Usage:
-  hipq run --config FILE [--only intake,dispatcher,responses,sweeper]
+  hipq run --config FILE [--only intake,dispatcher,responses,sweeper,api]
   hipq migrate [up|status] --config FILE
   hipq check-config --config FILE
   hipq demo

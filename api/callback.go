@@ -1,0 +1,97 @@
+package api
+
+import (
+	"net/http"
+	"strconv"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/hipq/hipq/correlator"
+	"github.com/hipq/hipq/store"
+)
+
+// callback: POST /v1/jobs/{job_type}/{job_key}/response (SPEC §6). It is
+// authorized by the sig of the callback URL hipq sent (over job_id,
+// job_type, job_key and attempt) or by a bearer token; a sig that is
+// present must be valid. The reply then follows the §6 table, fenced by
+// job id and attempt: 200 applied, 200 duplicate or stale, 202 early, 400
+// bad body, 401 unauthorized, 422 dead-lettered.
+func (s *Server) callback(w http.ResponseWriter, r *http.Request) error {
+	jobType, jobKey := r.PathValue("job_type"), r.PathValue("job_key")
+	q := r.URL.Query()
+	var jobID *int64
+	var attempt *int
+	if v := q.Get("job_id"); v != "" {
+		id, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			return errorf(http.StatusBadRequest, "invalid_parameter", "job_id: %q is not a job id", v)
+		}
+		jobID = &id
+	}
+	if v := q.Get("attempt"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			return errorf(http.StatusBadRequest, "invalid_parameter", "attempt: %q is not an attempt number", v)
+		}
+		attempt = &n
+	}
+	if err := s.callbackAuthorized(r, jobType, jobKey, jobID, attempt); err != nil {
+		return err
+	}
+	body, err := s.readBody(w, r)
+	if err != nil {
+		return err
+	}
+	reply, err := decodeCallback(body, jobType, jobKey, jobID, attempt, s.cfg.MaxBodyBytes)
+	if err != nil {
+		return inputError(err)
+	}
+	res, err := s.st.ReplyApply(r.Context(), store.ReplyBatch{EarlyTTL: s.cfg.EarlyTTL, Replies: []store.ReplyIn{{
+		Reply: reply, Kind: store.SourceCallback,
+		Source: store.Source{Value: body, Received: time.Now(), Headers: []correlator.Header{{Key: "path", Value: []byte(r.URL.Path)}}},
+	}}}, s.typeInfo)
+	if err != nil {
+		return err
+	}
+	switch v := res.Verdicts[0]; v {
+	case correlator.Apply:
+		writeJSON(w, http.StatusOK, map[string]any{"applied": true})
+	case correlator.Duplicate, correlator.Stale:
+		writeJSON(w, http.StatusOK, map[string]any{"applied": false, "reason": v.String()})
+	case correlator.Early:
+		writeJSON(w, http.StatusAccepted, map[string]any{"applied": false, "reason": "early"})
+	default:
+		reason := "dead-lettered"
+		if len(res.DeadLetters) > 0 {
+			reason = res.DeadLetters[len(res.DeadLetters)-1].Reason
+		}
+		s.log.Info("callback dead-lettered", zap.String("job_type", jobType), zap.String("job_key", jobKey), zap.String("reason", reason))
+		return &apiError{Status: http.StatusUnprocessableEntity, Code: "dead_lettered", Message: reason}
+	}
+	return nil
+}
+
+func (s *Server) typeInfo(name string) *correlator.JobType { return s.cfg.Types[name] }
+
+// callbackAuthorized: a sig, when present, must be valid for the URL's
+// job id, type, key and attempt; without one, a valid bearer token is
+// needed (when tokens are configured at all).
+func (s *Server) callbackAuthorized(r *http.Request, jobType, jobKey string, jobID *int64, attempt *int) error {
+	unauthorized := func(msg string) error {
+		return errorf(http.StatusUnauthorized, "unauthorized", "%s", msg)
+	}
+	if sig := r.URL.Query().Get("sig"); sig != "" {
+		if jobID == nil || attempt == nil {
+			return unauthorized("a signed callback URL carries job_id and attempt")
+		}
+		if !correlator.CallbackSignatureValid(s.cfg.CallbackSecret, *jobID, jobType, jobKey, *attempt, sig) {
+			return unauthorized("the signature does not match this callback URL")
+		}
+		return nil
+	}
+	if len(s.cfg.Tokens) > 0 && !s.tokenValid(r) {
+		return unauthorized("use the signed Hipq-Callback-Url of the request, or a bearer token")
+	}
+	return nil
+}

@@ -1,0 +1,282 @@
+package api
+
+import (
+	"encoding/json"
+	"errors"
+	"net/http"
+	"slices"
+	"strconv"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/hipq/hipq/correlator"
+	"github.com/hipq/hipq/store"
+)
+
+// Job is a job as the API shows it: the columns of hipq_job.
+type Job struct {
+	ID               int64                   `json:"id"`
+	Queue            string                  `json:"queue"`
+	JobType          string                  `json:"job_type"`
+	JobKey           string                  `json:"job_key"`
+	JobData          json.RawMessage         `json:"job_data"`
+	State            string                  `json:"state"`
+	Outcome          *string                 `json:"outcome"`
+	Error            string                  `json:"error"`
+	Attempt          int                     `json:"attempt"`
+	MaxAttempts      int                     `json:"max_attempts"`
+	ScheduledRunTime time.Time               `json:"scheduled_run_time"`
+	Priority         int                     `json:"priority"`
+	ThrottleFactor   int                     `json:"throttle_factor"`
+	TimeWindows      []correlator.TimeWindow `json:"time_windows"`
+	TimeoutSeconds   int                     `json:"timeout_seconds"`
+	ExpiresAt        *time.Time              `json:"expires_at"`
+	StartedAt        *time.Time              `json:"started_at"`
+	Result           json.RawMessage         `json:"result"`
+	CreatedAt        time.Time               `json:"created_at"`
+	UpdateTime       time.Time               `json:"update_time"`
+}
+
+func jobJSON(j *correlator.Job) *Job {
+	out := &Job{ID: j.ID, Queue: j.Queue, JobType: j.JobType, JobKey: j.JobKey, JobData: j.JobData, State: string(j.State),
+		Error: j.Error, Attempt: j.Attempt, MaxAttempts: j.MaxAttempts, ScheduledRunTime: j.ScheduledRunTime,
+		Priority: j.Priority, ThrottleFactor: j.ThrottleFactor, TimeWindows: j.TimeWindows, TimeoutSeconds: j.TimeoutSeconds,
+		ExpiresAt: j.ExpiresAt, StartedAt: j.StartedAt, Result: j.Result, CreatedAt: j.CreatedAt, UpdateTime: j.UpdateTime}
+	if j.Outcome != "" {
+		o := string(j.Outcome)
+		out.Outcome = &o
+	}
+	if len(out.Result) == 0 {
+		out.Result = json.RawMessage("null")
+	}
+	return out
+}
+
+func (s *Server) jobType(name string) (*correlator.JobType, error) {
+	jt := s.cfg.Types[name]
+	if jt == nil {
+		return nil, errorf(http.StatusNotFound, correlator.CodeUnknownJobType, "job type %q is not configured", name)
+	}
+	return jt, nil
+}
+
+// enqueue: PUT /v1/jobs/{job_type}/{job_key}. 201 new; 200 when a
+// non-final job with the same job_data exists; 409 when one has other data.
+func (s *Server) enqueue(w http.ResponseWriter, r *http.Request) error {
+	jobType, jobKey := r.PathValue("job_type"), r.PathValue("job_key")
+	jt, err := s.jobType(jobType)
+	if err != nil {
+		return err
+	}
+	body, err := s.readBody(w, r)
+	if err != nil {
+		return err
+	}
+	req, err := decodeEnqueue(body, jobType, jobKey, s.cfg.MaxBodyBytes)
+	if err != nil {
+		return inputError(err)
+	}
+	j, err := correlator.NewJob(req, jt, time.Now())
+	if err != nil {
+		return inputError(err)
+	}
+	cur, created, err := s.st.JobEnqueue(r.Context(), j)
+	switch {
+	case errors.Is(err, store.ErrConflict):
+		return errorf(http.StatusConflict, correlator.CodeConflict, "job %d (%s) of this job_type and job_key has other job_data", cur.ID, cur.State)
+	case err != nil:
+		return err
+	case created:
+		writeJSON(w, http.StatusCreated, map[string]any{"job": jobJSON(cur)})
+	default:
+		writeJSON(w, http.StatusOK, map[string]any{"job": jobJSON(cur)})
+	}
+	return nil
+}
+
+// getJob: GET /v1/jobs/{job_type}/{job_key}: the non-final job, else the
+// latest final one, with its attempts.
+func (s *Server) getJob(w http.ResponseWriter, r *http.Request) error {
+	j, err := s.st.JobGet(r.Context(), r.PathValue("job_type"), r.PathValue("job_key"))
+	if errors.Is(err, correlator.ErrNotFound) {
+		return errorf(http.StatusNotFound, "not_found", "no job %s/%s", r.PathValue("job_type"), r.PathValue("job_key"))
+	}
+	if err != nil {
+		return err
+	}
+	attempts, err := s.st.AttemptList(r.Context(), j.ID)
+	if err != nil {
+		return err
+	}
+	if attempts == nil {
+		attempts = []store.Attempt{}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"job": jobJSON(j), "attempts": attempts})
+	return nil
+}
+
+// listLimit reads limit (default 100, at most 1000) and cursor (an id).
+func listLimit(r *http.Request) (limit int, cursor int64, err error) {
+	limit = 100
+	if v := r.URL.Query().Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 1000 {
+			return 0, 0, errorf(http.StatusBadRequest, "invalid_parameter", "limit: %q is not a number from 1 to 1000", v)
+		}
+		limit = n
+	}
+	if v := r.URL.Query().Get("cursor"); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n < 1 {
+			return 0, 0, errorf(http.StatusBadRequest, "invalid_parameter", "cursor: %q is not a cursor this API returned", v)
+		}
+		cursor = n
+	}
+	return limit, cursor, nil
+}
+
+// listJobs: GET /v1/jobs?job_type=&state=&queue=&limit=&cursor=, newest
+// first; next_cursor is set when there may be more.
+func (s *Server) listJobs(w http.ResponseWriter, r *http.Request) error {
+	limit, cursor, err := listLimit(r)
+	if err != nil {
+		return err
+	}
+	q := r.URL.Query()
+	for k := range q {
+		if !slices.Contains([]string{"job_type", "state", "queue", "limit", "cursor"}, k) {
+			return errorf(http.StatusBadRequest, "invalid_parameter", "%s: unknown parameter (job_type, state, queue, limit, cursor)", k)
+		}
+	}
+	state := correlator.State(q.Get("state"))
+	if state != "" && !slices.Contains([]correlator.State{correlator.StateInitial, correlator.StateRunning,
+		correlator.StateError, correlator.StateRetry, correlator.StateFinal}, state) {
+		return errorf(http.StatusBadRequest, "invalid_parameter", "state: %q is not one of initial, running, error, retry, final", state)
+	}
+	jobs, err := s.st.JobList(r.Context(), store.JobListParams{JobType: q.Get("job_type"), State: state, Queue: q.Get("queue"),
+		BeforeID: cursor, Limit: limit + 1})
+	if err != nil {
+		return err
+	}
+	out := map[string]any{"next_cursor": nil}
+	if len(jobs) > limit {
+		jobs = jobs[:limit]
+		out["next_cursor"] = strconv.FormatInt(jobs[limit-1].ID, 10)
+	}
+	list := make([]*Job, len(jobs))
+	for i, j := range jobs {
+		list[i] = jobJSON(j)
+	}
+	out["jobs"] = list
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+// cancel: POST /v1/jobs/{job_type}/{job_key}/cancel: non-final → final /
+// cancelled; 409 when the job is already final.
+func (s *Server) cancel(w http.ResponseWriter, r *http.Request) error {
+	j, err := s.st.JobCancel(r.Context(), r.PathValue("job_type"), r.PathValue("job_key"))
+	switch {
+	case errors.Is(err, correlator.ErrNotFound):
+		return errorf(http.StatusNotFound, "not_found", "no job %s/%s", r.PathValue("job_type"), r.PathValue("job_key"))
+	case errors.Is(err, store.ErrFinal):
+		return errorf(http.StatusConflict, "final", "job %d is already final (%s)", j.ID, j.Outcome)
+	case err != nil:
+		return err
+	}
+	s.log.Info("job cancelled", zap.Int64("job_id", j.ID), zap.String("job_type", j.JobType), zap.String("job_key", j.JobKey))
+	writeJSON(w, http.StatusOK, map[string]any{"job": jobJSON(j)})
+	return nil
+}
+
+// replay: POST /v1/jobs/{job_type}/{job_key}/replay: a final job → a new job
+// with the same type, key and data; 409 while a non-final job exists.
+func (s *Server) replay(w http.ResponseWriter, r *http.Request) error {
+	jobType, jobKey := r.PathValue("job_type"), r.PathValue("job_key")
+	jt, err := s.jobType(jobType)
+	if err != nil {
+		return err
+	}
+	j, err := s.st.JobReplay(r.Context(), jobType, jobKey, jt)
+	switch {
+	case errors.Is(err, correlator.ErrNotFound):
+		return errorf(http.StatusNotFound, "not_found", "no job %s/%s", jobType, jobKey)
+	case errors.Is(err, store.ErrConflict):
+		return errorf(http.StatusConflict, correlator.CodeConflict, "job %d is not final (%s): only a final job can be replayed", j.ID, j.State)
+	case err != nil:
+		return err
+	}
+	writeJSON(w, http.StatusCreated, map[string]any{"job": jobJSON(j)})
+	return nil
+}
+
+// pause: POST /v1/queues/{queue}/pause and …/resume.
+func (s *Server) pause(paused bool) func(http.ResponseWriter, *http.Request) error {
+	return func(w http.ResponseWriter, r *http.Request) error {
+		q := r.PathValue("queue")
+		if !slices.Contains(s.cfg.Queues, q) {
+			return errorf(http.StatusNotFound, "not_found", "queue %q is not declared", q)
+		}
+		if err := s.st.QueueSetPaused(r.Context(), q, paused); err != nil {
+			return err
+		}
+		s.log.Info("queue paused or resumed", zap.String("queue", q), zap.Bool("paused", paused))
+		writeJSON(w, http.StatusOK, map[string]any{"queue": q, "paused": paused})
+		return nil
+	}
+}
+
+// DeadLetter is a dead letter as the API shows it.
+type DeadLetter struct {
+	ID         int64                   `json:"id"`
+	Source     string                  `json:"source"`
+	Topic      string                  `json:"topic,omitempty"`
+	Partition  int32                   `json:"kafka_partition"`
+	Offset     int64                   `json:"kafka_offset"`
+	Key        []byte                  `json:"record_key"`
+	Value      []byte                  `json:"record_value"`
+	Headers    []Header   `json:"headers"`
+	Reason     string     `json:"reason"`
+	ReceivedAt time.Time  `json:"received_at"`
+	ReplayedAt *time.Time `json:"replayed_at"`
+}
+
+// Header is a record header; the value is base64 in JSON.
+type Header struct {
+	Key   string `json:"key"`
+	Value []byte `json:"value"`
+}
+
+// listDeadLetters: GET /v1/dead-letters?source=&limit=&cursor=.
+func (s *Server) listDeadLetters(w http.ResponseWriter, r *http.Request) error {
+	limit, cursor, err := listLimit(r)
+	if err != nil {
+		return err
+	}
+	src := r.URL.Query().Get("source")
+	if src != "" && !slices.Contains([]string{store.SourceIntake, store.SourceReply, store.SourceCallback}, src) {
+		return errorf(http.StatusBadRequest, "invalid_parameter", "source: %q is not one of intake, reply, callback", src)
+	}
+	dls, err := s.st.DeadLetterList(r.Context(), store.DeadLetterListParams{Kind: src, AfterID: cursor, Limit: limit + 1})
+	if err != nil {
+		return err
+	}
+	out := map[string]any{"next_cursor": nil}
+	if len(dls) > limit {
+		dls = dls[:limit]
+		out["next_cursor"] = strconv.FormatInt(dls[limit-1].ID, 10)
+	}
+	list := make([]DeadLetter, len(dls))
+	for i, d := range dls {
+		list[i] = DeadLetter{ID: d.ID, Source: d.Kind, Topic: d.Source.Topic, Partition: d.Source.Partition,
+			Offset: d.Source.Offset, Key: d.Source.Key, Value: d.Source.Value, Headers: []Header{},
+			Reason: d.Reason, ReceivedAt: d.Source.Received, ReplayedAt: d.Replayed}
+		for _, h := range d.Source.Headers {
+			list[i].Headers = append(list[i].Headers, Header{Key: h.Key, Value: h.Value})
+		}
+	}
+	out["dead_letters"] = list
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}

@@ -1,0 +1,232 @@
+// Package api is hipq's HTTP API (SPEC §10): the jobs API, the reply
+// callback endpoint, queue pause and resume, dead letters, and the health
+// endpoints.
+//
+// Every /v1 call needs a bearer token from api.tokens; with no tokens
+// configured the server binds to loopback only. The callback endpoint also
+// accepts the signature of its URL instead of a token, so a downstream
+// needs no token. Errors are JSON: {"error": {"code": "...", "message": "..."}}.
+package api
+
+import (
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/hipq/hipq/correlator"
+	"github.com/hipq/hipq/store"
+)
+
+// Config configures a Server.
+type Config struct {
+	Listen         string
+	Tokens         []string
+	CallbackSecret []byte
+	// MaxBodyBytes bounds request bodies; defaults to 1 MiB.
+	MaxBodyBytes int
+	// Queues are the declared queues (pause and resume refuse others).
+	Queues []string
+	Types  map[string]*correlator.JobType
+	// EarlyTTL is how long an early callback is kept (responses.early_ttl).
+	EarlyTTL time.Duration
+	// Ready reports what besides PostgreSQL readiness needs (Kafka); nil =
+	// nothing.
+	Ready func(context.Context) error
+	// Metrics, when set, is served at /metrics.
+	Metrics http.Handler
+}
+
+// Server serves the API.
+type Server struct {
+	log *zap.Logger
+	st  *store.Store
+	cfg Config
+	mux *http.ServeMux
+}
+
+// New builds the server; Handler serves it, Run listens.
+func New(log *zap.Logger, st *store.Store, cfg Config) *Server {
+	if cfg.MaxBodyBytes <= 0 {
+		cfg.MaxBodyBytes = 1 << 20
+	}
+	s := &Server{log: log.Named("api"), st: st, cfg: cfg, mux: http.NewServeMux()}
+	auth := s.authorized
+	s.mux.Handle("PUT /v1/jobs/{job_type}/{job_key}", auth(s.enqueue))
+	s.mux.Handle("GET /v1/jobs/{job_type}/{job_key}", auth(s.getJob))
+	s.mux.Handle("GET /v1/jobs", auth(s.listJobs))
+	s.mux.Handle("POST /v1/jobs/{job_type}/{job_key}/cancel", auth(s.cancel))
+	s.mux.Handle("POST /v1/jobs/{job_type}/{job_key}/replay", auth(s.replay))
+	s.mux.Handle("POST /v1/jobs/{job_type}/{job_key}/response", s.handle(s.callback)) // signature or token, checked inside
+	s.mux.Handle("POST /v1/queues/{queue}/pause", auth(s.pause(true)))
+	s.mux.Handle("POST /v1/queues/{queue}/resume", auth(s.pause(false)))
+	s.mux.Handle("GET /v1/dead-letters", auth(s.listDeadLetters))
+	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	})
+	s.mux.Handle("GET /readyz", s.handle(s.readyz))
+	if cfg.Metrics != nil {
+		s.mux.Handle("GET /metrics", cfg.Metrics)
+	}
+	s.mux.Handle("/", s.handle(func(w http.ResponseWriter, r *http.Request) error {
+		return errorf(http.StatusNotFound, "not_found", "no such endpoint: %s %s", r.Method, r.URL.Path)
+	}))
+	return s
+}
+
+// Handler serves the API.
+func (s *Server) Handler() http.Handler { return s.mux }
+
+// Run listens on cfg.Listen until ctx ends, then shuts down gracefully.
+// With no tokens configured it listens on loopback only.
+func (s *Server) Run(ctx context.Context) error {
+	addr := s.cfg.Listen
+	if len(s.cfg.Tokens) == 0 {
+		addr = loopbackOnly(addr)
+		s.log.Warn("api.tokens is empty: the API needs no token and listens on loopback only", zap.String("listen", addr))
+	}
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("api: listen on %s: %w", addr, err)
+	}
+	srv := &http.Server{Handler: s.mux, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: time.Minute,
+		IdleTimeout: 2 * time.Minute, ErrorLog: zap.NewStdLog(s.log)}
+	s.log.Info("api listening", zap.String("addr", l.Addr().String()))
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(l) }()
+	select {
+	case err := <-done:
+		return fmt.Errorf("api: %w", err)
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		return fmt.Errorf("api: shutdown: %w", err)
+	}
+	return nil
+}
+
+// loopbackOnly keeps the port of addr and replaces a host that is not a
+// loopback address with 127.0.0.1.
+func loopbackOnly(addr string) string {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "127.0.0.1:8080"
+	}
+	if ip := net.ParseIP(host); host == "localhost" || ip != nil && ip.IsLoopback() {
+		return addr
+	}
+	return net.JoinHostPort("127.0.0.1", port)
+}
+
+// apiError is an error with its HTTP status and code.
+type apiError struct {
+	Status  int
+	Code    string
+	Message string
+}
+
+func (e *apiError) Error() string { return e.Code + ": " + e.Message }
+
+func errorf(status int, code, format string, args ...any) *apiError {
+	return &apiError{Status: status, Code: code, Message: fmt.Sprintf(format, args...)}
+}
+
+// handle turns an error-returning handler into an http.Handler writing
+// JSON errors; unexpected errors are logged and answered 500 without
+// detail.
+func (s *Server) handle(h func(http.ResponseWriter, *http.Request) error) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		err := h(w, r)
+		if err == nil {
+			return
+		}
+		var ae *apiError
+		if !errors.As(err, &ae) {
+			ae = &apiError{Status: http.StatusInternalServerError, Code: "internal", Message: "internal error; see hipq's log"}
+			if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+				ae = &apiError{Status: http.StatusServiceUnavailable, Code: "unavailable", Message: "PostgreSQL did not answer in time"}
+			}
+			s.log.Error("api call failed", zap.String("method", r.Method), zap.String("path", r.URL.Path), zap.Error(err))
+		}
+		writeJSON(w, ae.Status, map[string]any{"error": map[string]string{"code": ae.Code, "message": ae.Message}})
+	})
+}
+
+// authorized requires a valid bearer token when tokens are configured.
+func (s *Server) authorized(h func(http.ResponseWriter, *http.Request) error) http.Handler {
+	return s.handle(func(w http.ResponseWriter, r *http.Request) error {
+		if len(s.cfg.Tokens) > 0 && !s.tokenValid(r) {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="hipq"`)
+			return errorf(http.StatusUnauthorized, "unauthorized", "a valid bearer token is required (Authorization: Bearer <token>)")
+		}
+		return h(w, r)
+	})
+}
+
+// tokenValid compares the request's bearer token with every configured one
+// in constant time.
+func (s *Server) tokenValid(r *http.Request) bool {
+	got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	if !ok || got == "" {
+		return false
+	}
+	valid := 0
+	for _, t := range s.cfg.Tokens {
+		valid |= subtle.ConstantTimeCompare([]byte(got), []byte(t))
+	}
+	return valid == 1
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// readBody reads a request body within the size limit.
+func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
+	b, err := readAll(http.MaxBytesReader(w, r.Body, int64(s.cfg.MaxBodyBytes)))
+	var mbe *http.MaxBytesError
+	if errors.As(err, &mbe) {
+		return nil, errorf(http.StatusRequestEntityTooLarge, correlator.CodeTooLarge, "the body is larger than %d bytes", mbe.Limit)
+	}
+	if err != nil {
+		return nil, errorf(http.StatusBadRequest, "bad_body", "reading the body: %v", err)
+	}
+	return b, nil
+}
+
+func (s *Server) readyz(w http.ResponseWriter, r *http.Request) error {
+	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+	defer cancel()
+	checks := map[string]string{}
+	ok := true
+	check := func(name string, err error) {
+		if err != nil {
+			ok = false
+			checks[name] = err.Error()
+			return
+		}
+		checks[name] = "ok"
+	}
+	check("postgres", s.st.Pool().Ping(ctx))
+	check("schema", s.st.CheckSchema(ctx))
+	if s.cfg.Ready != nil {
+		check("kafka", s.cfg.Ready(ctx))
+	}
+	status := http.StatusOK
+	if !ok {
+		status = http.StatusServiceUnavailable
+	}
+	writeJSON(w, status, map[string]any{"ready": ok, "checks": checks})
+	return nil
+}

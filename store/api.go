@@ -1,0 +1,235 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/hipq/hipq/correlator"
+)
+
+// ErrConflict is returned when a non-final job of the (type, key) exists
+// and stands in the way: other job_data for an enqueue, any for a replay.
+var ErrConflict = errors.New("a non-final job with this job_type and job_key exists")
+
+// ErrFinal is returned when an operation needs a non-final job and the
+// (type, key) has only final ones.
+var ErrFinal = errors.New("the job is final")
+
+// JobEnqueue inserts j unless a non-final job of its (type, key) exists.
+// It returns the stored job and whether it is new; an existing one with
+// other job_data is ErrConflict (returned with that job).
+func (s *Store) JobEnqueue(ctx context.Context, j *correlator.Job) (*correlator.Job, bool, error) {
+	for range 3 { // the existing job may end between the insert and the read
+		var inserted map[typeKey]bool
+		err := s.inTx(ctx, func(tx pgx.Tx) error {
+			var err error
+			inserted, err = jobsInsert(ctx, tx, []IntakeJob{{Job: j}})
+			return err
+		})
+		if err != nil {
+			return nil, false, fmt.Errorf("enqueue %s/%s: %w", j.JobType, j.JobKey, err)
+		}
+		var same bool
+		cur, err := scanJobAnd(s.pool.QueryRow(ctx, `SELECT `+jobColumns+`, job_data = $3::jsonb FROM hipq_job
+			WHERE job_type = $1 AND job_key = $2 AND state <> 'final'`, j.JobType, j.JobKey, string(j.JobData)), &same)
+		switch {
+		case errors.Is(err, correlator.ErrNotFound):
+			continue
+		case err != nil:
+			return nil, false, fmt.Errorf("enqueue %s/%s: %w", j.JobType, j.JobKey, err)
+		case inserted[typeKey{j.JobType, j.JobKey}]:
+			return cur, true, nil
+		case !same:
+			return cur, false, ErrConflict
+		}
+		return cur, false, nil
+	}
+	return nil, false, fmt.Errorf("enqueue %s/%s: the key's job kept changing under the insert", j.JobType, j.JobKey)
+}
+
+// scanJobAnd scans a job followed by extra columns.
+func scanJobAnd(row pgx.Row, extra ...any) (*correlator.Job, error) {
+	return scanJob(rowWithExtra{row, extra})
+}
+
+type rowWithExtra struct {
+	pgx.Row
+	extra []any
+}
+
+func (r rowWithExtra) Scan(dest ...any) error { return r.Row.Scan(append(dest, r.extra...)...) }
+
+// Attempt is one row of hipq_attempt.
+type Attempt struct {
+	JobID        int64           `json:"job_id"`
+	Attempt      int             `json:"attempt"`
+	Instance     string          `json:"instance"`
+	DispatchedAt time.Time       `json:"dispatched_at"`
+	SentAt       *time.Time      `json:"sent_at"`
+	RepliedAt    *time.Time      `json:"replied_at"`
+	Outcome      *string         `json:"outcome"`
+	Error        *string         `json:"error"`
+	Reply        json.RawMessage `json:"reply"`
+}
+
+// AttemptList returns a job's attempts, first first.
+func (s *Store) AttemptList(ctx context.Context, jobID int64) ([]Attempt, error) {
+	rows, err := s.pool.Query(ctx, `SELECT job_id, attempt, instance, dispatched_at, sent_at, replied_at, outcome, error, reply
+		FROM hipq_attempt WHERE job_id = $1 ORDER BY attempt`, jobID)
+	if err != nil {
+		return nil, fmt.Errorf("list attempts of job %d: %w", jobID, err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Attempt, error) {
+		var a Attempt
+		err := r.Scan(&a.JobID, &a.Attempt, &a.Instance, &a.DispatchedAt, &a.SentAt, &a.RepliedAt, &a.Outcome, &a.Error, &a.Reply)
+		return a, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list attempts of job %d: %w", jobID, err)
+	}
+	return out, nil
+}
+
+// JobListParams filters JobList; empty fields match everything.
+type JobListParams struct {
+	JobType string
+	State   correlator.State
+	Queue   string
+	// BeforeID is the keyset cursor: jobs with smaller ids (newest first);
+	// 0 starts from the newest.
+	BeforeID int64
+	Limit    int
+}
+
+// JobList lists jobs newest first.
+func (s *Store) JobList(ctx context.Context, p JobListParams) ([]*correlator.Job, error) {
+	if p.Limit <= 0 {
+		p.Limit = 100
+	}
+	rows, err := s.pool.Query(ctx, `SELECT `+jobColumns+` FROM hipq_job
+		WHERE ($1 = '' OR job_type = $1) AND ($2 = '' OR state = $2) AND ($3 = '' OR queue = $3) AND ($4 = 0 OR id < $4)
+		ORDER BY id DESC LIMIT $5`, p.JobType, string(p.State), p.Queue, p.BeforeID, p.Limit)
+	if err != nil {
+		return nil, fmt.Errorf("list jobs: %w", err)
+	}
+	defer rows.Close()
+	var out []*correlator.Job
+	for rows.Next() {
+		j, err := scanJob(rows)
+		if err != nil {
+			return nil, fmt.Errorf("list jobs: %w", err)
+		}
+		out = append(out, j)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("list jobs: %w", err)
+	}
+	return out, nil
+}
+
+// JobCancel moves the non-final job of (type, key) to final / cancelled,
+// guarded by the state and attempt it was read in; a running attempt is
+// marked cancelled (its reply, if one comes, is then a duplicate). It
+// returns the cancelled job, ErrFinal when only final jobs exist, or
+// correlator.ErrNotFound.
+func (s *Store) JobCancel(ctx context.Context, jobType, jobKey string) (*correlator.Job, error) {
+	for range 5 {
+		cur, err := s.JobGet(ctx, jobType, jobKey)
+		if err != nil {
+			return nil, err
+		}
+		if cur.State == correlator.StateFinal {
+			return cur, ErrFinal
+		}
+		var j *correlator.Job
+		err = s.inTx(ctx, func(tx pgx.Tx) error {
+			var err error
+			j, err = scanJob(tx.QueryRow(ctx, `
+				UPDATE hipq_job SET state = 'final', outcome = 'cancelled', error = $4, update_time = now()
+				WHERE id = $1 AND state = $2 AND attempt = $3
+				RETURNING `+jobColumns, cur.ID, string(cur.State), cur.Attempt, correlator.ErrorCancelled))
+			if err != nil {
+				return err
+			}
+			_, err = tx.Exec(ctx, `UPDATE hipq_attempt SET outcome = 'cancelled', error = $3
+				WHERE job_id = $1 AND attempt = $2 AND outcome IS NULL`, cur.ID, cur.Attempt, correlator.ErrorCancelled)
+			return err
+		})
+		if errors.Is(err, correlator.ErrNotFound) {
+			continue // it moved meanwhile: read it again
+		}
+		if err != nil {
+			return nil, fmt.Errorf("cancel %s/%s: %w", jobType, jobKey, err)
+		}
+		return j, nil
+	}
+	return nil, fmt.Errorf("cancel %s/%s: the job kept moving", jobType, jobKey)
+}
+
+// JobReplay makes a new job from the latest final job of (type, key): same
+// type, key and data, defaults from jt (or the old row's when jt is nil).
+// It returns the new job, ErrConflict when a non-final job exists, or
+// correlator.ErrNotFound.
+func (s *Store) JobReplay(ctx context.Context, jobType, jobKey string, jt *correlator.JobType) (*correlator.Job, error) {
+	old, err := s.JobGet(ctx, jobType, jobKey)
+	if err != nil {
+		return nil, err
+	}
+	if old.State != correlator.StateFinal {
+		return old, ErrConflict
+	}
+	j := &correlator.Job{Queue: old.Queue, JobType: old.JobType, JobKey: old.JobKey, JobData: old.JobData,
+		MaxAttempts: old.MaxAttempts, Priority: old.Priority, ThrottleFactor: old.ThrottleFactor,
+		TimeWindows: old.TimeWindows, TimeoutSeconds: old.TimeoutSeconds, ScheduledRunTime: time.Now()}
+	if jt != nil {
+		j.Queue = jt.Queue
+		if jt.Retry != nil {
+			j.MaxAttempts = jt.Retry.MaxAttempts()
+		}
+		windows := jt.Windows
+		if j.TimeWindows != nil {
+			windows = j.TimeWindows
+		}
+		j.ScheduledRunTime = correlator.NextAllowed(windows, j.ScheduledRunTime)
+	}
+	cur, created, err := s.JobEnqueue(ctx, j)
+	if err == nil && !created {
+		err = ErrConflict // a job appeared meanwhile, with the same data
+	}
+	return cur, err
+}
+
+// QueueSetPaused pauses or resumes a queue for every instance's dispatcher.
+func (s *Store) QueueSetPaused(ctx context.Context, queue string, paused bool) error {
+	_, err := s.pool.Exec(ctx, `INSERT INTO hipq_queue (name, paused) VALUES ($1, $2)
+		ON CONFLICT (name) DO UPDATE SET paused = excluded.paused, updated_at = now()`, queue, paused)
+	if err != nil {
+		return fmt.Errorf("set queue %q paused=%v: %w", queue, paused, err)
+	}
+	if !paused {
+		_, _ = s.pool.Exec(ctx, `SELECT pg_notify('hipq_job_ready', $1)`, queue)
+	}
+	return nil
+}
+
+// QueuePaused lists the paused queues.
+func (s *Store) QueuePaused(ctx context.Context) (map[string]bool, error) {
+	rows, err := s.pool.Query(ctx, `SELECT name FROM hipq_queue WHERE paused`)
+	if err != nil {
+		return nil, fmt.Errorf("list paused queues: %w", err)
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("list paused queues: %w", err)
+	}
+	out := map[string]bool{}
+	for _, n := range names {
+		out[n] = true
+	}
+	return out, nil
+}
