@@ -229,13 +229,13 @@ func (s *Server) pause(paused bool) func(http.ResponseWriter, *http.Request) err
 
 // DeadLetter is a dead letter as the API shows it.
 type DeadLetter struct {
-	ID         int64                   `json:"id"`
-	Source     string                  `json:"source"`
-	Topic      string                  `json:"topic,omitempty"`
-	Partition  int32                   `json:"kafka_partition"`
-	Offset     int64                   `json:"kafka_offset"`
-	Key        []byte                  `json:"record_key"`
-	Value      []byte                  `json:"record_value"`
+	ID         int64      `json:"id"`
+	Source     string     `json:"source"`
+	Topic      string     `json:"topic,omitempty"`
+	Partition  int32      `json:"kafka_partition"`
+	Offset     int64      `json:"kafka_offset"`
+	Key        []byte     `json:"record_key"`
+	Value      []byte     `json:"record_value"`
 	Headers    []Header   `json:"headers"`
 	Reason     string     `json:"reason"`
 	ReceivedAt time.Time  `json:"received_at"`
