@@ -8,6 +8,8 @@ import (
 	"io"
 	"net/http"
 	"slices"
+	"strings"
+	"unicode/utf8"
 
 	"github.com/hipq/hipq/correlator"
 )
@@ -18,6 +20,12 @@ func readAll(r io.Reader) ([]byte, error) { return io.ReadAll(r) }
 // request without job_type and job_key, which the URL gives. An empty
 // body is an empty request. It validates exactly as intake does.
 func decodeEnqueue(body []byte, jobType, jobKey string, maxBytes int) (*correlator.Request, error) {
+	if err := checkName("job_type", jobType); err != nil {
+		return nil, err
+	}
+	if err := checkName("job_key", jobKey); err != nil {
+		return nil, err
+	}
 	if len(bytes.TrimSpace(body)) == 0 {
 		body = []byte("{}")
 	}
@@ -61,6 +69,12 @@ var (
 // URL's attempt (urlAttempt, when set) wins over the body's; jobID comes
 // from the URL. Unknown fields are refused.
 func decodeCallback(body []byte, jobType, jobKey string, jobID *int64, urlAttempt *int, maxBytes int) (*correlator.Reply, error) {
+	if err := checkName("job_type", jobType); err != nil {
+		return nil, err
+	}
+	if err := checkName("job_key", jobKey); err != nil {
+		return nil, err
+	}
 	if err := correlator.CheckJSON(body, maxBytes); err != nil {
 		return nil, err
 	}
@@ -117,4 +131,15 @@ func inputError(err error) error {
 		return &apiError{Status: status, Code: ie.Code, Message: ie.Detail}
 	}
 	return err
+}
+
+// checkName refuses a URL path value PostgreSQL could not store as text.
+func checkName(field, v string) error {
+	switch {
+	case !utf8.ValidString(v):
+		return &correlator.InputError{Code: correlator.CodeInvalidUTF8, Detail: field + ": not valid UTF-8"}
+	case strings.ContainsRune(v, 0):
+		return &correlator.InputError{Code: correlator.CodeNullChar, Detail: field + ": contains a NUL character"}
+	}
+	return nil
 }

@@ -145,7 +145,15 @@ func errorf(status int, code, format string, args ...any) *apiError {
 // detail.
 func (s *Server) handle(h func(http.ResponseWriter, *http.Request) error) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		err := h(w, r)
+		var err error
+		for _, name := range []string{"job_type", "job_key", "queue"} {
+			if err == nil {
+				err = inputError(checkName(name, r.PathValue(name)))
+			}
+		}
+		if err == nil {
+			err = h(w, r)
+		}
 		if err == nil {
 			return
 		}
