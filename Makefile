@@ -41,5 +41,5 @@ fuzz:
 	$(GO) test ./correlator -run '^$$' -fuzz FuzzDecodeRequest -fuzztime $(FUZZTIME)
 	$(GO) test ./correlator -run '^$$' -fuzz FuzzMatch -fuzztime $(FUZZTIME)
 	$(GO) test ./config -run '^$$' -fuzz FuzzParse -fuzztime $(FUZZTIME)
-	$(GO) test ./api -run '^$$$$' -fuzz FuzzDecodeEnqueue -fuzztime $(FUZZTIME)
-	$(GO) test ./api -run '^$$$$' -fuzz FuzzDecodeCallback -fuzztime $(FUZZTIME)
+	$(GO) test ./api -run '^$$' -fuzz FuzzDecodeEnqueue -fuzztime $(FUZZTIME)
+	$(GO) test ./api -run '^$$' -fuzz FuzzDecodeCallback -fuzztime $(FUZZTIME)
