@@ -1,0 +1,86 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hipq/hipq/correlator"
+)
+
+// The HTTP side end to end: a job enqueued through the API is sent to an
+// httptest downstream (async), which answers later on the signed callback
+// URL; the job ends succeeded with the callback's result.
+func TestHTTPAsyncWithCallback(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, "jobs")
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	apiAddr := l.Addr().String()
+	l.Close()
+	calls := make(chan string, 10)
+	downstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls <- r.URL.Path
+		cb := r.Header.Get("Hipq-Callback-Url")
+		w.WriteHeader(http.StatusAccepted)
+		go func() { // the work is done later, and reported on the callback URL
+			resp, err := http.Post(cb, "application/json", strings.NewReader(`{"status": "succeeded", "result": {"label": "L-1"}}`))
+			if err != nil {
+				t.Errorf("callback: %v", err)
+				return
+			}
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				t.Errorf("callback answered %d", resp.StatusCode)
+			}
+		}()
+	}))
+	defer downstream.Close()
+	token := strings.Repeat("T", 32)
+	cfg := e.config(fmt.Sprintf(`
+name: web
+database: {url: "{{DB}}"}
+kafka: {brokers: ["{{BROKERS}}"]}
+intake: {topics: ["{{T:jobs}}"]}
+dispatch: {interval: 100ms}
+api: {listen: "%s", public_url: "http://%s", tokens: ["%s"], callback_secret: "%s"}
+job_types:
+  - name: label.print
+    transport: {http: {url: "%s/labels/{job_key}", timeout: 5s, mode: async}}
+    timeout: 1m
+`, apiAddr, apiAddr, token, strings.Repeat("S", 32), downstream.URL))
+	a := e.start(cfg)
+	var status int
+	eventually(t, 10*time.Second, "API up", func() (bool, string) {
+		req, _ := http.NewRequest(http.MethodPut, "http://"+apiAddr+"/v1/jobs/label.print/p1", strings.NewReader(`{"job_data": {"sku": 7}}`))
+		req.Header.Set("Authorization", "Bearer "+token)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return false, err.Error()
+		}
+		resp.Body.Close()
+		status = resp.StatusCode
+		return true, ""
+	})
+	if status != http.StatusCreated {
+		t.Fatalf("enqueue answered %d", status)
+	}
+	eventually(t, 20*time.Second, "job finalized by its callback", func() (bool, string) {
+		j, err := a.st.JobGet(context.Background(), "label.print", "p1")
+		if err != nil {
+			return false, err.Error()
+		}
+		return j.Outcome == correlator.OutcomeSucceeded && string(j.Result) == `{"label": "L-1"}`,
+			fmt.Sprintf("%s %s %s", j.State, j.Outcome, j.Result)
+	})
+	if p := <-calls; p != "/labels/p1" {
+		t.Fatalf("downstream called at %s", p)
+	}
+}
