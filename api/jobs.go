@@ -116,6 +116,16 @@ func (s *Server) getJob(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
+// page cuts a list fetched with limit+1 rows to limit; the cursor of the
+// next page is the last id kept, or nil when there is no more.
+func page[T any](items []T, limit int, id func(T) int64) ([]T, any) {
+	if len(items) <= limit {
+		return items, nil
+	}
+	items = items[:limit]
+	return items, strconv.FormatInt(id(items[limit-1]), 10)
+}
+
 // listLimit reads limit (default 100, at most 1000) and cursor (an id).
 func listLimit(r *http.Request) (limit int, cursor int64, err error) {
 	limit = 100
@@ -159,11 +169,8 @@ func (s *Server) listJobs(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	out := map[string]any{"next_cursor": nil}
-	if len(jobs) > limit {
-		jobs = jobs[:limit]
-		out["next_cursor"] = strconv.FormatInt(jobs[limit-1].ID, 10)
-	}
+	jobs, next := page(jobs, limit, func(j *correlator.Job) int64 { return j.ID })
+	out := map[string]any{"next_cursor": next}
 	list := make([]*Job, len(jobs))
 	for i, j := range jobs {
 		list[i] = jobJSON(j)
@@ -262,11 +269,8 @@ func (s *Server) listDeadLetters(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	out := map[string]any{"next_cursor": nil}
-	if len(dls) > limit {
-		dls = dls[:limit]
-		out["next_cursor"] = strconv.FormatInt(dls[limit-1].ID, 10)
-	}
+	dls, next := page(dls, limit, func(d store.DeadLetter) int64 { return d.ID })
+	out := map[string]any{"next_cursor": next}
 	list := make([]DeadLetter, len(dls))
 	for i, d := range dls {
 		list[i] = DeadLetter{ID: d.ID, Source: d.Kind, Topic: d.Source.Topic, Partition: d.Source.Partition,

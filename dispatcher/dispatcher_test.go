@@ -56,15 +56,22 @@ func scalar(t *testing.T, st *store.Store, q string) int {
 	return n
 }
 
-// Requests carry the §5 key, value and headers, and sent_at is recorded.
-func TestSendKafka(t *testing.T) {
-	t.Parallel()
-	st := pgtest.New(t)
+// requestTopic makes a Kafka cluster with a requests topic and a producer
+// with the dispatcher's settings.
+func requestTopic(t *testing.T) (*kafkatest.Cluster, string, *kgo.Client) {
 	k := kafkatest.New(t)
 	topic := k.Topic("requests")
 	k.CreateTopics(1, topic)
 	cl := k.Client(dispatcher.KafkaProducerOpts()...)
-	defer cl.Close()
+	t.Cleanup(cl.Close)
+	return k, topic, cl
+}
+
+// Requests carry the §5 key, value and headers, and sent_at is recorded.
+func TestSendKafka(t *testing.T) {
+	t.Parallel()
+	st := pgtest.New(t)
+	k, topic, cl := requestTopic(t)
 	insert(t, st, "alo", 3)
 	insert(t, st, "amo", 1)
 	insert(t, st, "unsendable", 2) // no transport on this instance: never claimed
@@ -152,11 +159,7 @@ func TestBrokerDownUndoesClaimsAndBacksOff(t *testing.T) {
 func TestClosedWindowReschedulesOrExpires(t *testing.T) {
 	t.Parallel()
 	st := pgtest.New(t)
-	k := kafkatest.New(t)
-	topic := k.Topic("requests")
-	k.CreateTopics(1, topic)
-	cl := k.Client(dispatcher.KafkaProducerOpts()...)
-	defer cl.Close()
+	_, topic, cl := requestTopic(t)
 	now := time.Now().UTC()
 	closed := []correlator.TimeWindow{{Start: now.Add(2 * time.Hour).Format("15:04"), End: now.Add(3 * time.Hour).Format("15:04")}}
 	soon := now.Add(time.Hour)
