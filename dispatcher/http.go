@@ -43,6 +43,11 @@ type HTTPSenderConfig struct {
 	MaxReplyBytes int
 	// Client defaults to a pooled client that does not follow redirects.
 	Client *http.Client
+	// StartWithin, when set, is how soon after its claim a call must start:
+	// a call still waiting for a slot then is not made (NotSent: the claim
+	// is undone). Set it below dispatch.grace, so that a call never runs
+	// while the sweeper takes its claim for dead (claim + timeout + grace).
+	StartWithin time.Duration
 }
 
 // HTTPSender calls downstream URLs, many at once within MaxInFlight.
@@ -105,6 +110,10 @@ func (s *HTTPSender) call(ctx context.Context, c *store.Claimed) Result {
 	route, ok := s.cfg.Routes[c.JobType]
 	if !ok {
 		return Result{Status: NotSent, Err: fmt.Errorf("no HTTP route for job type %q", c.JobType)}
+	}
+	if s.cfg.StartWithin > 0 && time.Since(c.StartedAt) > s.cfg.StartWithin {
+		return Result{Status: NotSent, Err: fmt.Errorf("not sent: no free call slot within %v of the claim (downstream slow; %d calls at once at most)",
+			s.cfg.StartWithin, s.cfg.MaxInFlight)}
 	}
 	method := route.Method
 	if method == "" {

@@ -289,3 +289,19 @@ func TestHTTPTimeoutAndRefused(t *testing.T) {
 		t.Fatalf("%d dispatch_error attempts, want 6", n)
 	}
 }
+
+// A call that waited for a slot longer than StartWithin is not made: its
+// claim is given back rather than sent while the sweeper may take it for dead.
+func TestHTTPLateStartIsNotSent(t *testing.T) {
+	t.Parallel()
+	ds := newDownstream(t, func(string, int) (int, string) { return http.StatusOK, "" })
+	s := dispatcher.NewHTTPSender(dispatcher.HTTPSenderConfig{StartWithin: time.Minute,
+		Routes: map[string]dispatcher.HTTPRoute{"async": {URL: ds.URL + "/x"}}})
+	rs := s.Send(ctx, []store.Claimed{
+		{ID: 1, JobType: "async", JobKey: "late", Attempt: 1, StartedAt: time.Now().Add(-2 * time.Minute)},
+		{ID: 2, JobType: "async", JobKey: "fresh", Attempt: 1, StartedAt: time.Now()},
+	})
+	if rs[0].Status != dispatcher.NotSent || rs[1].Status != dispatcher.Sent || ds.callCount("late") != 0 {
+		t.Fatalf("results %+v, late calls %d", rs, ds.callCount("late"))
+	}
+}

@@ -131,7 +131,7 @@ func newApp(ctx context.Context, cfg *config.Config, log *zap.Logger, opts appOp
 		httpRoutes := map[string]dispatcher.HTTPRoute{}
 		senders := map[string]dispatcher.Sender{}
 		kafka := dispatcher.NewKafkaSender(a.producer, routes)
-		hc := dispatcher.HTTPSenderConfig{Routes: httpRoutes}
+		hc := dispatcher.HTTPSenderConfig{Routes: httpRoutes, StartWithin: cfg.Dispatch.Grace.D() / 2}
 		if cfg.API != nil {
 			hc.PublicURL, hc.CallbackSecret = cfg.API.PublicURL, []byte(cfg.API.CallbackSecret)
 		}
