@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"slices"
 	"strings"
@@ -13,8 +12,6 @@ import (
 
 	"github.com/hipq/hipq/correlator"
 )
-
-func readAll(r io.Reader) ([]byte, error) { return io.ReadAll(r) }
 
 // decodeEnqueue reads the body of PUT /v1/jobs/{type}/{key}: an intake
 // request without job_type and job_key, which the URL gives. An empty
@@ -60,10 +57,9 @@ type callbackBody struct {
 	Retryable *bool           `json:"retryable"`
 }
 
-var (
-	successStatus = []string{"succeeded", "success", "ok"}
-	failureStatus = []string{"failed", "failure", "error"}
-)
+// defaultMatcher gives the status values a callback may use: the same as
+// a Kafka reply read with the default matcher.
+var defaultMatcher = correlator.DefaultMatcher()
 
 // decodeCallback reads a callback body into a reply for (type, key). The
 // URL's attempt (urlAttempt, when set) wins over the body's; jobID comes
@@ -103,9 +99,9 @@ func decodeCallback(body []byte, jobType, jobKey string, jobID *int64, urlAttemp
 		return nil, &correlator.InputError{Code: correlator.CodeInvalidField, Detail: fmt.Sprintf("attempt: must be at least 1, got %d", *r.Attempt)}
 	}
 	switch {
-	case slices.Contains(successStatus, cb.Status):
+	case slices.Contains(defaultMatcher.Success, cb.Status):
 		r.Success = true
-	case slices.Contains(failureStatus, cb.Status):
+	case slices.Contains(defaultMatcher.Failure, cb.Status):
 	case cb.Status == "":
 		return nil, &correlator.InputError{Code: correlator.CodeMissingField, Detail: `status: required ("succeeded" or "failed")`}
 	default:

@@ -14,6 +14,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"strings"
@@ -202,7 +203,7 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 
 // readBody reads a request body within the size limit.
 func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
-	b, err := readAll(http.MaxBytesReader(w, r.Body, int64(s.cfg.MaxBodyBytes)))
+	b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, int64(s.cfg.MaxBodyBytes)))
 	var mbe *http.MaxBytesError
 	if errors.As(err, &mbe) {
 		return nil, errorf(http.StatusRequestEntityTooLarge, correlator.CodeTooLarge, "the body is larger than %d bytes", mbe.Limit)

@@ -139,13 +139,22 @@ func (x *extracted) lookup(f Field) (text string, raw json.RawMessage, ok bool) 
 	return "", nil, false
 }
 
+// pointerTokens splits a non-empty RFC 6901 JSON pointer into its
+// unescaped reference tokens.
+func pointerTokens(p string) []string {
+	toks := strings.Split(p[1:], "/")
+	for i, t := range toks {
+		toks[i] = strings.ReplaceAll(strings.ReplaceAll(t, "~1", "/"), "~0", "~")
+	}
+	return toks
+}
+
 // pointer resolves an RFC 6901 JSON pointer.
 func pointer(doc any, p string) (any, bool) {
 	if p == "" {
 		return doc, true
 	}
-	for _, tok := range strings.Split(p[1:], "/") {
-		tok = strings.ReplaceAll(strings.ReplaceAll(tok, "~1", "/"), "~0", "~")
+	for _, tok := range pointerTokens(p) {
 		switch d := doc.(type) {
 		case map[string]any:
 			v, ok := d[tok]

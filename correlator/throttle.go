@@ -67,10 +67,7 @@ func NewShares(pointer string, weights map[string]int, limit int) (*Shares, erro
 	if total == 0 {
 		return nil, fmt.Errorf("at least one weight is required")
 	}
-	s := &Shares{Pointer: pointer, Caps: map[string]int{}}
-	for _, tok := range strings.Split(pointer[1:], "/") {
-		s.Path = append(s.Path, strings.ReplaceAll(strings.ReplaceAll(tok, "~1", "/"), "~0", "~"))
-	}
+	s := &Shares{Pointer: pointer, Path: pointerTokens(pointer), Caps: map[string]int{}}
 	for k, w := range weights {
 		c := max(1, int(int64(limit)*int64(w)/int64(total)))
 		if k == OtherPartition {

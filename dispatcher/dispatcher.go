@@ -234,13 +234,13 @@ func (d *Dispatcher) claimAll(ctx context.Context) (int, error) {
 	var errs []error
 	for _, q := range d.cfg.Queues {
 		for {
-			n, err := d.round(ctx, q)
+			n, more, err := d.round(ctx, q)
 			total += n
 			if err != nil {
 				errs = append(errs, err)
 				break
 			}
-			if n < d.cfg.BatchSize || ctx.Err() != nil {
+			if !more || ctx.Err() != nil {
 				break // drained, or no room left in flight
 			}
 		}
@@ -249,30 +249,30 @@ func (d *Dispatcher) claimAll(ctx context.Context) (int, error) {
 }
 
 // round claims one batch of a queue (as much as there is room for in
-// flight) and starts its deliveries, one per transport.
-func (d *Dispatcher) round(ctx context.Context, q QueueConfig) (int, error) {
+// flight) and starts its deliveries, one per transport. It returns how many
+// jobs it claimed or rescheduled, and whether the batch was full (more may
+// be due).
+func (d *Dispatcher) round(ctx context.Context, q QueueConfig) (int, bool, error) {
 	if d.allPaused(q) {
-		return 0, nil
+		return 0, false, nil
 	}
 	limit := min(d.cfg.BatchSize, d.cfg.MaxInFlight-int(d.inflight.Load()))
 	if limit <= 0 {
-		return 0, nil // a delivery finishing wakes the dispatcher
+		return 0, false, nil // a delivery finishing wakes the dispatcher
 	}
 	claim, err := d.st.JobClaim(ctx, store.JobClaimParams{Queue: q.Name, Order: q.Order, Limit: limit,
 		Instance: d.cfg.Instance, Types: d.sendable(q), Throttle: q.Throttle, TypeWindows: d.typeWindows})
 	if err != nil {
-		return 0, err
+		return 0, false, err
 	}
 	if err := d.deferClosed(ctx, q, claim.Closed); err != nil {
-		return 0, err
+		return 0, false, err
 	}
 	claimed := claim.Jobs
 	n := len(claimed) + len(claim.Closed)
-	if limit < d.cfg.BatchSize && n == limit {
-		n = d.cfg.BatchSize // full for the room there was: the caller may claim again
-	}
+	more := n == limit
 	if len(claimed) == 0 {
-		return n, nil
+		return n, more, nil
 	}
 	d.count("claimed", len(claimed))
 	bySender := map[Sender][]store.Claimed{}
@@ -288,7 +288,7 @@ func (d *Dispatcher) round(ctx context.Context, q QueueConfig) (int, error) {
 		bySender[s] = append(bySender[s], c)
 	}
 	if err := d.undo(ctx, q, orphans); err != nil {
-		return n, err
+		return n, more, err
 	}
 	for s, jobs := range bySender {
 		d.inflight.Add(int64(len(jobs)))
@@ -305,7 +305,7 @@ func (d *Dispatcher) round(ctx context.Context, q QueueConfig) (int, error) {
 			d.Wake()
 		}()
 	}
-	return n, nil
+	return n, more, nil
 }
 
 // deliver sends one transport's share of a claim and records each outcome:

@@ -216,20 +216,3 @@ func (s *Store) QueueSetPaused(ctx context.Context, queue string, paused bool) e
 	}
 	return nil
 }
-
-// QueuePaused lists the paused queues.
-func (s *Store) QueuePaused(ctx context.Context) (map[string]bool, error) {
-	rows, err := s.pool.Query(ctx, `SELECT name FROM hipq_queue WHERE paused`)
-	if err != nil {
-		return nil, fmt.Errorf("list paused queues: %w", err)
-	}
-	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return nil, fmt.Errorf("list paused queues: %w", err)
-	}
-	out := map[string]bool{}
-	for _, n := range names {
-		out[n] = true
-	}
-	return out, nil
-}
