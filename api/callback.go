@@ -8,6 +8,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/hipq/hipq/correlator"
+	"github.com/hipq/hipq/internal/metrics"
 	"github.com/hipq/hipq/store"
 )
 
@@ -54,6 +55,7 @@ func (s *Server) callback(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	s.cfg.Metrics.ObserveReplies(metrics.SourceCallback, res)
 	switch v := res.Verdicts[0]; v {
 	case correlator.Apply:
 		writeJSON(w, http.StatusOK, map[string]any{"applied": true})

@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/hipq/hipq/correlator"
+	"github.com/hipq/hipq/internal/metrics"
 	"github.com/hipq/hipq/store"
 )
 
@@ -82,14 +83,18 @@ func (s *Server) enqueue(w http.ResponseWriter, r *http.Request) error {
 		return inputError(err)
 	}
 	cur, created, err := s.st.JobEnqueue(r.Context(), j)
+	count := func(result string) { s.cfg.Metrics.IntakeRecords.WithLabelValues(metrics.SourceAPI, result).Inc() }
 	switch {
 	case errors.Is(err, store.ErrConflict):
+		count("conflict")
 		return errorf(http.StatusConflict, correlator.CodeConflict, "job %d (%s) of this job_type and job_key has other job_data", cur.ID, cur.State)
 	case err != nil:
 		return err
 	case created:
+		count("accepted")
 		writeJSON(w, http.StatusCreated, map[string]any{"job": jobJSON(cur)})
 	default:
+		count("duplicate")
 		writeJSON(w, http.StatusOK, map[string]any{"job": jobJSON(cur)})
 	}
 	return nil

@@ -23,6 +23,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/hipq/hipq/correlator"
+	"github.com/hipq/hipq/internal/metrics"
 	"github.com/hipq/hipq/store"
 )
 
@@ -41,8 +42,11 @@ type Config struct {
 	// Ready reports what besides PostgreSQL readiness needs (Kafka); nil =
 	// nothing.
 	Ready func(context.Context) error
-	// Metrics, when set, is served at /metrics.
-	Metrics http.Handler
+	// Metrics receives the API's counts and is served at /metrics (no
+	// token needed); nil = counted but not served.
+	Metrics *metrics.Metrics
+	// ServeMetrics serves Metrics at /metrics.
+	ServeMetrics bool
 }
 
 // Server serves the API.
@@ -58,6 +62,7 @@ func New(log *zap.Logger, st *store.Store, cfg Config) *Server {
 	if cfg.MaxBodyBytes <= 0 {
 		cfg.MaxBodyBytes = 1 << 20
 	}
+	cfg.Metrics = metrics.Or(cfg.Metrics)
 	s := &Server{log: log.Named("api"), st: st, cfg: cfg, mux: http.NewServeMux()}
 	auth := s.authorized
 	s.mux.Handle("PUT /v1/jobs/{job_type}/{job_key}", auth(s.enqueue))
@@ -73,8 +78,8 @@ func New(log *zap.Logger, st *store.Store, cfg Config) *Server {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
 	s.mux.Handle("GET /readyz", s.handle(s.readyz))
-	if cfg.Metrics != nil {
-		s.mux.Handle("GET /metrics", cfg.Metrics)
+	if cfg.ServeMetrics {
+		s.mux.Handle("GET /metrics", cfg.Metrics.Handler())
 	}
 	s.mux.Handle("/", s.handle(func(w http.ResponseWriter, r *http.Request) error {
 		return errorf(http.StatusNotFound, "not_found", "no such endpoint: %s %s", r.Method, r.URL.Path)

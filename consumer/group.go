@@ -16,16 +16,20 @@ package consumer
 import (
 	"context"
 	"errors"
+	"maps"
 	"os"
+	"slices"
 	"sync"
 	"syscall"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 
 	"github.com/hipq/hipq/correlator"
 	"github.com/hipq/hipq/internal/kafkaconn"
+	"github.com/hipq/hipq/internal/metrics"
 	"github.com/hipq/hipq/store"
 )
 
@@ -37,6 +41,8 @@ type GroupConfig struct {
 	Start          string // earliest or latest: where a partition with no stored offset begins
 	SessionTimeout time.Duration
 	MaxPollRecords int // defaults to 5000
+	// Metrics receives the consumer's counts and lag; nil = not served.
+	Metrics *metrics.Metrics
 }
 
 // applier writes one batch of records, with their offset advances, in one
@@ -64,6 +70,7 @@ func newGroup(log *zap.Logger, st *store.Store, cfg GroupConfig, app applier) (*
 	if cfg.MaxPollRecords == 0 {
 		cfg.MaxPollRecords = 5000
 	}
+	cfg.Metrics = metrics.Or(cfg.Metrics)
 	g := &group{log: log, st: st, cfg: cfg, app: app, pos: map[store.TopicPartition]int64{}, crash: os.Getenv("HIPQ_CRASHPOINT")}
 	reset := kgo.NewOffset().AtStart()
 	if cfg.Start == "latest" {
@@ -93,6 +100,7 @@ func newGroup(log *zap.Logger, st *store.Store, cfg GroupConfig, app applier) (*
 		return nil, err
 	}
 	g.cl = cl
+	cfg.Metrics.ReportLag(cfg.Group, g.lag)
 	return g, nil
 }
 
@@ -145,6 +153,54 @@ func (g *group) forget(_ context.Context, _ *kgo.Client, lost map[string][]int32
 			delete(g.pos, store.TopicPartition{Topic: t, Partition: p})
 		}
 	}
+}
+
+// lag is, for each partition assigned here, the records between its end
+// offset and the next offset to apply; a partition with no stored offset
+// counts from its start. Asked at scrape time: a partition with no new
+// records is reported too.
+func (g *group) lag(ctx context.Context) ([]metrics.PartitionLag, error) {
+	g.mu.Lock()
+	pos := maps.Clone(g.pos)
+	g.mu.Unlock()
+	if len(pos) == 0 {
+		return nil, nil
+	}
+	var topics []string
+	fromStart := false
+	for tp, next := range pos {
+		if !slices.Contains(topics, tp.Topic) {
+			topics = append(topics, tp.Topic)
+		}
+		fromStart = fromStart || next < 0
+	}
+	adm := kadm.NewClient(g.cl)
+	ends, err := adm.ListEndOffsets(ctx, topics...)
+	if err != nil {
+		return nil, err
+	}
+	var starts kadm.ListedOffsets
+	if fromStart {
+		if starts, err = adm.ListStartOffsets(ctx, topics...); err != nil {
+			return nil, err
+		}
+	}
+	var out []metrics.PartitionLag
+	for tp, next := range pos {
+		end, ok := ends.Lookup(tp.Topic, tp.Partition)
+		if !ok || end.Err != nil {
+			continue
+		}
+		if next < 0 {
+			start, ok := starts.Lookup(tp.Topic, tp.Partition)
+			if !ok || start.Err != nil {
+				continue
+			}
+			next = start.Offset
+		}
+		out = append(out, metrics.PartitionLag{Topic: tp.Topic, Partition: tp.Partition, Records: max(end.Offset-next, 0)})
+	}
+	return out, nil
 }
 
 // Run polls and applies until ctx ends, then leaves the group.

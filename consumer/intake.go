@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/hipq/hipq/correlator"
+	"github.com/hipq/hipq/internal/metrics"
 	"github.com/hipq/hipq/store"
 )
 
@@ -26,8 +27,7 @@ type IntakeConfig struct {
 // Intake turns job requests read from the intake topics into jobs.
 type Intake struct {
 	*group
-	cfg   IntakeConfig
-	stats counters
+	cfg IntakeConfig
 }
 
 // NewIntake builds the intake consumer; Run starts it.
@@ -41,8 +41,11 @@ func NewIntake(log *zap.Logger, st *store.Store, cfg IntakeConfig) (*Intake, err
 	return in, nil
 }
 
-// Stats returns the counters.
-func (in *Intake) Stats() map[string]int64 { return in.stats.snapshot() }
+func (in *Intake) count(result string, n int) {
+	if n > 0 {
+		in.group.cfg.Metrics.IntakeRecords.WithLabelValues(metrics.SourceKafka, result).Add(float64(n))
+	}
+}
 
 func (in *Intake) apply(ctx context.Context, recs []*kgo.Record, adv []store.OffsetAdvance) (func(), error) {
 	now := time.Now()
@@ -75,9 +78,9 @@ func (in *Intake) apply(ctx context.Context, recs []*kgo.Record, adv []store.Off
 		return nil, err
 	}
 	return func() {
-		in.stats.add("accepted", int64(res.Inserted))
-		in.stats.add("duplicate", int64(res.Duplicates+dups))
-		in.stats.add("dead_lettered", int64(len(res.DeadLetters)))
+		in.count("accepted", res.Inserted)
+		in.count("duplicate", res.Duplicates+dups)
+		in.count("dead_lettered", len(res.DeadLetters))
 		in.log.Debug("intake batch applied", zap.Int("records", len(recs)), zap.Int("accepted", res.Inserted),
 			zap.Int("duplicates", res.Duplicates+dups), zap.Int("dead_lettered", len(res.DeadLetters)))
 		in.copyDeadLetters(res.DeadLetters)
@@ -91,7 +94,7 @@ func (in *Intake) poison(ctx context.Context, rec *kgo.Record, adv []store.Offse
 		return nil, err
 	}
 	return func() {
-		in.stats.add("dead_lettered", 1)
+		in.count("dead_lettered", 1)
 		in.copyDeadLetters(res.DeadLetters)
 	}, nil
 }

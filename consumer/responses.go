@@ -9,6 +9,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/hipq/hipq/correlator"
+	"github.com/hipq/hipq/internal/metrics"
 	"github.com/hipq/hipq/store"
 )
 
@@ -24,8 +25,7 @@ type ResponsesConfig struct {
 // Responses matches replies read from the response topics to their jobs.
 type Responses struct {
 	*group
-	cfg   ResponsesConfig
-	stats counters
+	cfg ResponsesConfig
 }
 
 // NewResponses builds the response consumer; Run starts it.
@@ -41,9 +41,6 @@ func NewResponses(log *zap.Logger, st *store.Store, cfg ResponsesConfig) (*Respo
 	rs.group = g
 	return rs, nil
 }
-
-// Stats returns the counters: applied, duplicate, stale, early, dead_letter.
-func (rs *Responses) Stats() map[string]int64 { return rs.stats.snapshot() }
 
 // TypeInfo looks job types up by name.
 func TypeInfo(types map[string]*correlator.JobType) store.TypeInfo {
@@ -70,10 +67,8 @@ func (rs *Responses) apply(ctx context.Context, recs []*kgo.Record, adv []store.
 		return nil, err
 	}
 	return func() {
-		for v, n := range res.Counts {
-			rs.stats.add(v.String(), int64(n))
-		}
-		rs.stats.add(correlator.DeadLetter.String(), int64(len(b.DeadLetters)))
+		rs.countUnreadable(len(b.DeadLetters))
+		rs.group.cfg.Metrics.ObserveReplies(metrics.SourceKafka, res)
 		rs.log.Debug("reply batch applied", zap.Int("records", len(recs)), zap.Int("applied", res.Counts[correlator.Apply]),
 			zap.Int("dead_lettered", len(res.DeadLetters)))
 		copyDeadLetters(rs.log, rs.cl, rs.cfg.DeadLetterTopic, res.DeadLetters)
@@ -87,7 +82,14 @@ func (rs *Responses) poison(ctx context.Context, rec *kgo.Record, adv []store.Of
 		return nil, err
 	}
 	return func() {
-		rs.stats.add(correlator.DeadLetter.String(), 1)
+		rs.countUnreadable(1)
 		copyDeadLetters(rs.log, rs.cl, rs.cfg.DeadLetterTopic, res.DeadLetters)
 	}, nil
+}
+
+// countUnreadable counts replies dead-lettered before matching.
+func (rs *Responses) countUnreadable(n int) {
+	if n > 0 {
+		rs.group.cfg.Metrics.Replies.WithLabelValues(metrics.SourceKafka, "dead_lettered").Add(float64(n))
+	}
 }

@@ -18,9 +18,11 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
 	"github.com/hipq/hipq/correlator"
+	"github.com/hipq/hipq/internal/metrics"
 	"github.com/hipq/hipq/store"
 )
 
@@ -28,6 +30,8 @@ import (
 // Result.
 type Sender interface {
 	Send(ctx context.Context, jobs []store.Claimed) []Result
+	// Transport names it in metrics: kafka, http.
+	Transport() string
 }
 
 // SendStatus is what became of one send.
@@ -80,6 +84,8 @@ type Config struct {
 	Types       map[string]*correlator.JobType
 	// Senders by job type.
 	Senders map[string]Sender
+	// Metrics receives the dispatcher's counts; nil = not served.
+	Metrics *metrics.Metrics
 }
 
 // Dispatcher claims and sends.
@@ -97,7 +103,7 @@ type Dispatcher struct {
 	errs     []error              // of deliveries, for the next RunOnce to return
 	pausedTo map[Sender]time.Time // transports backing off after a refused send
 	failures map[Sender]int
-	stats    map[string]int64
+	m        *metrics.Metrics
 }
 
 // New builds a dispatcher; Run starts it.
@@ -118,28 +124,13 @@ func New(log *zap.Logger, st *store.Store, cfg Config) *Dispatcher {
 		}
 	}
 	return &Dispatcher{log: log.Named("dispatcher"), st: st, cfg: cfg, wake: make(chan struct{}, 1), typeWindows: tw,
-		pausedTo: map[Sender]time.Time{}, failures: map[Sender]int{}, stats: map[string]int64{}}
+		pausedTo: map[Sender]time.Time{}, failures: map[Sender]int{}, m: metrics.Or(cfg.Metrics)}
 }
 
-// Stats returns counters: claimed, sent, undone, dispatch_error, failed_unknown,
-// deferred (outside time windows), expired.
-func (d *Dispatcher) Stats() map[string]int64 {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	out := make(map[string]int64, len(d.stats))
-	for k, v := range d.stats {
-		out[k] = v
+func add(c prometheus.Counter, n int) {
+	if n > 0 {
+		c.Add(float64(n))
 	}
-	return out
-}
-
-func (d *Dispatcher) count(name string, n int) {
-	if n == 0 {
-		return
-	}
-	d.mu.Lock()
-	d.stats[name] += int64(n)
-	d.mu.Unlock()
 }
 
 // Wake asks for a round now.
@@ -274,7 +265,7 @@ func (d *Dispatcher) round(ctx context.Context, q QueueConfig) (int, bool, error
 	if len(claimed) == 0 {
 		return n, more, nil
 	}
-	d.count("claimed", len(claimed))
+	add(d.m.Claimed.WithLabelValues(q.Name), len(claimed))
 	bySender := map[Sender][]store.Claimed{}
 	var orphans []store.AttemptRef
 	for _, c := range claimed {
@@ -319,11 +310,13 @@ func (d *Dispatcher) deliver(ctx context.Context, q QueueConfig, s Sender, jobs 
 		resolves   []store.Resolve
 		replies    []store.ReplyIn
 		refused    int
+		byStatus   [Failed + 1]int
 	)
 	for i, r := range results {
 		c := &jobs[i]
 		ref := store.AttemptRef{JobID: c.ID, Attempt: c.Attempt}
 		jt := d.cfg.Types[c.JobType]
+		byStatus[r.Status]++
 		switch r.Status {
 		case Sent:
 			sent = append(sent, ref)
@@ -340,7 +333,6 @@ func (d *Dispatcher) deliver(ctx context.Context, q QueueConfig, s Sender, jobs 
 					AttemptOutcome: correlator.AttemptDispatchError, AttemptError: errText(r.Err),
 					Res: correlator.Resolution{State: correlator.StateFinal, Outcome: correlator.OutcomeFailed,
 						Error: "request may have been delivered (at_most_once, not re-sent): " + errText(r.Err)}})
-				d.count("failed_unknown", 1)
 			} else {
 				refused++
 				undo = append(undo, ref)
@@ -350,27 +342,27 @@ func (d *Dispatcher) deliver(ctx context.Context, q QueueConfig, s Sender, jobs 
 		}
 	}
 	d.backoff(s, refused)
+	for st, result := range [...]string{Sent: "sent", NotSent: "refused", Unknown: "unknown", Failed: "failed"} {
+		add(d.m.Dispatches.WithLabelValues(q.Name, s.Transport(), result), byStatus[st])
+	}
 	var errs []error
 	if err := d.st.AttemptMarkSent(ctx, sent); err != nil {
 		errs = append(errs, err)
 	}
-	d.count("sent", len(sent))
 	if err := d.undo(ctx, q, undo); err != nil {
 		errs = append(errs, err)
 	}
 	if len(resolves) > 0 {
-		done, err := d.st.JobResolveMany(ctx, resolves)
-		if err != nil {
+		if _, err := d.st.JobResolveMany(ctx, resolves); err != nil {
 			errs = append(errs, err)
 		}
-		d.count("dispatch_error", len(done))
 	}
 	if len(replies) > 0 {
-		res, err := d.st.ReplyApply(ctx, store.ReplyBatch{Replies: replies}, d.typeInfo)
-		if err != nil {
+		if res, err := d.st.ReplyApply(ctx, store.ReplyBatch{Replies: replies}, d.typeInfo); err != nil {
 			errs = append(errs, err)
+		} else {
+			d.m.ObserveReplies(metrics.SourceSync, res)
 		}
-		d.count("sync_replies", res.Counts[correlator.Apply])
 	}
 	// Replies that came before their job was dispatched apply now.
 	if len(sent) > 0 {
@@ -380,8 +372,11 @@ func (d *Dispatcher) deliver(ctx context.Context, q QueueConfig, s Sender, jobs 
 		}
 		if res, err := d.st.EarlyReplyApply(ctx, ids, 0, d.typeInfo); err != nil {
 			errs = append(errs, err)
-		} else if n := res.Counts[correlator.Apply]; n > 0 {
-			d.log.Info("early replies applied", zap.Int("replies", n))
+		} else {
+			d.m.ObserveReplies(metrics.SourceEarly, res)
+			if n := res.Counts[correlator.Apply]; n > 0 {
+				d.log.Info("early replies applied", zap.Int("replies", n))
+			}
 		}
 	}
 	return errors.Join(errs...)
@@ -394,7 +389,6 @@ func (d *Dispatcher) undo(ctx context.Context, q QueueConfig, refs []store.Attem
 		return err
 	}
 	if n > 0 {
-		d.count("undone", n)
 		d.log.Warn("claims undone: their requests never left", zap.String("queue", q.Name), zap.Int("jobs", n))
 	}
 	return nil
@@ -506,8 +500,8 @@ func (d *Dispatcher) deferClosed(ctx context.Context, q QueueConfig, closed []st
 	if err != nil {
 		return err
 	}
-	d.count("deferred", n-expired)
-	d.count("expired", expired)
+	add(d.m.Deferred.WithLabelValues(q.Name, "deferred"), n-expired)
+	add(d.m.Deferred.WithLabelValues(q.Name, "expired"), expired)
 	d.log.Debug("jobs outside their time windows rescheduled", zap.String("queue", q.Name),
 		zap.Int("jobs", n), zap.Int("expired", expired))
 	return nil

@@ -7,12 +7,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap/zaptest"
 
 	"github.com/hipq/hipq/correlator"
 	"github.com/hipq/hipq/dispatcher"
 	"github.com/hipq/hipq/internal/kafkatest"
+	"github.com/hipq/hipq/internal/metrics"
 	"github.com/hipq/hipq/internal/pgtest"
 	"github.com/hipq/hipq/store"
 )
@@ -40,11 +42,12 @@ func insert(t *testing.T, st *store.Store, typ string, n int) {
 	}
 }
 
-func newDispatcher(t *testing.T, st *store.Store, cl *kgo.Client, topic string) *dispatcher.Dispatcher {
+func newDispatcher(t *testing.T, st *store.Store, cl *kgo.Client, topic string) (*dispatcher.Dispatcher, *metrics.Metrics) {
 	routes := map[string]dispatcher.KafkaRoute{"alo": {Topic: topic, ReplyTopic: "replies"}, "amo": {Topic: topic, Envelope: true}}
 	s := dispatcher.NewKafkaSender(cl, routes)
-	return dispatcher.New(zaptest.NewLogger(t), st, dispatcher.Config{Instance: "test", BatchSize: 100,
-		Queues: []dispatcher.QueueConfig{{Name: "default"}}, Types: types(), Senders: map[string]dispatcher.Sender{"alo": s, "amo": s}})
+	m := metrics.New()
+	return dispatcher.New(zaptest.NewLogger(t), st, dispatcher.Config{Instance: "test", BatchSize: 100, Metrics: m,
+		Queues: []dispatcher.QueueConfig{{Name: "default"}}, Types: types(), Senders: map[string]dispatcher.Sender{"alo": s, "amo": s}}), m
 }
 
 func scalar(t *testing.T, st *store.Store, q string) int {
@@ -75,7 +78,7 @@ func TestSendKafka(t *testing.T) {
 	insert(t, st, "alo", 3)
 	insert(t, st, "amo", 1)
 	insert(t, st, "unsendable", 2) // no transport on this instance: never claimed
-	d := newDispatcher(t, st, cl, topic)
+	d, _ := newDispatcher(t, st, cl, topic)
 	if n, err := d.RunOnce(ctx); err != nil || n != 4 {
 		t.Fatalf("claimed %d, err %v", n, err)
 	}
@@ -134,12 +137,15 @@ func TestBrokerDownUndoesClaimsAndBacksOff(t *testing.T) {
 	insert(t, st, "alo", 5)
 	insert(t, st, "amo", 5)
 	k.Fake().Close()
-	d := newDispatcher(t, st, cl, topic)
+	d, m := newDispatcher(t, st, cl, topic)
 	if _, err := d.RunOnce(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if s := d.Stats(); s["claimed"] != 10 || s["undone"] != 10 || s["sent"] != 0 {
-		t.Fatalf("stats %v: want 10 claimed and undone", s)
+	claimed := testutil.ToFloat64(m.Claimed.WithLabelValues("default"))
+	unsent := testutil.ToFloat64(m.Dispatches.WithLabelValues("default", "kafka", "refused")) +
+		testutil.ToFloat64(m.Dispatches.WithLabelValues("default", "kafka", "unknown"))
+	if sent := testutil.ToFloat64(m.Dispatches.WithLabelValues("default", "kafka", "sent")); claimed != 10 || unsent != 10 || sent != 0 {
+		t.Fatalf("metrics: %v claimed, %v refused or unknown, %v sent: want 10 claimed and not sent", claimed, unsent, sent)
 	}
 	if n := scalar(t, st, "SELECT count(*) FROM hipq_job WHERE state = 'initial' AND attempt = 0 AND error = 'NONE'"); n != 10 {
 		t.Fatalf("%d jobs restored, want 10", n)
@@ -172,12 +178,14 @@ func TestClosedWindowReschedulesOrExpires(t *testing.T) {
 	if _, err := st.JobsInsert(ctx, []*correlator.Job{mk("waits", &later), mk("expires", &soon)}); err != nil {
 		t.Fatal(err)
 	}
-	d := newDispatcher(t, st, cl, topic)
+	d, m := newDispatcher(t, st, cl, topic)
 	if _, err := d.RunOnce(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if s := d.Stats(); s["claimed"] != 0 || s["deferred"] != 1 || s["expired"] != 1 {
-		t.Fatalf("stats %v: want 1 deferred, 1 expired, none claimed", s)
+	claimed := testutil.ToFloat64(m.Claimed.WithLabelValues("default"))
+	deferred := testutil.ToFloat64(m.Deferred.WithLabelValues("default", "deferred"))
+	if expired := testutil.ToFloat64(m.Deferred.WithLabelValues("default", "expired")); claimed != 0 || deferred != 1 || expired != 1 {
+		t.Fatalf("metrics: %v claimed, %v deferred, %v expired: want 1 deferred, 1 expired, none claimed", claimed, deferred, expired)
 	}
 	j, err := st.JobGet(ctx, "alo", "waits")
 	if err != nil {

@@ -219,3 +219,6 @@ func snippet(body []byte) string {
 	}
 	return ": " + string(body)
 }
+
+// Transport names it in metrics.
+func (s *HTTPSender) Transport() string { return "http" }

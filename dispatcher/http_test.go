@@ -13,10 +13,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/zap/zaptest"
 
 	"github.com/hipq/hipq/correlator"
 	"github.com/hipq/hipq/dispatcher"
+	"github.com/hipq/hipq/internal/metrics"
 	"github.com/hipq/hipq/internal/pgtest"
 	"github.com/hipq/hipq/store"
 )
@@ -66,6 +68,7 @@ type httpCase struct {
 	t     *testing.T
 	st    *store.Store
 	d     *dispatcher.Dispatcher
+	m     *metrics.Metrics
 	types map[string]*correlator.JobType
 }
 
@@ -87,9 +90,10 @@ func newHTTPCase(t *testing.T, target string, timeout time.Duration) *httpCase {
 	}
 	s := dispatcher.NewHTTPSender(dispatcher.HTTPSenderConfig{Routes: routes, PublicURL: "https://hipq.example", CallbackSecret: secret})
 	senders := map[string]dispatcher.Sender{"async": s, "sync": s, "amo": s}
+	m := metrics.New()
 	d := dispatcher.New(zaptest.NewLogger(t), st, dispatcher.Config{Instance: "test", BatchSize: 50,
-		Queues: []dispatcher.QueueConfig{{Name: "default"}}, Types: types, Senders: senders})
-	return &httpCase{t: t, st: st, d: d, types: types}
+		Queues: []dispatcher.QueueConfig{{Name: "default"}}, Types: types, Senders: senders, Metrics: m})
+	return &httpCase{t: t, st: st, d: d, m: m, types: types}
 }
 
 func (c *httpCase) insert(typ, key string) {
@@ -209,6 +213,36 @@ func TestHTTPSync(t *testing.T) {
 	if string(j.Result) != `"done"` {
 		t.Fatalf("a body that is not JSON is stored as a JSON string, got %s", j.Result)
 	}
+	// Metrics: 4 sends delivered, flaky's two 500s failed, 4 sync replies
+	// applied, each attempt's round trip observed.
+	sent := testutil.ToFloat64(c.m.Dispatches.WithLabelValues("default", "http", "sent"))
+	failed := testutil.ToFloat64(c.m.Dispatches.WithLabelValues("default", "http", "failed"))
+	applied := testutil.ToFloat64(c.m.Replies.WithLabelValues("sync", "applied"))
+	if sent != 4 || failed != 2 || applied != 4 || testutil.ToFloat64(c.m.Claimed.WithLabelValues("default")) != 6 {
+		t.Fatalf("metrics: sent %v failed %v applied %v, want 4 2 4", sent, failed, applied)
+	}
+	if n := histogramCount(t, c.m, "hipq_round_trip_seconds"); n != 4 {
+		t.Fatalf("round trips observed: %d, want 4", n)
+	}
+}
+
+// histogramCount is the number of observations of a histogram, over all
+// its labels.
+func histogramCount(t *testing.T, m *metrics.Metrics, name string) uint64 {
+	t.Helper()
+	mfs, err := m.Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n uint64
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			for _, x := range mf.GetMetric() {
+				n += x.GetHistogram().GetSampleCount()
+			}
+		}
+	}
+	return n
 }
 
 // A 4xx other than 408/429 fails without retry; 408 and 429 are retried

@@ -107,3 +107,6 @@ func classifyProduce(err error) SendStatus {
 	}
 	return NotSent
 }
+
+// Transport names it in metrics.
+func (s *KafkaSender) Transport() string { return "kafka" }

@@ -34,6 +34,7 @@ type ReplyBatch struct {
 type ReplyResult struct {
 	Verdicts    []correlator.Verdict
 	Applied     []AttemptRef
+	RoundTrips  []RoundTrip // of Applied
 	DeadLetters []DeadLetter
 	Counts      map[correlator.Verdict]int
 }
@@ -132,9 +133,13 @@ func applyReplies(ctx context.Context, tx pgx.Tx, ins []ReplyIn, types TypeInfo,
 			drop = append(drop, in.earlyID)
 		}
 	}
-	res.Applied, err = jobResolveMany(ctx, tx, resolves)
+	done, err := jobResolveMany(ctx, tx, resolves)
 	if err != nil {
 		return res, err
+	}
+	res.Applied = refsOf(done)
+	for _, d := range done {
+		res.RoundTrips = append(res.RoundTrips, d.RoundTrip)
 	}
 	if len(res.Applied) != len(resolves) {
 		// Rows are locked, so this cannot happen; refuse to commit if it does.

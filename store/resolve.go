@@ -28,16 +28,40 @@ type Resolve struct {
 // slot is free). It returns the refs that took effect; the
 // others were moved by someone else first.
 func (s *Store) JobResolveMany(ctx context.Context, rs []Resolve) ([]AttemptRef, error) {
-	var done []AttemptRef
+	var done []resolved
 	err := s.inTx(ctx, func(tx pgx.Tx) error {
 		var err error
 		done, err = jobResolveMany(ctx, tx, rs)
 		return err
 	})
-	return done, err
+	return refsOf(done), err
 }
 
-func jobResolveMany(ctx context.Context, tx pgx.Tx, rs []Resolve) ([]AttemptRef, error) {
+// resolved is a resolution that took effect, with how long its attempt ran.
+type resolved struct {
+	AttemptRef
+	RoundTrip
+}
+
+// RoundTrip is how long one attempt of a job of JobType ran, from its
+// claim to its resolution.
+type RoundTrip struct {
+	JobType string
+	Elapsed time.Duration
+}
+
+func refsOf(rs []resolved) []AttemptRef {
+	if rs == nil {
+		return nil
+	}
+	out := make([]AttemptRef, len(rs))
+	for i, r := range rs {
+		out[i] = r.AttemptRef
+	}
+	return out
+}
+
+func jobResolveMany(ctx context.Context, tx pgx.Tx, rs []Resolve) ([]resolved, error) {
 	if len(rs) == 0 {
 		return nil, nil
 	}
@@ -76,7 +100,7 @@ func jobResolveMany(ctx context.Context, tx pgx.Tx, rs []Resolve) ([]AttemptRef,
 		      result = coalesce(u.result, j.result), update_time = now()
 		  FROM u
 		  WHERE j.id = u.id AND j.state = 'running' AND j.attempt = u.att
-		  RETURNING j.id, j.queue, j.attempt, u.att_outcome, u.att_error, u.reply
+		  RETURNING j.id, j.queue, j.job_type, j.attempt, j.started_at, u.att_outcome, u.att_error, u.reply
 		), notify AS (
 		  -- A job left running: a throttle slot is free, so dispatchers
 		  -- may claim now rather than at their next poll.
@@ -91,14 +115,23 @@ func jobResolveMany(ctx context.Context, tx pgx.Tx, rs []Resolve) ([]AttemptRef,
 		  FROM done
 		  WHERE a.job_id = done.id AND a.attempt = done.attempt
 		)
-		SELECT id, attempt FROM done WHERE (SELECT count(*) FROM notify) >= 0`,
+		SELECT id, attempt, job_type, extract(epoch FROM now() - started_at)::float8 FROM done
+		WHERE (SELECT count(*) FROM notify) >= 0`,
 		ids, atts, states, outcomes, errs, next, results, attOutcomes, attErrs, replies)
 	if err != nil {
 		return nil, fmt.Errorf("resolve attempts: %w", err)
 	}
-	var out []AttemptRef
-	var ref AttemptRef
-	if _, err := pgx.ForEachRow(rows, []any{&ref.JobID, &ref.Attempt}, func() error { out = append(out, ref); return nil }); err != nil {
+	var out []resolved
+	var r resolved
+	var secs *float64
+	if _, err := pgx.ForEachRow(rows, []any{&r.JobID, &r.Attempt, &r.JobType, &secs}, func() error {
+		r.Elapsed = 0
+		if secs != nil {
+			r.Elapsed = time.Duration(*secs * float64(time.Second))
+		}
+		out = append(out, r)
+		return nil
+	}); err != nil {
 		return nil, fmt.Errorf("resolve attempts: %w", err)
 	}
 	return out, nil

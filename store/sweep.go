@@ -73,7 +73,8 @@ func (s *Store) JobTimeOutStuck(ctx context.Context, limit int, types TypeInfo) 
 		if err != nil {
 			return fmt.Errorf("find timed-out jobs: %w", err)
 		}
-		done, err = jobResolveMany(ctx, tx, rs)
+		r, err := jobResolveMany(ctx, tx, rs)
+		done = refsOf(r)
 		return err
 	})
 	return done, err

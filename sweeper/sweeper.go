@@ -17,6 +17,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/hipq/hipq/correlator"
+	"github.com/hipq/hipq/internal/metrics"
 	"github.com/hipq/hipq/store"
 )
 
@@ -30,6 +31,8 @@ type Config struct {
 	SendTimeout func(jobType string) time.Duration
 	Types       map[string]*correlator.JobType
 	BatchSize   int // rows per statement; defaults to 1000
+	// Metrics receives what sweeps did; nil = not served.
+	Metrics *metrics.Metrics
 }
 
 // Sweeper runs the sweeps.
@@ -61,6 +64,7 @@ func New(log *zap.Logger, st *store.Store, cfg Config) *Sweeper {
 	if cfg.SendTimeout == nil {
 		cfg.SendTimeout = func(string) time.Duration { return 30 * time.Second }
 	}
+	cfg.Metrics = metrics.Or(cfg.Metrics)
 	return &Sweeper{log: log.Named("sweeper"), st: st, cfg: cfg}
 }
 
@@ -120,12 +124,26 @@ func (s *Sweeper) RunOnce(ctx context.Context) (Report, error) {
 	} else {
 		rep.EarlyApplied = res.Counts[correlator.Apply]
 		rep.EarlyDeadLettered = len(res.DeadLetters)
+		s.cfg.Metrics.ObserveReplies(metrics.SourceEarly, res)
 	}
 	cutoff := time.Now().Add(-s.cfg.Retention)
 	add(s.drain(ctx, &rep.Pruned, func() (int, error) { return s.st.JobPrune(ctx, cutoff, s.cfg.BatchSize) }))
 	dlCutoff := time.Now().Add(-s.cfg.DeadLetterRetention)
 	add(s.drain(ctx, &rep.DeadLettersPruned, func() (int, error) { return s.st.DeadLetterPrune(ctx, dlCutoff, s.cfg.BatchSize) }))
+	s.count(rep)
 	return rep, errors.Join(errs...)
+}
+
+// count adds a sweep's report to hipq_sweeper_actions_total.
+func (s *Sweeper) count(rep Report) {
+	for action, n := range map[string]int{"timed_out": rep.TimedOut, "rescued": rep.Rescued, "failed_unsent": rep.FailedUnsent,
+		"expired": rep.Expired, "early_applied": rep.EarlyApplied, "early_dead_lettered": rep.EarlyDeadLettered,
+		"pruned": rep.Pruned, "dead_letters_pruned": rep.DeadLettersPruned} {
+		c := s.cfg.Metrics.Sweeper.WithLabelValues(action) // every action shows, 0 included
+		if n > 0 {
+			c.Add(float64(n))
+		}
+	}
 }
 
 // drain runs one batched step until a batch comes back short.

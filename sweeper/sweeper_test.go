@@ -6,9 +6,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/zap/zaptest"
 
 	"github.com/hipq/hipq/correlator"
+	"github.com/hipq/hipq/internal/metrics"
 	"github.com/hipq/hipq/internal/pgtest"
 	"github.com/hipq/hipq/store"
 	"github.com/hipq/hipq/sweeper"
@@ -51,7 +53,8 @@ func TestSweep(t *testing.T) {
 	if _, err := st.JobsInsert(ctx, []*correlator.Job{mk("alo", "expired", &past)}); err != nil {
 		t.Fatal(err)
 	}
-	sw := sweeper.New(zaptest.NewLogger(t), st, sweeper.Config{Grace: time.Minute, Types: types,
+	m := metrics.New()
+	sw := sweeper.New(zaptest.NewLogger(t), st, sweeper.Config{Grace: time.Minute, Types: types, Metrics: m,
 		SendTimeout: func(string) time.Duration { return 30 * time.Second }})
 	release, ok, err := st.SweeperLock(ctx)
 	if err != nil || !ok {
@@ -94,5 +97,11 @@ func TestSweep(t *testing.T) {
 	// Idempotent: a second sweep (or a second sweeper) finds nothing to do.
 	if rep, _ := sw.RunOnce(ctx); rep != (sweeper.Report{}) {
 		t.Fatalf("second sweep did work: %+v", rep)
+	}
+	// The metrics count each action once.
+	for action, n := range map[string]float64{"timed_out": 1, "rescued": 1, "failed_unsent": 1, "expired": 1, "pruned": 0} {
+		if got := testutil.ToFloat64(m.Sweeper.WithLabelValues(action)); got != n {
+			t.Errorf("hipq_sweeper_actions_total{action=%q} = %v, want %v", action, got, n)
+		}
 	}
 }

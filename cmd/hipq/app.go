@@ -20,6 +20,7 @@ import (
 	"github.com/hipq/hipq/correlator"
 	"github.com/hipq/hipq/dispatcher"
 	"github.com/hipq/hipq/internal/kafkaconn"
+	"github.com/hipq/hipq/internal/metrics"
 	"github.com/hipq/hipq/store"
 	"github.com/hipq/hipq/sweeper"
 )
@@ -41,6 +42,7 @@ type app struct {
 	api        *api.Server
 	producer   *kgo.Client
 	kafkaPing  *kgo.Client // readiness checks of the API
+	metrics    *metrics.Metrics
 }
 
 type appOptions struct {
@@ -75,7 +77,12 @@ func newApp(ctx context.Context, cfg *config.Config, log *zap.Logger, opts appOp
 	if err != nil {
 		return nil, err
 	}
-	a := &app{log: log, st: st, cfg: cfg, types: cfg.Domain()}
+	a := &app{log: log, st: st, cfg: cfg, types: cfg.Domain(), metrics: metrics.New()}
+	var queueNames []string
+	for _, q := range cfg.Queues {
+		queueNames = append(queueNames, q.Name)
+	}
+	a.metrics.CountJobs(st.JobCounts, queueNames, 10*time.Second)
 	fail := func(err error) (*app, error) {
 		a.close()
 		return nil, err
@@ -97,7 +104,7 @@ func newApp(ctx context.Context, cfg *config.Config, log *zap.Logger, opts appOp
 	if has("intake") && len(cfg.Intake.Topics) > 0 {
 		a.intake, err = consumer.NewIntake(log, st, consumer.IntakeConfig{
 			GroupConfig: consumer.GroupConfig{Kafka: kc, Group: cfg.Intake.Group, Topics: cfg.Intake.Topics,
-				Start: cfg.Intake.Start, SessionTimeout: cfg.Kafka.SessionTimeout.D()},
+				Start: cfg.Intake.Start, SessionTimeout: cfg.Kafka.SessionTimeout.D(), Metrics: a.metrics},
 			DeadLetterTopic: cfg.Intake.DeadLetterTopic, MaxBytes: cfg.Intake.MaxBytes, Types: a.types})
 		if err != nil {
 			return fail(err)
@@ -115,7 +122,7 @@ func newApp(ctx context.Context, cfg *config.Config, log *zap.Logger, opts appOp
 		}
 		a.responses, err = consumer.NewResponses(log, st, consumer.ResponsesConfig{
 			GroupConfig: consumer.GroupConfig{Kafka: kc, Group: cfg.Responses.Group, Topics: topics,
-				Start: cfg.Responses.Start, SessionTimeout: cfg.Kafka.SessionTimeout.D()},
+				Start: cfg.Responses.Start, SessionTimeout: cfg.Kafka.SessionTimeout.D(), Metrics: a.metrics},
 			DeadLetterTopic: cfg.Responses.DeadLetterTopic, EarlyTTL: cfg.Responses.EarlyTTL.D(),
 			Matchers: matchers, Types: a.types})
 		if err != nil {
@@ -159,25 +166,22 @@ func newApp(ctx context.Context, cfg *config.Config, log *zap.Logger, opts appOp
 			queues = append(queues, dispatcher.QueueConfig{Name: q.Name, Order: q.Order, Throttle: *throttles[q.Name]})
 		}
 		a.dispatcher = dispatcher.New(log, st, dispatcher.Config{Instance: instance, Interval: cfg.Dispatch.Interval.D(),
-			BatchSize: cfg.Dispatch.BatchSize, Queues: queues, Types: a.types, Senders: senders})
+			BatchSize: cfg.Dispatch.BatchSize, Queues: queues, Types: a.types, Senders: senders, Metrics: a.metrics})
 	}
 	if has("sweeper") {
 		a.sweeper = sweeper.New(log, st, sweeper.Config{Schedule: cfg.Sweeper.Schedule, Retention: cfg.Sweeper.Retention.D(),
 			DeadLetterRetention: cfg.Sweeper.DeadLetterRetention.D(), Grace: cfg.Dispatch.Grace.D(), Types: a.types,
-			SendTimeout: a.sendTimeout})
+			SendTimeout: a.sendTimeout, Metrics: a.metrics})
 	}
 	if has("api") && cfg.API != nil {
 		a.kafkaPing, err = kafkaconn.NewClient(kc, log)
 		if err != nil {
 			return fail(err)
 		}
-		var queues []string
-		for _, q := range cfg.Queues {
-			queues = append(queues, q.Name)
-		}
 		a.api = api.New(log, st, api.Config{Listen: cfg.API.Listen, Tokens: cfg.API.Tokens,
-			CallbackSecret: []byte(cfg.API.CallbackSecret), MaxBodyBytes: cfg.Intake.MaxBytes, Queues: queues,
-			Types: a.types, EarlyTTL: cfg.Responses.EarlyTTL.D(), Ready: a.kafkaPing.Ping})
+			CallbackSecret: []byte(cfg.API.CallbackSecret), MaxBodyBytes: cfg.Intake.MaxBytes, Queues: queueNames,
+			Types: a.types, EarlyTTL: cfg.Responses.EarlyTTL.D(), Ready: a.kafkaPing.Ping,
+			Metrics: a.metrics, ServeMetrics: true})
 	} else if slices.Equal(opts.roles, []string{"api"}) {
 		return fail(errors.New("--only api: the config has no api section"))
 	}

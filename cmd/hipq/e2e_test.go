@@ -82,6 +82,33 @@ func TestRoundTrip(t *testing.T) {
 	if n := e.countJobs(a, "attempt > max_attempts"); n != 0 {
 		t.Errorf("%d jobs above max_attempts", n)
 	}
+	// The metrics moved with the jobs: 23 accepted; 27 sends (silent-once
+	// twice); 26 replies applied, each with its round trip; 1 timeout; all
+	// 23 final; no lag left on either consumer group.
+	m := scrape(t, a.metrics.Handler())
+	wantMetrics(t, m, map[string]float64{
+		`hipq_intake_records_total{result="accepted",source="kafka"}`:                                       23,
+		`hipq_jobs_claimed_total{queue="default"}`:                                                          27,
+		`hipq_dispatches_total{queue="default",result="sent",transport="kafka"}`:                            27,
+		`hipq_replies_total{result="applied",source="kafka"}`:                                               26,
+		`hipq_round_trip_seconds_count{job_type="e2e"}`:                                                     26,
+		`hipq_sweeper_actions_total{action="timed_out"}`:                                                    1,
+		`hipq_jobs{queue="default",state="final"}`:                                                          23,
+		`hipq_jobs{queue="default",state="running"}`:                                                        0,
+		`hipq_consumer_lag_records{group="e2e-intake",partition="0",topic="` + e.kafka.Topic("jobs") + `"}`: 0,
+	})
+	lags := 0
+	for series, v := range m {
+		if strings.HasPrefix(series, "hipq_consumer_lag_records{") {
+			lags++
+			if v != 0 {
+				t.Errorf("%s = %v after every record was applied", series, v)
+			}
+		}
+	}
+	if lags < 2 {
+		t.Errorf("consumer lag reported for %d partitions, want intake's and responses'", lags)
+	}
 }
 
 // Every bad-input case of SPEC §4 is dead-lettered, to PostgreSQL and to
@@ -216,6 +243,14 @@ func TestEarlyReplyAppliedAfterDispatch(t *testing.T) {
 		}
 		return j.Outcome == correlator.OutcomeSucceeded && string(j.Result) == `{"v": 42, "status": "succeeded"}`, fmt.Sprintf("%s %s %s", j.State, j.Outcome, j.Result)
 	})
+	// Counted once as early when read, once as applied when used (by b's
+	// dispatcher after the send, or a's sweeper).
+	kept, _ := a.metrics.Value("hipq_replies_total", map[string]string{"source": "kafka", "result": "early"})
+	usedA, _ := a.metrics.Value("hipq_replies_total", map[string]string{"source": "early", "result": "applied"})
+	usedB, _ := b.metrics.Value("hipq_replies_total", map[string]string{"source": "early", "result": "applied"})
+	if kept != 1 || usedA+usedB != 1 {
+		t.Fatalf("replies: %v kept early, %v+%v applied later; want 1 and 1", kept, usedA, usedB)
+	}
 }
 
 // A record that passes validation but that PostgreSQL refuses (here a JSON

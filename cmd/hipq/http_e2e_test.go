@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -83,4 +84,22 @@ job_types:
 	if p := <-calls; p != "/labels/p1" {
 		t.Fatalf("downstream called at %s", p)
 	}
+	// /metrics needs no token and shows the job's way through.
+	resp, err := http.Get("http://" + apiAddr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("/metrics answered %d", resp.StatusCode)
+	}
+	wantMetrics(t, parseMetrics(t, string(body)), map[string]float64{
+		`hipq_intake_records_total{result="accepted",source="api"}`:             1,
+		`hipq_dispatches_total{queue="default",result="sent",transport="http"}`: 1,
+		`hipq_replies_total{result="applied",source="callback"}`:                1,
+		`hipq_round_trip_seconds_count{job_type="label.print"}`:                 1,
+		`hipq_jobs{queue="default",state="final"}`:                              1,
+		`hipq_jobs{queue="default",state="initial"}`:                            0,
+	})
 }

@@ -3,7 +3,10 @@ package main
 import (
 	"context"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -146,3 +149,42 @@ func jobReq(key string) string {
 var _ = correlator.StateFinal
 
 func nopLogger() *zap.Logger { return zap.NewNop() }
+
+// scrape reads the metrics h serves, in the Prometheus text format, as
+// series (name{labels} as printed) to values.
+func scrape(t *testing.T, h http.Handler) map[string]float64 {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+	if rec.Code != http.StatusOK {
+		t.Fatalf("/metrics answered %d: %s", rec.Code, rec.Body)
+	}
+	return parseMetrics(t, rec.Body.String())
+}
+
+func parseMetrics(t *testing.T, text string) map[string]float64 {
+	t.Helper()
+	out := map[string]float64{}
+	for _, line := range strings.Split(text, "\n") {
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		i := strings.LastIndexByte(line, ' ')
+		v, err := strconv.ParseFloat(line[i+1:], 64)
+		if i < 0 || err != nil {
+			t.Fatalf("metrics line %q", line)
+		}
+		out[line[:i]] = v
+	}
+	return out
+}
+
+// wantMetrics fails for each series whose value is not the wanted one.
+func wantMetrics(t *testing.T, got map[string]float64, want map[string]float64) {
+	t.Helper()
+	for series, v := range want {
+		if g, ok := got[series]; !ok || g != v {
+			t.Errorf("%s = %v (present: %v), want %v", series, g, ok, v)
+		}
+	}
+}
