@@ -16,11 +16,20 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/hipq/hipq/correlator"
+	"github.com/hipq/hipq/internal/metrics"
 	"github.com/hipq/hipq/internal/pgtest"
 	"github.com/hipq/hipq/store"
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// customMatcher reads replies of the "custom" topic from the value.
+func customMatcher() correlator.Matcher {
+	m := correlator.DefaultMatcher()
+	m.JobType, m.JobKey, m.Status = correlator.Field{JSON: "/kind"}, correlator.Field{JSON: "/ref"}, correlator.Field{JSON: "/state"}
+	m.Success = []string{"done"}
+	return m
+}
 
 var (
 	ctx    = context.Background()
@@ -33,6 +42,7 @@ type apiEnv struct {
 	st    *store.Store
 	url   string
 	token string
+	m     *metrics.Metrics
 }
 
 func newAPI(t *testing.T, tokens ...string) *apiEnv {
@@ -42,11 +52,13 @@ func newAPI(t *testing.T, tokens ...string) *apiEnv {
 		"t": {Name: "t", Queue: "default", Timeout: time.Hour, Priority: 100, ThrottleFactor: 1, Delivery: correlator.AtLeastOnce,
 			Retry: &correlator.Backoff{Attempts: 3, Initial: time.Minute, When: []correlator.AttemptOutcome{correlator.AttemptFailed}}},
 	}
+	m := metrics.New()
 	s := New(zaptest.NewLogger(t), st, Config{Tokens: tokens, CallbackSecret: secret, MaxBodyBytes: 4096,
-		Queues: []string{"default"}, Types: types, EarlyTTL: time.Minute})
+		Queues: []string{"default"}, Types: types, EarlyTTL: time.Minute, Metrics: m,
+		Matchers: map[string]correlator.Matcher{"custom": customMatcher()}})
 	srv := httptest.NewServer(s.Handler())
 	t.Cleanup(srv.Close)
-	e := &apiEnv{t: t, st: st, url: srv.URL}
+	e := &apiEnv{t: t, st: st, url: srv.URL, m: m}
 	if len(tokens) > 0 {
 		e.token = tokens[0]
 	}
@@ -471,4 +483,104 @@ func FuzzDecodeCallback(f *testing.F) {
 			t.Fatalf("reply %+v", r)
 		}
 	})
+}
+
+// POST /v1/dead-letters/{id}/replay sends a dead letter through its path
+// again: 202 with replayed_at set in the same transaction as the effect;
+// 422 and nothing changed when it is refused again; 409 for a second
+// replay or a conflicting job; 404 for no such dead letter.
+func TestDeadLetterReplay(t *testing.T) {
+	t.Parallel()
+	e := newAPI(t, token)
+	dl := func(kind, topic, value string, hs ...correlator.Header) int64 {
+		t.Helper()
+		if err := e.st.DeadLetterInsert(ctx, []store.DeadLetter{{Kind: kind, Reason: "unknown_job_type: test",
+			Source: store.Source{Topic: topic, Value: []byte(value), Headers: hs, Received: time.Now()}}}); err != nil {
+			t.Fatal(err)
+		}
+		var id int64
+		_ = e.st.Pool().QueryRow(ctx, "SELECT max(id) FROM hipq_dead_letter").Scan(&id)
+		return id
+	}
+	replayed := func(id int64) bool {
+		d, err := e.st.DeadLetterGet(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d.Replayed != nil
+	}
+	path := func(id int64) string { return fmt.Sprintf("/v1/dead-letters/%d/replay", id) }
+
+	// Intake: a record of a type this instance did not know then is a job now.
+	in := dl(store.SourceIntake, "jobs", `{"job_type": "t", "job_key": "late", "job_data": {"n": 1}}`)
+	out := e.want("POST", path(in), "", 202)
+	if out["result"] != "accepted" || job(out)["job_key"] != "late" || !replayed(in) {
+		t.Fatalf("intake replay: %v", out)
+	}
+	if j, err := e.st.JobGet(ctx, "t", "late"); err != nil || string(j.JobData) != `{"n": 1}` {
+		t.Fatalf("replayed job: %v %v", j, err)
+	}
+	if out := e.want("POST", path(in), "", 409); errCode(out) != "already_replayed" {
+		t.Fatalf("second replay: %v", out)
+	}
+	// Still bad: 422, nothing changes.
+	bad := dl(store.SourceIntake, "jobs", `{{{`)
+	if out := e.want("POST", path(bad), "", 422); errCode(out) != "still_refused" || !strings.Contains(out["error"].(map[string]any)["message"].(string), "invalid_json") {
+		t.Fatalf("bad record: %v", out)
+	}
+	// A non-final job of the key with other data: 409, nothing changes.
+	other := dl(store.SourceIntake, "jobs", `{"job_type": "t", "job_key": "late", "job_data": {"n": 2}}`)
+	e.want("POST", path(other), "", 409)
+	if replayed(bad) || replayed(other) {
+		t.Fatal("a refused replay set replayed_at")
+	}
+	e.want("POST", "/v1/jobs/t/late/cancel", "", 200) // out of the claims below
+
+	// A Kafka reply, read with its topic's matcher, resolves its job.
+	e.running("kr")
+	rep := dl(store.SourceReply, "custom", `{"kind": "t", "ref": "kr", "state": "done", "v": 7}`)
+	if out := e.want("POST", path(rep), "", 202); out["result"] != "applied" || !replayed(rep) {
+		t.Fatalf("reply replay: %v", out)
+	}
+	if j, _ := e.st.JobGet(ctx, "t", "kr"); j.Outcome != correlator.OutcomeSucceeded {
+		t.Fatalf("kr: %s %s", j.State, j.Outcome)
+	}
+
+	// A callback for attempt 2 came while the job was at attempt 1
+	// (newer_attempt); once attempt 2 runs, the replay applies it.
+	id := e.running("kc")
+	e.want("POST", signed(id, "kc", 2), `{"status": "succeeded", "result": {"x": 1}}`, 422)
+	var cb int64
+	_ = e.st.Pool().QueryRow(ctx, "SELECT id FROM hipq_dead_letter WHERE source = 'callback'").Scan(&cb)
+	if out := e.want("POST", path(cb), "", 422); errCode(out) != "still_refused" || replayed(cb) {
+		t.Fatalf("callback replayed too soon: %v", out)
+	}
+	if _, err := e.st.Pool().Exec(ctx, "UPDATE hipq_job SET state = 'retry', scheduled_run_time = now() WHERE id = $1", id); err != nil {
+		t.Fatal(err)
+	}
+	if c, err := e.st.JobClaim(ctx, store.JobClaimParams{Queue: "default", Limit: 10, Instance: "i"}); err != nil || len(c.Jobs) != 1 || c.Jobs[0].Attempt != 2 {
+		t.Fatalf("claim attempt 2: %v %v", c, err)
+	}
+	if out := e.want("POST", path(cb), "", 202); out["result"] != "applied" {
+		t.Fatalf("callback replay: %v", out)
+	}
+	if j, _ := e.st.JobGet(ctx, "t", "kc"); j.Outcome != correlator.OutcomeSucceeded || j.Attempt != 2 || string(j.Result) != `{"x": 1}` {
+		t.Fatalf("kc: %s %s attempt %d %s", j.State, j.Outcome, j.Attempt, j.Result)
+	}
+	var dead int
+	_ = e.st.Pool().QueryRow(ctx, "SELECT count(*) FROM hipq_dead_letter").Scan(&dead)
+	if dead != 5 {
+		t.Fatalf("%d dead letters: a refused replay must not add one", dead)
+	}
+
+	e.want("POST", "/v1/dead-letters/99999/replay", "", 404)
+	e.want("POST", "/v1/dead-letters/x/replay", "", 400)
+	e.token = ""
+	e.want("POST", path(rep), "", 401)
+
+	accepted, _ := e.m.Value("hipq_intake_records_total", map[string]string{"source": "replay", "result": "accepted"})
+	applied, _ := e.m.Value("hipq_replies_total", map[string]string{"source": "replay", "result": "applied"})
+	if accepted != 1 || applied != 2 {
+		t.Fatalf("metrics: %v intake replays accepted, %v replies applied; want 1, 2", accepted, applied)
+	}
 }

@@ -50,7 +50,7 @@ func (s *Server) callback(w http.ResponseWriter, r *http.Request) error {
 	}
 	res, err := s.st.ReplyApply(r.Context(), store.ReplyBatch{EarlyTTL: s.cfg.EarlyTTL, Replies: []store.ReplyIn{{
 		Reply: reply, Kind: store.SourceCallback,
-		Source: store.Source{Value: body, Received: time.Now(), Headers: []correlator.Header{{Key: "path", Value: []byte(r.URL.Path)}}},
+		Source: store.Source{Value: body, Received: time.Now(), Headers: callbackHeaders(reply)},
 	}}}, s.typeInfo)
 	if err != nil {
 		return err
@@ -75,6 +75,20 @@ func (s *Server) callback(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) typeInfo(name string) *correlator.JobType { return s.cfg.Types[name] }
+
+// callbackHeaders are what a callback's dead letter keeps of its URL, as
+// hipq-* headers: the type, key, and the job id and attempt when given
+// (never the sig). A replay reads the reply back from them and the body.
+func callbackHeaders(r *correlator.Reply) []correlator.Header {
+	hs := []correlator.Header{{Key: correlator.HeaderJobType, Value: []byte(r.JobType)}, {Key: correlator.HeaderJobKey, Value: []byte(r.JobKey)}}
+	if r.JobID != nil {
+		hs = append(hs, correlator.Header{Key: correlator.HeaderJobID, Value: strconv.AppendInt(nil, *r.JobID, 10)})
+	}
+	if r.Attempt != nil {
+		hs = append(hs, correlator.Header{Key: correlator.HeaderAttempt, Value: strconv.AppendInt(nil, int64(*r.Attempt), 10)})
+	}
+	return hs
+}
 
 // callbackAuthorized: a sig, when present, must be valid for the URL's
 // job id, type, key and attempt; without one, a valid bearer token is

@@ -37,6 +37,8 @@ type Config struct {
 	// Queues are the declared queues (pause and resume refuse others).
 	Queues []string
 	Types  map[string]*correlator.JobType
+	// Matchers read Kafka replies by topic, for dead-letter replays.
+	Matchers map[string]correlator.Matcher
 	// EarlyTTL is how long an early callback is kept (responses.early_ttl).
 	EarlyTTL time.Duration
 	// Ready reports what besides PostgreSQL readiness needs (Kafka); nil =
@@ -74,6 +76,7 @@ func New(log *zap.Logger, st *store.Store, cfg Config) *Server {
 	s.mux.Handle("POST /v1/queues/{queue}/pause", auth(s.pause(true)))
 	s.mux.Handle("POST /v1/queues/{queue}/resume", auth(s.pause(false)))
 	s.mux.Handle("GET /v1/dead-letters", auth(s.listDeadLetters))
+	s.mux.Handle("POST /v1/dead-letters/{id}/replay", auth(s.replayDeadLetter))
 	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})

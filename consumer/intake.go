@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"fmt"
 	"reflect"
 	"time"
 
@@ -54,7 +53,7 @@ func (in *Intake) apply(ctx context.Context, recs []*kgo.Record, adv []store.Off
 	dups := 0
 	for _, r := range recs {
 		src := source(r)
-		job, err := in.decode(r.Value, now)
+		job, err := correlator.DecodeJob(r.Value, in.cfg.MaxBytes, in.cfg.Types, now)
 		if err != nil {
 			b.DeadLetters = append(b.DeadLetters, store.DeadLetter{Kind: store.SourceIntake, Source: src, Reason: err.Error()})
 			continue
@@ -97,20 +96,6 @@ func (in *Intake) poison(ctx context.Context, rec *kgo.Record, adv []store.Offse
 		in.count("dead_lettered", 1)
 		in.copyDeadLetters(res.DeadLetters)
 	}, nil
-}
-
-// decode validates a record and builds its job.
-func (in *Intake) decode(value []byte, now time.Time) (*correlator.Job, error) {
-	req, err := correlator.DecodeRequest(value, in.cfg.MaxBytes)
-	if err != nil {
-		return nil, err
-	}
-	jt := in.cfg.Types[req.JobType]
-	if jt == nil {
-		return nil, &correlator.InputError{Code: correlator.CodeUnknownJobType,
-			Detail: fmt.Sprintf("job type %q is not configured on this instance", req.JobType)}
-	}
-	return correlator.NewJob(req, jt, now)
 }
 
 func (in *Intake) copyDeadLetters(dls []store.DeadLetter) {

@@ -2,6 +2,7 @@ package correlator
 
 import (
 	"encoding/json"
+	"fmt"
 	"time"
 )
 
@@ -59,6 +60,22 @@ type Job struct {
 	Result           json.RawMessage
 	CreatedAt        time.Time
 	UpdateTime       time.Time
+}
+
+// DecodeJob decodes an intake record's value into the job it asks for:
+// the request is validated and its type must be one of types. Errors are
+// *InputError.
+func DecodeJob(value []byte, maxBytes int, types map[string]*JobType, now time.Time) (*Job, error) {
+	req, err := DecodeRequest(value, maxBytes)
+	if err != nil {
+		return nil, err
+	}
+	jt := types[req.JobType]
+	if jt == nil {
+		return nil, &InputError{Code: CodeUnknownJobType,
+			Detail: fmt.Sprintf("job type %q is not configured on this instance", req.JobType)}
+	}
+	return NewJob(req, jt, now)
 }
 
 // NewJob builds the initial row for a decoded request of type jt, filling

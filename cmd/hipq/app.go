@@ -112,14 +112,14 @@ func newApp(ctx context.Context, cfg *config.Config, log *zap.Logger, opts appOp
 	} else if has("intake") {
 		log.Warn("intake.topics is empty: no intake consumer runs")
 	}
+	matchers := map[string]correlator.Matcher{}
+	var topics []string
+	for i := range cfg.Responses.Topics {
+		rt := &cfg.Responses.Topics[i]
+		matchers[rt.Topic] = rt.Matcher(cfg.Intake.MaxBytes)
+		topics = append(topics, rt.Topic)
+	}
 	if has("responses") && len(cfg.Responses.Topics) > 0 {
-		matchers := map[string]correlator.Matcher{}
-		var topics []string
-		for i := range cfg.Responses.Topics {
-			rt := &cfg.Responses.Topics[i]
-			matchers[rt.Topic] = rt.Matcher(cfg.Intake.MaxBytes)
-			topics = append(topics, rt.Topic)
-		}
 		a.responses, err = consumer.NewResponses(log, st, consumer.ResponsesConfig{
 			GroupConfig: consumer.GroupConfig{Kafka: kc, Group: cfg.Responses.Group, Topics: topics,
 				Start: cfg.Responses.Start, SessionTimeout: cfg.Kafka.SessionTimeout.D(), Metrics: a.metrics},
@@ -180,7 +180,7 @@ func newApp(ctx context.Context, cfg *config.Config, log *zap.Logger, opts appOp
 		}
 		a.api = api.New(log, st, api.Config{Listen: cfg.API.Listen, Tokens: cfg.API.Tokens,
 			CallbackSecret: []byte(cfg.API.CallbackSecret), MaxBodyBytes: cfg.Intake.MaxBytes, Queues: queueNames,
-			Types: a.types, EarlyTTL: cfg.Responses.EarlyTTL.D(), Ready: a.kafkaPing.Ping,
+			Types: a.types, Matchers: matchers, EarlyTTL: cfg.Responses.EarlyTTL.D(), Ready: a.kafkaPing.Ping,
 			Metrics: a.metrics, ServeMetrics: true})
 	} else if slices.Equal(opts.roles, []string{"api"}) {
 		return fail(errors.New("--only api: the config has no api section"))

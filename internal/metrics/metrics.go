@@ -23,7 +23,7 @@ import (
 type Metrics struct {
 	reg *prometheus.Registry
 
-	// IntakeRecords counts job requests by source (kafka, api) and result
+	// IntakeRecords counts job requests by source (kafka, api, replay) and result
 	// (accepted, duplicate, dead_lettered; conflict for the API's 409).
 	IntakeRecords *prometheus.CounterVec
 	// Claimed counts jobs the dispatcher moved to running, by queue.
@@ -35,7 +35,7 @@ type Metrics struct {
 	// Deferred counts due jobs found outside their time windows, by queue
 	// and result (deferred, expired).
 	Deferred *prometheus.CounterVec
-	// Replies counts replies by source (kafka, callback, sync, early) and
+	// Replies counts replies by source (kafka, callback, sync, early, replay) and
 	// result (applied, duplicate, stale, early, dead_lettered).
 	Replies *prometheus.CounterVec
 	// RoundTrip observes, per job type, the seconds from a job's claim to
@@ -54,7 +54,7 @@ func New() *Metrics {
 	m := &Metrics{
 		reg: prometheus.NewRegistry(),
 		IntakeRecords: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hipq_intake_records_total",
-			Help: "Job requests read, by source (kafka, api) and result (accepted, duplicate, dead_lettered, conflict)."},
+			Help: "Job requests read, by source (kafka, api, replay) and result (accepted, duplicate, dead_lettered, conflict)."},
 			[]string{"source", "result"}),
 		Claimed: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hipq_jobs_claimed_total",
 			Help: "Jobs the dispatcher moved to running, by queue."}, []string{"queue"}),
@@ -65,7 +65,7 @@ func New() *Metrics {
 			Help: "Due jobs found outside their time windows, by queue and result (deferred, expired)."},
 			[]string{"queue", "result"}),
 		Replies: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hipq_replies_total",
-			Help: "Replies by source (kafka, callback, sync, early) and result (applied, duplicate, stale, early, dead_lettered)."},
+			Help: "Replies by source (kafka, callback, sync, early, replay) and result (applied, duplicate, stale, early, dead_lettered)."},
 			[]string{"source", "result"}),
 		RoundTrip: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "hipq_round_trip_seconds",
 			Help:    "Seconds from a job's claim to the reply that ended its attempt, by job type.",
@@ -170,14 +170,15 @@ func (c *jobsCollector) fill(counts []store.JobCount) []store.JobCount {
 	return counts
 }
 
-// Sources: the source label of hipq_intake_records_total (kafka, api) and
-// of hipq_replies_total (kafka, callback, sync, early).
+// Sources: the source label of hipq_intake_records_total (kafka, api,
+// replay) and of hipq_replies_total (kafka, callback, sync, early, replay).
 const (
 	SourceAPI      = "api"
 	SourceKafka    = "kafka"
 	SourceCallback = "callback"
 	SourceSync     = "sync"
-	SourceEarly    = "early" // kept early replies applied or expired later
+	SourceEarly    = "early"  // kept early replies applied or expired later
+	SourceReplay   = "replay" // dead letters replayed through the API
 )
 
 // ObserveReplies counts what a reply batch did and the round trips of the
