@@ -6,6 +6,9 @@
 //	hipq check-config --config hipq.yaml
 //	hipq demo
 //	hipq bench [-n 20000] [--json]
+//	hipq jobs get|list|cancel|replay ...
+//	hipq queues pause|resume QUEUE
+//	hipq dead-letters list|replay ...
 package main
 
 import (
@@ -34,7 +37,11 @@ Usage:
   hipq check-config --config FILE
   hipq demo
   hipq bench [-n N] [--json]
-`
+  hipq jobs get|list|cancel|replay ...
+  hipq queues pause|resume QUEUE
+  hipq dead-letters list|replay ...
+
+` + remoteUsage
 
 func main() {
 	os.Exit(runMain(os.Args[1:], os.Stdout, os.Stderr))
@@ -65,6 +72,12 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 		err = cmdDemo(args[1:], stdout)
 	case "bench":
 		err = cmdBench(args[1:], stdout)
+	case "jobs":
+		err = cmdJobs(args[1:], stdout)
+	case "queues":
+		err = cmdQueues(args[1:], stdout)
+	case "dead-letters":
+		err = cmdDeadLetters(args[1:], stdout)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return 0

@@ -1,0 +1,123 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net/http/httptest"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/zap/zaptest"
+
+	"github.com/hipq/hipq/api"
+	"github.com/hipq/hipq/correlator"
+	"github.com/hipq/hipq/internal/pgtest"
+	"github.com/hipq/hipq/store"
+)
+
+// hipq jobs, queues and dead-letters drive a real API server: tables by
+// default, the API's JSON with --json, server and token from the
+// environment or flags, API errors as exit 1 with the API's code, usage
+// errors as exit 2.
+func TestRemoteCommands(t *testing.T) {
+	st := pgtest.New(t)
+	token := strings.Repeat("k", 32)
+	types := map[string]*correlator.JobType{"t": {Name: "t", Queue: "default", Timeout: time.Hour, Priority: 100,
+		ThrottleFactor: 1, Delivery: correlator.AtLeastOnce, Retry: correlator.NoRetry}}
+	srv := httptest.NewServer(api.New(zaptest.NewLogger(t), st, api.Config{Tokens: []string{token}, Queues: []string{"default"},
+		Types: types, CallbackSecret: []byte(strings.Repeat("s", 32))}).Handler())
+	defer srv.Close()
+	t.Setenv("HIPQ_API_URL", srv.URL)
+	t.Setenv("HIPQ_API_TOKEN", token)
+	run := func(wantCode int, args ...string) string {
+		t.Helper()
+		var out, errOut bytes.Buffer
+		if code := runMain(args, &out, &errOut); code != wantCode {
+			t.Fatalf("hipq %s: exit %d, want %d\nstdout: %s\nstderr: %s", strings.Join(args, " "), code, wantCode, out.String(), errOut.String())
+		}
+		return out.String() + errOut.String()
+	}
+	mustContain := func(out string, parts ...string) {
+		t.Helper()
+		for _, p := range parts {
+			if !strings.Contains(out, p) {
+				t.Fatalf("output lacks %q:\n%s", p, out)
+			}
+		}
+	}
+	for _, k := range []string{"k1", "k 2/x"} {
+		j, err := correlator.NewJob(&correlator.Request{JobType: "t", JobKey: k, JobData: json.RawMessage(`{"n": 1}`)}, types["t"], time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := st.JobsInsert(context.Background(), []*correlator.Job{j}); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// list: a table, paginated.
+	out := run(0, "jobs", "list")
+	mustContain(out, "ID", "STATE", "k1", "k 2/x", "initial")
+	page1 := run(0, "jobs", "list", "--limit", "1")
+	m := regexp.MustCompile(`more: add --cursor (\S+)`).FindStringSubmatch(page1)
+	if m == nil || !strings.Contains(page1, "k 2/x") || strings.Contains(page1, "k1") {
+		t.Fatalf("page 1:\n%s", page1)
+	}
+	page2 := run(0, "jobs", "list", "--limit", "1", "--cursor", m[1])
+	if !strings.Contains(page2, "k1") || strings.Contains(page2, "more:") {
+		t.Fatalf("page 2:\n%s", page2)
+	}
+	run(0, "jobs", "list", "--state", "final") // filters pass through
+	mustContain(run(1, "jobs", "list", "--state", "bogus"), "400 invalid_parameter")
+
+	// get: the job's columns, a key with a slash and a space escaped; --json
+	// is the API's answer.
+	mustContain(run(0, "jobs", "get", "t", "k 2/x"), "job", "t/k 2/x", "state", "initial", "no attempts yet", `{"n":1}`)
+	var got struct {
+		Job struct {
+			JobKey string `json:"job_key"`
+		} `json:"job"`
+		Attempts []any `json:"attempts"`
+	}
+	if err := json.Unmarshal([]byte(run(0, "jobs", "get", "--json", "t", "k1")), &got); err != nil || got.Job.JobKey != "k1" || got.Attempts == nil {
+		t.Fatalf("--json: %+v %v", got, err)
+	}
+	mustContain(run(1, "jobs", "get", "t", "nope"), "404 not_found")
+
+	// cancel, then replay the final job.
+	mustContain(run(0, "jobs", "cancel", "t", "k1"), "t/k1 cancelled", "final / cancelled")
+	mustContain(run(1, "jobs", "cancel", "t", "k1"), "409 final")
+	mustContain(run(0, "jobs", "replay", "t", "k1"), "replayed as a new job", "initial")
+
+	// queues.
+	mustContain(run(0, "queues", "pause", "default"), "queue default paused")
+	if out := run(0, "queues", "resume", "default", "--json"); !strings.Contains(out, `"paused": false`) {
+		t.Fatalf("resume --json:\n%s", out)
+	}
+	mustContain(run(1, "queues", "pause", "nope"), "404 not_found")
+
+	// dead letters: list, replay.
+	if err := st.DeadLetterInsert(context.Background(), []store.DeadLetter{{Kind: store.SourceIntake, Reason: "unknown_job_type: not yet",
+		Source: store.Source{Topic: "jobs", Partition: 2, Offset: 40, Value: []byte(`{"job_type": "t", "job_key": "dl"}`), Received: time.Now()}}}); err != nil {
+		t.Fatal(err)
+	}
+	out = run(0, "dead-letters", "list", "--source", "intake")
+	mustContain(out, "SOURCE", "intake", "jobs/2@40", "unknown_job_type: not yet")
+	id := regexp.MustCompile(`(?m)^(\d+)\s+intake`).FindStringSubmatch(out)
+	if id == nil {
+		t.Fatalf("no id in:\n%s", out)
+	}
+	mustContain(run(0, "dead-letters", "replay", id[1]), "replayed: accepted", "t/dl")
+	mustContain(run(1, "dead-letters", "replay", id[1]), "409 already_replayed")
+
+	// Server and token: flags win over the environment; errors say what.
+	mustContain(run(1, "jobs", "list", "--token", strings.Repeat("x", 32)), "401 unauthorized")
+	mustContain(run(1, "jobs", "list", "--server", "http://127.0.0.1:1"), "cannot reach the hipq API at http://127.0.0.1:1")
+	mustContain(run(2, "jobs", "get", "t"), "want TYPE KEY")
+	mustContain(run(2, "jobs", "frob"), "unknown subcommand")
+	mustContain(run(2, "dead-letters", "replay", "x"), "not a dead letter id")
+	mustContain(run(2, "queues"), "pause QUEUE")
+}
