@@ -133,6 +133,37 @@ func (r *remote) call(method, path string, query url.Values, out any) ([]byte, e
 	return body, nil
 }
 
+// do calls the API; with --json it prints the answer. done says the
+// command has nothing left to print (an error, or --json).
+func (r *remote) do(method, path string, query url.Values, out any) (done bool, err error) {
+	raw, err := r.call(method, path, query, out)
+	if err != nil {
+		return true, err
+	}
+	if r.json {
+		return true, r.printJSON(raw)
+	}
+	return false, nil
+}
+
+// listQuery is a list call's query: limit plus the filters that are set.
+func listQuery(limit int, filters map[string]string) url.Values {
+	q := url.Values{"limit": {strconv.Itoa(limit)}}
+	for k, v := range filters {
+		if v != "" {
+			q.Set(k, v)
+		}
+	}
+	return q
+}
+
+// more tells how to get the next page, if any.
+func more(w io.Writer, next *string) {
+	if next != nil {
+		fmt.Fprintf(w, "more: add --cursor %s\n", *next)
+	}
+}
+
 // printJSON prints an API answer indented.
 func (r *remote) printJSON(raw []byte) error {
 	var b bytes.Buffer
@@ -166,12 +197,8 @@ func cmdJobs(args []string, stdout io.Writer) error {
 			Job      api.Job         `json:"job"`
 			Attempts []store.Attempt `json:"attempts"`
 		}
-		raw, err := r.call(http.MethodGet, jobPath(pos[0], pos[1], ""), nil, &out)
-		if err != nil {
+		if done, err := r.do(http.MethodGet, jobPath(pos[0], pos[1], ""), nil, &out); done {
 			return err
-		}
-		if r.json {
-			return r.printJSON(raw)
 		}
 		return printJob(stdout, &out.Job, out.Attempts)
 	case "list":
@@ -183,22 +210,13 @@ func cmdJobs(args []string, stdout io.Writer) error {
 		if _, err := parseArgs(fs, args, 0, "no argument"); err != nil {
 			return err
 		}
-		q := url.Values{"limit": {strconv.Itoa(*limit)}}
-		for k, v := range map[string]string{"job_type": *typ, "state": *state, "queue": *queue, "cursor": *cursor} {
-			if v != "" {
-				q.Set(k, v)
-			}
-		}
+		q := listQuery(*limit, map[string]string{"job_type": *typ, "state": *state, "queue": *queue, "cursor": *cursor})
 		var out struct {
 			Jobs []api.Job `json:"jobs"`
 			Next *string   `json:"next_cursor"`
 		}
-		raw, err := r.call(http.MethodGet, "/v1/jobs", q, &out)
-		if err != nil {
+		if done, err := r.do(http.MethodGet, "/v1/jobs", q, &out); done {
 			return err
-		}
-		if r.json {
-			return r.printJSON(raw)
 		}
 		tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
 		fmt.Fprintln(tw, "ID\tTYPE\tKEY\tQUEUE\tSTATE\tOUTCOME\tATTEMPT\tSCHEDULED\tUPDATED")
@@ -206,13 +224,9 @@ func cmdJobs(args []string, stdout io.Writer) error {
 			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%d/%d\t%s\t%s\n", j.ID, j.JobType, j.JobKey, j.Queue, j.State, deref(j.Outcome),
 				j.Attempt, j.MaxAttempts, stamp(&j.ScheduledRunTime), stamp(&j.UpdateTime))
 		}
-		if err := tw.Flush(); err != nil {
-			return err
-		}
-		if out.Next != nil {
-			fmt.Fprintf(stdout, "more: add --cursor %s\n", *out.Next)
-		}
-		return nil
+		err := tw.Flush()
+		more(stdout, out.Next)
+		return err
 	case "cancel", "replay":
 		pos, err := parseArgs(fs, args, 2, "TYPE KEY")
 		if err != nil {
@@ -221,12 +235,8 @@ func cmdJobs(args []string, stdout io.Writer) error {
 		var out struct {
 			Job api.Job `json:"job"`
 		}
-		raw, err := r.call(http.MethodPost, jobPath(pos[0], pos[1], "/"+sub), nil, &out)
-		if err != nil {
+		if done, err := r.do(http.MethodPost, jobPath(pos[0], pos[1], "/"+sub), nil, &out); done {
 			return err
-		}
-		if r.json {
-			return r.printJSON(raw)
 		}
 		verb := "cancelled"
 		if sub == "replay" {
@@ -254,12 +264,8 @@ func cmdQueues(args []string, stdout io.Writer) error {
 		Queue  string `json:"queue"`
 		Paused bool   `json:"paused"`
 	}
-	raw, err := r.call(http.MethodPost, "/v1/queues/"+url.PathEscape(pos[0])+"/"+sub, nil, &out)
-	if err != nil {
+	if done, err := r.do(http.MethodPost, "/v1/queues/"+url.PathEscape(pos[0])+"/"+sub, nil, &out); done {
 		return err
-	}
-	if r.json {
-		return r.printJSON(raw)
 	}
 	state := "resumed: dispatchers claim from it again"
 	if out.Paused {
@@ -285,23 +291,13 @@ func cmdDeadLetters(args []string, stdout io.Writer) error {
 		if _, err := parseArgs(fs, args, 0, "no argument"); err != nil {
 			return err
 		}
-		q := url.Values{"limit": {strconv.Itoa(*limit)}}
-		if *source != "" {
-			q.Set("source", *source)
-		}
-		if *cursor != "" {
-			q.Set("cursor", *cursor)
-		}
+		q := listQuery(*limit, map[string]string{"source": *source, "cursor": *cursor})
 		var out struct {
 			DeadLetters []api.DeadLetter `json:"dead_letters"`
 			Next        *string          `json:"next_cursor"`
 		}
-		raw, err := r.call(http.MethodGet, "/v1/dead-letters", q, &out)
-		if err != nil {
+		if done, err := r.do(http.MethodGet, "/v1/dead-letters", q, &out); done {
 			return err
-		}
-		if r.json {
-			return r.printJSON(raw)
 		}
 		tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
 		fmt.Fprintln(tw, "ID\tSOURCE\tFROM\tRECEIVED\tREPLAYED\tREASON")
@@ -312,13 +308,9 @@ func cmdDeadLetters(args []string, stdout io.Writer) error {
 			}
 			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\n", d.ID, d.Source, from, stamp(&d.ReceivedAt), stamp(d.ReplayedAt), oneLine(d.Reason, 100))
 		}
-		if err := tw.Flush(); err != nil {
-			return err
-		}
-		if out.Next != nil {
-			fmt.Fprintf(stdout, "more: add --cursor %s\n", *out.Next)
-		}
-		return nil
+		err := tw.Flush()
+		more(stdout, out.Next)
+		return err
 	case "replay":
 		pos, err := parseArgs(fs, args, 1, "ID")
 		if err != nil {
@@ -329,12 +321,8 @@ func cmdDeadLetters(args []string, stdout io.Writer) error {
 			return &exitError{2, fmt.Errorf("dead-letters replay: %q is not a dead letter id", pos[0])}
 		}
 		var out api.DeadLetterReplay
-		raw, err := r.call(http.MethodPost, fmt.Sprintf("/v1/dead-letters/%d/replay", id), nil, &out)
-		if err != nil {
+		if done, err := r.do(http.MethodPost, fmt.Sprintf("/v1/dead-letters/%d/replay", id), nil, &out); done {
 			return err
-		}
-		if r.json {
-			return r.printJSON(raw)
 		}
 		fmt.Fprintf(stdout, "dead letter %d (%s) replayed: %s", out.ID, out.Source, out.Result)
 		if out.Job != nil {
