@@ -368,6 +368,58 @@ func TestHealth(t *testing.T) {
 	}
 }
 
+// /readyz is 503 while a PostgreSQL write runs past the write deadline
+// (here a cancel blocked by a row lock), and ready again once it ends.
+func TestReadyWhileWritesStall(t *testing.T) {
+	t.Parallel()
+	e := newAPI(t)
+	e.want("PUT", "/v1/jobs/t/locked", `{}`, 201)
+	srv := httptest.NewServer(New(zaptest.NewLogger(t), e.st, Config{WriteDeadline: 100 * time.Millisecond}).Handler())
+	defer srv.Close()
+	ready := func() (int, string) {
+		resp, err := http.Get(srv.URL + "/readyz")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	tx, err := e.st.Pool().Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, "SELECT 1 FROM hipq_job WHERE job_key = 'locked' FOR UPDATE"); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { _, err := e.st.JobCancel(ctx, "t", "locked"); done <- err }()
+	waitFor := func(want int, what string) string {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			code, body := ready()
+			if code == want {
+				return body
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: readyz %d %s", what, code, body)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	if body := waitFor(503, "a stalled write"); !strings.Contains(body, "a PostgreSQL write has been running") {
+		t.Fatalf("503 without the reason: %s", body)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	waitFor(200, "writes done")
+}
+
 // running inserts a job and claims it: attempt 1 running.
 func (e *apiEnv) running(key string) int64 {
 	e.t.Helper()

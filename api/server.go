@@ -41,6 +41,9 @@ type Config struct {
 	Matchers map[string]correlator.Matcher
 	// EarlyTTL is how long an early callback is kept (responses.early_ttl).
 	EarlyTTL time.Duration
+	// WriteDeadline: readiness fails while a PostgreSQL write transaction
+	// has run longer; defaults to 10s.
+	WriteDeadline time.Duration
 	// Ready reports what besides PostgreSQL readiness needs (Kafka); nil =
 	// nothing.
 	Ready func(context.Context) error
@@ -63,6 +66,9 @@ type Server struct {
 func New(log *zap.Logger, st *store.Store, cfg Config) *Server {
 	if cfg.MaxBodyBytes <= 0 {
 		cfg.MaxBodyBytes = 1 << 20
+	}
+	if cfg.WriteDeadline <= 0 {
+		cfg.WriteDeadline = 10 * time.Second
 	}
 	cfg.Metrics = metrics.Or(cfg.Metrics)
 	s := &Server{log: log.Named("api"), st: st, cfg: cfg, mux: http.NewServeMux()}
@@ -236,6 +242,7 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) error {
 		checks[name] = "ok"
 	}
 	check("postgres", s.st.Pool().Ping(ctx))
+	check("writes", s.st.WriteStalled(s.cfg.WriteDeadline))
 	check("schema", s.st.CheckSchema(ctx))
 	if s.cfg.Ready != nil {
 		check("kafka", s.cfg.Ready(ctx))

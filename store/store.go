@@ -11,6 +11,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -22,6 +23,7 @@ import (
 type Store struct {
 	pool   *pgxpool.Pool
 	schema string
+	writes *writeWatch
 }
 
 // Config says how to reach the database.
@@ -56,7 +58,7 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 		pool.Close()
 		return nil, fmt.Errorf("connect to database: %w", err)
 	}
-	return &Store{pool: pool, schema: cfg.Schema}, nil
+	return &Store{pool: pool, schema: cfg.Schema, writes: &writeWatch{running: map[uint64]time.Time{}}}, nil
 }
 
 // Close closes every connection.
@@ -76,6 +78,7 @@ var ErrOffsetConflict = errors.New("stored offset moved: another consumer applie
 // inTx runs fn in a transaction, retrying on deadlock and serialization
 // failures, which PostgreSQL says are safe to retry whole.
 func (s *Store) inTx(ctx context.Context, fn func(pgx.Tx) error) error {
+	defer s.writes.start()()
 	var err error
 	for try := 0; try < 5; try++ {
 		err = pgx.BeginFunc(ctx, s.pool, fn)
@@ -102,4 +105,44 @@ func IsDataError(err error) bool {
 		return false
 	}
 	return len(pe.Code) == 5 && (pe.Code[:2] == "22" || pe.Code[:2] == "23")
+}
+
+// writeWatch keeps the start times of the write transactions running, so
+// readiness can tell PostgreSQL is accepting connections but not finishing
+// writes (a full disk, a lock held for too long, a failing replica in
+// synchronous commit).
+type writeWatch struct {
+	mu      sync.Mutex
+	next    uint64
+	running map[uint64]time.Time
+}
+
+func (w *writeWatch) start() (done func()) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.next++
+	id := w.next
+	w.running[id] = time.Now()
+	return func() {
+		w.mu.Lock()
+		delete(w.running, id)
+		w.mu.Unlock()
+	}
+}
+
+// WriteStalled returns an error while a write transaction has been running
+// for longer than deadline, nil otherwise.
+func (s *Store) WriteStalled(deadline time.Duration) error {
+	s.writes.mu.Lock()
+	defer s.writes.mu.Unlock()
+	var oldest time.Time
+	for _, t := range s.writes.running {
+		if oldest.IsZero() || t.Before(oldest) {
+			oldest = t
+		}
+	}
+	if !oldest.IsZero() && time.Since(oldest) > deadline {
+		return fmt.Errorf("a PostgreSQL write has been running for %s (readiness deadline %s)", time.Since(oldest).Round(time.Second), deadline)
+	}
+	return nil
 }
