@@ -4,8 +4,11 @@ import (
 	"bytes"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
+
+	"gopkg.in/yaml.v3"
 )
 
 func TestCheckConfig(t *testing.T) {
@@ -60,9 +63,32 @@ func TestMigrateCommand(t *testing.T) {
 	}
 }
 
-// The config docker-compose.yml runs must stay valid.
+// The config docker-compose.yml runs must stay valid, with the
+// environment the compose file gives hipq.
 func TestExampleConfigIsValid(t *testing.T) {
-	t.Setenv("HIPQ_DATABASE_URL", "postgres://hipq:hipq@postgres:5432/hipq")
+	raw, err := os.ReadFile("../../docker-compose.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var compose struct {
+		Services map[string]struct {
+			Environment map[string]string `yaml:"environment"`
+		} `yaml:"services"`
+	}
+	if err := yaml.Unmarshal(raw, &compose); err != nil {
+		t.Fatal(err)
+	}
+	env := compose.Services["hipq"].Environment
+	if len(env) == 0 {
+		t.Fatal("docker-compose.yml: no environment for the hipq service")
+	}
+	for k, v := range env {
+		// ${VAR:-default} as compose resolves it with VAR unset.
+		if m := regexp.MustCompile(`^\$\{\w+:-(.*)\}$`).FindStringSubmatch(v); m != nil {
+			v = m[1]
+		}
+		t.Setenv(k, v)
+	}
 	var out, errOut bytes.Buffer
 	if code := runMain([]string{"check-config", "--config", "../../examples/hipq.yaml"}, &out, &errOut); code != 0 {
 		t.Fatalf("examples/hipq.yaml: exit %d: %s", code, errOut.String())
