@@ -157,8 +157,8 @@ func (g *group) forget(_ context.Context, _ *kgo.Client, lost map[string][]int32
 
 // lag is, for each partition assigned here, the records between its end
 // offset and the next offset to apply; a partition with no stored offset
-// counts from its start. Asked at scrape time: a partition with no new
-// records is reported too.
+// counts from its start (from its end with start: latest). Asked at
+// scrape time: a partition with no new records is reported too.
 func (g *group) lag(ctx context.Context) ([]metrics.PartitionLag, error) {
 	g.mu.Lock()
 	pos := maps.Clone(g.pos)
@@ -172,7 +172,7 @@ func (g *group) lag(ctx context.Context) ([]metrics.PartitionLag, error) {
 		if !slices.Contains(topics, tp.Topic) {
 			topics = append(topics, tp.Topic)
 		}
-		fromStart = fromStart || next < 0
+		fromStart = fromStart || (next < 0 && g.cfg.Start != "latest")
 	}
 	adm := kadm.NewClient(g.cl)
 	ends, err := adm.ListEndOffsets(ctx, topics...)
@@ -191,7 +191,9 @@ func (g *group) lag(ctx context.Context) ([]metrics.PartitionLag, error) {
 		if !ok || end.Err != nil {
 			continue
 		}
-		if next < 0 {
+		if next < 0 && g.cfg.Start == "latest" {
+			next = end.Offset
+		} else if next < 0 {
 			start, ok := starts.Lookup(tp.Topic, tp.Partition)
 			if !ok || start.Err != nil {
 				continue

@@ -37,7 +37,7 @@ func TestLagMetric(t *testing.T) {
 		t.Fatal(err)
 	}
 	m := metrics.New()
-	g, err := newGroup(zaptest.NewLogger(t), pgtest.New(t), GroupConfig{Kafka: kafkaconn.Config{Brokers: k.Brokers}, Group: "g",
+	g, err := newGroup(zaptest.NewLogger(t), pgtest.New(t), GroupConfig{Kafka: kafkaconn.Config{Brokers: k.Brokers}, Group: topic + "-g",
 		Topics: []string{topic}, Metrics: m}, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -46,8 +46,8 @@ func TestLagMetric(t *testing.T) {
 	lag := func() (p0, p1 float64) {
 		t.Helper()
 		var ok0, ok1 bool
-		p0, ok0 = m.Value("hipq_consumer_lag_records", map[string]string{"group": "g", "topic": topic, "partition": "0"})
-		p1, ok1 = m.Value("hipq_consumer_lag_records", map[string]string{"group": "g", "topic": topic, "partition": "1"})
+		p0, ok0 = m.Value("hipq_consumer_lag_records", map[string]string{"group": topic + "-g", "topic": topic, "partition": "0"})
+		p1, ok1 = m.Value("hipq_consumer_lag_records", map[string]string{"group": topic + "-g", "topic": topic, "partition": "1"})
 		if !ok0 || !ok1 {
 			t.Fatalf("lag not reported for both partitions: %v %v", ok0, ok1)
 		}
