@@ -165,8 +165,7 @@ func (s *Server) listJobs(w http.ResponseWriter, r *http.Request) error {
 		}
 	}
 	state := correlator.State(q.Get("state"))
-	if state != "" && !slices.Contains([]correlator.State{correlator.StateInitial, correlator.StateRunning,
-		correlator.StateError, correlator.StateRetry, correlator.StateFinal}, state) {
+	if state != "" && !slices.Contains(correlator.States, state) {
 		return errorf(http.StatusBadRequest, "invalid_parameter", "state: %q is not one of initial, running, error, retry, final", state)
 	}
 	jobs, err := s.st.JobList(r.Context(), store.JobListParams{JobType: q.Get("job_type"), State: state, Queue: q.Get("queue"),

@@ -50,8 +50,6 @@ type Config struct {
 	// Metrics receives the API's counts and is served at /metrics (no
 	// token needed); nil = counted but not served.
 	Metrics *metrics.Metrics
-	// ServeMetrics serves Metrics at /metrics.
-	ServeMetrics bool
 }
 
 // Server serves the API.
@@ -70,6 +68,7 @@ func New(log *zap.Logger, st *store.Store, cfg Config) *Server {
 	if cfg.WriteDeadline <= 0 {
 		cfg.WriteDeadline = 10 * time.Second
 	}
+	serveMetrics := cfg.Metrics != nil
 	cfg.Metrics = metrics.Or(cfg.Metrics)
 	s := &Server{log: log.Named("api"), st: st, cfg: cfg, mux: http.NewServeMux()}
 	auth := s.authorized
@@ -87,7 +86,7 @@ func New(log *zap.Logger, st *store.Store, cfg Config) *Server {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
 	s.mux.Handle("GET /readyz", s.handle(s.readyz))
-	if cfg.ServeMetrics {
+	if serveMetrics {
 		s.mux.Handle("GET /metrics", cfg.Metrics.Handler())
 	}
 	s.mux.Handle("/", s.handle(func(w http.ResponseWriter, r *http.Request) error {

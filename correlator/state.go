@@ -24,6 +24,9 @@ const (
 	StateFinal State = "final"
 )
 
+// States are every job state, in lifecycle order.
+var States = []State{StateInitial, StateRunning, StateError, StateRetry, StateFinal}
+
 // Outcome says how a final job ended.
 type Outcome string
 

@@ -181,7 +181,7 @@ func newApp(ctx context.Context, cfg *config.Config, log *zap.Logger, opts appOp
 		a.api = api.New(log, st, api.Config{Listen: cfg.API.Listen, Tokens: cfg.API.Tokens,
 			CallbackSecret: []byte(cfg.API.CallbackSecret), MaxBodyBytes: cfg.Intake.MaxBytes, Queues: queueNames,
 			Types: a.types, Matchers: matchers, EarlyTTL: cfg.Responses.EarlyTTL.D(), Ready: a.kafkaPing.Ping,
-			Metrics: a.metrics, ServeMetrics: true})
+			Metrics: a.metrics})
 	} else if slices.Equal(opts.roles, []string{"api"}) {
 		return fail(errors.New("--only api: the config has no api section"))
 	}

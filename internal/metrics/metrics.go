@@ -101,9 +101,6 @@ func (m *Metrics) Handler() http.Handler {
 // Registry is where the metrics live (tests gather from it).
 func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
 
-// states are the job states hipq_jobs reports, 0 included.
-var states = []string{"initial", "running", "error", "retry", "final"}
-
 // CountJobs registers hipq_jobs{queue,state}, read from PostgreSQL at
 // scrape time with count. Every state of every queue in queues (and of any
 // other queue found) is reported, 0 included. A count is a scan of
@@ -160,10 +157,10 @@ func (c *jobsCollector) fill(counts []store.JobCount) []store.JobCount {
 		queues = append(queues, jc.Queue)
 	}
 	for _, q := range queues {
-		for _, st := range states {
-			if !seen[[2]string{q, st}] {
-				seen[[2]string{q, st}] = true
-				counts = append(counts, store.JobCount{Queue: q, State: st})
+		for _, st := range correlator.States {
+			if !seen[[2]string{q, string(st)}] {
+				seen[[2]string{q, string(st)}] = true
+				counts = append(counts, store.JobCount{Queue: q, State: string(st)})
 			}
 		}
 	}
@@ -189,12 +186,7 @@ func (m *Metrics) ObserveReplies(source string, res store.ReplyResult) {
 			m.Replies.WithLabelValues(source, verdict(v)).Add(float64(n))
 		}
 	}
-	m.ObserveRoundTrips(res.RoundTrips)
-}
-
-// ObserveRoundTrips observes attempts that ended with a reply.
-func (m *Metrics) ObserveRoundTrips(rts []store.RoundTrip) {
-	for _, rt := range rts {
+	for _, rt := range res.RoundTrips {
 		m.RoundTrip.WithLabelValues(rt.JobType).Observe(rt.Elapsed.Seconds())
 	}
 }
@@ -249,8 +241,8 @@ func (c *lagCollector) Collect(ch chan<- prometheus.Metric) {
 
 // Value reads the series of name whose labels include labels: a counter's
 // or gauge's value, a histogram's observation count, summed over the
-// matching series. ok is false when no series matches. The demo and tests
-// read metrics with it.
+// matching series. ok is false when no series matches. Tests read metrics
+// with it.
 func (m *Metrics) Value(name string, labels map[string]string) (v float64, ok bool) {
 	mfs, err := m.reg.Gather()
 	if err != nil {
