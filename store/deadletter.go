@@ -148,21 +148,14 @@ func (s *Store) deadLetterReplay(ctx context.Context, id int64, fn func(pgx.Tx) 
 // false); one with other job_data is ErrConflict and changes nothing.
 func (s *Store) DeadLetterReplayIntake(ctx context.Context, id int64, j *correlator.Job) (created bool, err error) {
 	err = s.deadLetterReplay(ctx, id, func(tx pgx.Tx) error {
-		ij := []IntakeJob{{Job: j}}
-		inserted, err := jobsInsert(ctx, tx, ij)
+		inserted, _, conflicts, err := jobsAccept(ctx, tx, []IntakeJob{{Job: j}})
 		if err != nil {
 			return err
 		}
-		if created = inserted[typeKey{j.JobType, j.JobKey}]; created {
-			return nil
-		}
-		conflicts, err := jobsConflicting(ctx, tx, ij)
-		if err != nil {
-			return err
-		}
-		if conflicts[typeKey{j.JobType, j.JobKey}] {
+		if len(conflicts) > 0 {
 			return ErrConflict
 		}
+		created = inserted == 1
 		return nil
 	})
 	return created, err

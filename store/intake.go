@@ -44,32 +44,46 @@ func (s *Store) IntakeApply(ctx context.Context, b IntakeBatch) (IntakeResult, e
 		if err := offsetsAdvance(ctx, tx, b.Group, b.Offsets); err != nil {
 			return err
 		}
-		inserted, err := jobsInsert(ctx, tx, b.Jobs)
-		if err != nil {
+		var conflicts []IntakeJob
+		var err error
+		if res.Inserted, res.Duplicates, conflicts, err = jobsAccept(ctx, tx, b.Jobs); err != nil {
 			return err
 		}
-		res.Inserted = len(inserted)
-		var dup []IntakeJob
-		for _, ij := range b.Jobs {
-			if !inserted[typeKey{ij.Job.JobType, ij.Job.JobKey}] {
-				dup = append(dup, ij)
-			}
-		}
-		conflicts, err := jobsConflicting(ctx, tx, dup)
-		if err != nil {
-			return err
-		}
-		for _, ij := range dup {
-			if conflicts[typeKey{ij.Job.JobType, ij.Job.JobKey}] {
-				res.DeadLetters = append(res.DeadLetters, DeadLetter{Kind: SourceIntake, Source: ij.Source,
-					Reason: correlator.CodeConflict + ": a non-final job with this job_type and job_key has other job_data"})
-			} else {
-				res.Duplicates++
-			}
+		for _, ij := range conflicts {
+			res.DeadLetters = append(res.DeadLetters, DeadLetter{Kind: SourceIntake, Source: ij.Source,
+				Reason: correlator.CodeConflict + ": a non-final job with this job_type and job_key has other job_data"})
 		}
 		return deadLettersInsert(ctx, tx, res.DeadLetters)
 	})
 	return res, err
+}
+
+// jobsAccept inserts jobs as intake does: a job whose (type, key) has a
+// non-final job already is a duplicate when their job_data agree, else a
+// conflict, returned for the caller to refuse.
+func jobsAccept(ctx context.Context, tx pgx.Tx, jobs []IntakeJob) (inserted, duplicates int, conflicts []IntakeJob, err error) {
+	ins, err := jobsInsert(ctx, tx, jobs)
+	if err != nil {
+		return 0, 0, nil, err
+	}
+	var dup []IntakeJob
+	for _, ij := range jobs {
+		if !ins[typeKey{ij.Job.JobType, ij.Job.JobKey}] {
+			dup = append(dup, ij)
+		}
+	}
+	conflicting, err := jobsConflicting(ctx, tx, dup)
+	if err != nil {
+		return 0, 0, nil, err
+	}
+	for _, ij := range dup {
+		if conflicting[typeKey{ij.Job.JobType, ij.Job.JobKey}] {
+			conflicts = append(conflicts, ij)
+		} else {
+			duplicates++
+		}
+	}
+	return len(ins), duplicates, conflicts, nil
 }
 
 type typeKey struct{ Type, Key string }
