@@ -14,6 +14,8 @@ package dispatcher
 import (
 	"context"
 	"errors"
+	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -32,34 +34,61 @@ type Sender interface {
 	Send(ctx context.Context, jobs []store.Claimed) []Result
 	// Transport names it in metrics: kafka, http.
 	Transport() string
+	// Route says where a job type's requests go.
+	Route(jobType string) Route
+}
+
+// Route is where one job type's requests go, as the dispatcher sees it.
+type Route struct {
+	// Neighbour names what the requests reach (a topic, a downstream
+	// host): what backs off when it refuses, apart from every other.
+	Neighbour string
+	// Timeout is how long one send may take. A refusal that has lasted
+	// longer than this is no longer taken for a passing outage: the
+	// attempt ends as a dispatch error and the retry policy decides.
+	Timeout time.Duration
+	// MaxInFlight bounds the type's sends at once (0: unbounded); the
+	// dispatcher claims no more of the type while it is reached.
+	MaxInFlight int
 }
 
 // SendStatus is what became of one send.
 type SendStatus int
 
 const (
-	// Sent: the transport acknowledged the request.
+	// Sent: the transport acknowledged the request (or, HTTP, the
+	// downstream answered 2xx).
 	Sent SendStatus = iota
-	// NotSent: the request surely never left (a broker refused it); the
-	// claim is undone.
+	// NotSent: the request surely never left, for a reason of hipq's own
+	// (no call slot in time): the claim is undone.
 	NotSent
-	// Unknown: the request may have left (timeout, connection lost).
-	// at_least_once types undo the claim and send again; at_most_once types
-	// end final / failed.
+	// Refused: the neighbour refused the request, so it never left (a
+	// broker's refusal, a refused connection): the claim is undone and
+	// the neighbour backs off; once its refusals have lasted longer than
+	// the route's Timeout, the attempt ends as a dispatch error instead.
+	Refused
+	// Unknown: the request may have left (timeout, connection lost,
+	// producer closed with the record in flight). at_least_once types undo
+	// the claim and send again; at_most_once types end final / failed.
 	Unknown
 	// Failed: the request itself is at fault or the downstream failed it; a
 	// dispatch_error attempt for the retry policy.
 	Failed
 )
 
+var statusLabels = [...]string{Sent: "sent", NotSent: "not_sent", Refused: "refused", Unknown: "unknown", Failed: "failed"}
+
 // Result is the outcome of one send.
 type Result struct {
 	Status SendStatus
 	Err    error
 	// Final, with Failed: the attempt is not retried whatever the policy
-	// says (a 4xx, or a send of an at_most_once type that may have
-	// arrived).
+	// says (a 4xx, a record too large, or a send of an at_most_once type
+	// that may have arrived).
 	Final bool
+	// Answered, with Failed: the request reached the service (an HTTP
+	// answer of any status), so the attempt records sent_at.
+	Answered bool
 	// Reply, with Sent: the reply came with the send (HTTP sync mode).
 	Reply *correlator.Reply
 }
@@ -100,10 +129,17 @@ type Dispatcher struct {
 	inflight atomic.Int64   // claimed jobs whose sends are not recorded yet
 	sends    sync.WaitGroup // deliveries running
 	mu       sync.Mutex
-	errs     []error              // of deliveries, for the next RunOnce to return
-	pausedTo map[Sender]time.Time // transports backing off after a refused send
-	failures map[Sender]int
+	errs     []error            // of deliveries, for the next RunOnce to return
+	outages  map[string]*outage // by neighbour: those refusing now
+	byType   map[string]int     // claimed jobs whose sends are not recorded yet, by type
 	m        *metrics.Metrics
+}
+
+// outage is a neighbour refusing sends.
+type outage struct {
+	since    time.Time // the first refusal of this outage (monotonic)
+	failures int       // deliveries refused in a row
+	until    time.Time // no claims for it before then
 }
 
 // New builds a dispatcher; Run starts it.
@@ -124,7 +160,7 @@ func New(log *zap.Logger, st *store.Store, cfg Config) *Dispatcher {
 		}
 	}
 	return &Dispatcher{log: log.Named("dispatcher"), st: st, cfg: cfg, wake: make(chan struct{}, 1), typeWindows: tw,
-		pausedTo: map[Sender]time.Time{}, failures: map[Sender]int{}, m: metrics.Or(cfg.Metrics)}
+		outages: map[string]*outage{}, byType: map[string]int{}, m: metrics.Or(cfg.Metrics)}
 }
 
 func add(c prometheus.Counter, n int) {
@@ -202,7 +238,7 @@ func (d *Dispatcher) listen(ctx context.Context) {
 }
 
 // RunOnce claims and sends until no queue has due work left (or every
-// transport with due work is backing off), and waits until every send is
+// neighbour with due work is backing off), and waits until every send is
 // recorded. It returns how many jobs it claimed or rescheduled.
 func (d *Dispatcher) RunOnce(ctx context.Context) (int, error) {
 	n, err := d.claimAll(ctx)
@@ -243,165 +279,293 @@ func (d *Dispatcher) claimAll(ctx context.Context) (int, error) {
 // flight) and starts its deliveries, one per transport. It returns how many
 // jobs it claimed or rescheduled, and whether the batch was full (more may
 // be due).
+//
+// Once the claim has committed, nothing may keep its jobs from their
+// deliveries: they start first, and the rescheduling of jobs found outside
+// their windows comes after (its failure only leaves those jobs waiting for
+// the next round).
 func (d *Dispatcher) round(ctx context.Context, q QueueConfig) (int, bool, error) {
-	if d.allPaused(q) {
-		return 0, false, nil
+	types := d.sendable(q)
+	if len(types) == 0 {
+		return 0, false, nil // nothing here, or every neighbour with work backs off
 	}
 	limit := min(d.cfg.BatchSize, d.cfg.MaxInFlight-int(d.inflight.Load()))
 	if limit <= 0 {
 		return 0, false, nil // a delivery finishing wakes the dispatcher
 	}
 	claim, err := d.st.JobClaim(ctx, store.JobClaimParams{Queue: q.Name, Order: q.Order, Limit: limit,
-		Instance: d.cfg.Instance, Types: d.sendable(q), Throttle: q.Throttle, TypeWindows: d.typeWindows})
+		Instance: d.cfg.Instance, Types: types, Throttle: q.Throttle, TypeWindows: d.typeWindows})
 	if err != nil {
 		return 0, false, err
 	}
-	if err := d.deferClosed(ctx, q, claim.Closed); err != nil {
-		return 0, false, err
-	}
-	claimed := claim.Jobs
-	n := len(claimed) + len(claim.Closed)
+	n := len(claim.Jobs) + len(claim.Closed)
 	more := n == limit
-	if len(claimed) == 0 {
-		return n, more, nil
-	}
-	add(d.m.Claimed.WithLabelValues(q.Name), len(claimed))
-	bySender := map[Sender][]store.Claimed{}
-	var orphans []store.AttemptRef
-	for _, c := range claimed {
-		s := d.cfg.Senders[c.JobType]
-		if s == nil || d.paused(s) {
-			// The transport started backing off during this round: give
-			// the claim back.
-			orphans = append(orphans, store.AttemptRef{JobID: c.ID, Attempt: c.Attempt})
-			continue
-		}
-		bySender[s] = append(bySender[s], c)
-	}
-	if err := d.undo(ctx, q, orphans); err != nil {
-		return n, more, err
-	}
-	for s, jobs := range bySender {
-		d.inflight.Add(int64(len(jobs)))
-		d.sends.Add(1)
-		go func() {
-			defer d.sends.Done()
-			err := d.deliver(ctx, q, s, jobs)
-			d.inflight.Add(-int64(len(jobs)))
-			if err != nil {
-				d.mu.Lock()
-				d.errs = append(d.errs, err)
-				d.mu.Unlock()
+	if len(claim.Jobs) > 0 {
+		add(d.m.Claimed.WithLabelValues(q.Name), len(claim.Jobs))
+		bySender := map[Sender][]store.Claimed{}
+		for _, c := range claim.Jobs {
+			if c.WindowsErr != nil {
+				d.log.Warn("job's time windows unreadable here; its retries ignore them", zap.Int64("job_id", c.ID),
+					zap.String("job_type", c.JobType), zap.Error(c.WindowsErr))
 			}
-			d.Wake()
-		}()
+			s := d.cfg.Senders[c.JobType] // nil: not sendable here after all; its claim is undone
+			bySender[s] = append(bySender[s], c)
+		}
+		for s, jobs := range bySender {
+			d.start(ctx, q, s, jobs)
+		}
 	}
-	return n, more, nil
+	return n, more, d.deferClosed(ctx, q, &claim)
 }
 
-// deliver sends one transport's share of a claim and records each outcome:
-// sent_at, undone claims, dispatch errors through the retry policy, replies
-// that came with the send, and early replies waiting for these jobs.
+// start runs one delivery in its own goroutine, counting its jobs in flight
+// until their record lands.
+func (d *Dispatcher) start(ctx context.Context, q QueueConfig, s Sender, jobs []store.Claimed) {
+	d.inflight.Add(int64(len(jobs)))
+	d.mu.Lock()
+	for _, c := range jobs {
+		d.byType[c.JobType]++
+	}
+	d.mu.Unlock()
+	d.sends.Add(1)
+	go func() {
+		defer d.sends.Done()
+		err := d.deliver(ctx, q, s, jobs)
+		d.inflight.Add(-int64(len(jobs)))
+		d.mu.Lock()
+		for _, c := range jobs {
+			d.byType[c.JobType]--
+		}
+		if err != nil {
+			d.errs = append(d.errs, err)
+		}
+		d.mu.Unlock()
+		d.Wake()
+	}()
+}
+
+// deliver sends one transport's share of a claim and records what became
+// of each send in one transaction (store.DeliveryRecord): sent_at, undone
+// claims, dispatch errors through the retry policy, replies that came with
+// the send, and early replies waiting for these jobs.
 func (d *Dispatcher) deliver(ctx context.Context, q QueueConfig, s Sender, jobs []store.Claimed) error {
-	results := s.Send(ctx, jobs)
-	now := time.Now()
+	var results []Result
+	if s != nil {
+		results = s.Send(ctx, jobs)
+	} else {
+		results = make([]Result, len(jobs))
+		for i := range results {
+			results[i] = Result{Status: NotSent, Err: errors.New("no transport for this job type here")}
+		}
+	}
 	var (
-		sent, undo []store.AttemptRef
-		resolves   []store.Resolve
-		replies    []store.ReplyIn
-		refused    int
-		byStatus   [Failed + 1]int
+		rec      store.Delivery
+		byStatus [Failed + 1]int
+		undone   = map[string]int{} // by neighbour
+		reached  = map[string]bool{}
+		refused  = map[string]error{}
 	)
+	for i, r := range results {
+		if r.Status == Refused {
+			refused[d.route(s, jobs[i].JobType).Neighbour] = r.Err
+		}
+	}
+	ages := d.refusedBy(refused) // how long each refusing neighbour has refused
 	for i, r := range results {
 		c := &jobs[i]
 		ref := store.AttemptRef{JobID: c.ID, Attempt: c.Attempt}
 		jt := d.cfg.Types[c.JobType]
+		route := d.route(s, c.JobType)
 		byStatus[r.Status]++
 		switch r.Status {
 		case Sent:
-			sent = append(sent, ref)
+			reached[route.Neighbour] = true
+			rec.Sent = append(rec.Sent, ref)
 			if r.Reply != nil {
-				replies = append(replies, store.ReplyIn{Reply: r.Reply, Kind: store.SourceCallback,
+				rec.Replies = append(rec.Replies, store.ReplyIn{Reply: r.Reply, Kind: store.SourceCallback,
 					Source: store.Source{Value: r.Reply.Result}})
 			}
 		case NotSent:
-			refused++
-			undo = append(undo, ref)
+			rec.Undo = append(rec.Undo, ref)
+			undone[route.Neighbour]++
+		case Refused:
+			if age := ages[route.Neighbour]; route.Timeout > 0 && age >= route.Timeout {
+				err := fmt.Errorf("%s has refused every send for %s, longer than the send timeout (%s): %w",
+					route.Neighbour, age.Round(time.Second), route.Timeout, r.Err)
+				rec.Resolves = append(rec.Resolves, dispatchError(c, jt, err, true, false))
+			} else {
+				rec.Undo = append(rec.Undo, ref)
+				undone[route.Neighbour]++
+			}
 		case Unknown:
 			if jt != nil && jt.Delivery == correlator.AtMostOnce {
-				resolves = append(resolves, store.Resolve{JobID: c.ID, Attempt: c.Attempt,
-					AttemptOutcome: correlator.AttemptDispatchError, AttemptError: errText(r.Err),
-					Res: correlator.Resolution{State: correlator.StateFinal, Outcome: correlator.OutcomeFailed,
-						Error: "request may have been delivered (at_most_once, not re-sent): " + errText(r.Err)}})
+				rec.Resolves = append(rec.Resolves, mayHaveArrived(c, r.Err))
 			} else {
-				refused++
-				undo = append(undo, ref)
+				rec.Undo = append(rec.Undo, ref)
+				undone[route.Neighbour]++
 			}
 		case Failed:
-			resolves = append(resolves, dispatchError(c, jt, r.Err, !r.Final, now))
-		}
-	}
-	d.backoff(s, refused)
-	for st, result := range [...]string{Sent: "sent", NotSent: "refused", Unknown: "unknown", Failed: "failed"} {
-		add(d.m.Dispatches.WithLabelValues(q.Name, s.Transport(), result), byStatus[st])
-	}
-	var errs []error
-	if err := d.st.AttemptMarkSent(ctx, sent); err != nil {
-		errs = append(errs, err)
-	}
-	if err := d.undo(ctx, q, undo); err != nil {
-		errs = append(errs, err)
-	}
-	if len(resolves) > 0 {
-		if _, err := d.st.JobResolveMany(ctx, resolves); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	if len(replies) > 0 {
-		if res, err := d.st.ReplyApply(ctx, store.ReplyBatch{Replies: replies}, d.typeInfo); err != nil {
-			errs = append(errs, err)
-		} else {
-			d.m.ObserveReplies(metrics.SourceSync, res)
-		}
-	}
-	// Replies that came before their job was dispatched apply now.
-	if len(sent) > 0 {
-		ids := make([]int64, len(sent))
-		for i, r := range sent {
-			ids[i] = r.JobID
-		}
-		if res, err := d.st.EarlyReplyApply(ctx, ids, 0, d.typeInfo); err != nil {
-			errs = append(errs, err)
-		} else {
-			d.m.ObserveReplies(metrics.SourceEarly, res)
-			if n := res.Counts[correlator.Apply]; n > 0 {
-				d.log.Info("early replies applied", zap.Int("replies", n))
+			if r.Answered {
+				reached[route.Neighbour] = true
 			}
+			rec.Resolves = append(rec.Resolves, dispatchError(c, jt, r.Err, !r.Final, r.Answered))
 		}
 	}
-	return errors.Join(errs...)
-}
-
-// undo takes back claims whose requests never left (invariant 8).
-func (d *Dispatcher) undo(ctx context.Context, q QueueConfig, refs []store.AttemptRef) error {
-	n, err := d.st.JobUndoClaim(ctx, refs)
+	for n := range reached {
+		if refused[n] == nil {
+			d.recovered(n)
+		}
+	}
+	for st, n := range byStatus {
+		add(d.m.Dispatches.WithLabelValues(q.Name, transportName(s), statusLabels[st]), n)
+	}
+	res, err := d.record(ctx, rec)
 	if err != nil {
 		return err
 	}
-	if n > 0 {
-		d.log.Warn("claims undone: their requests never left", zap.String("queue", q.Name), zap.Int("jobs", n))
+	for n, k := range undone {
+		d.log.Warn("claims undone: their requests never left", zap.String("queue", q.Name), zap.String("to", n),
+			zap.Int("jobs", k), zap.Int("undone", res.Undone))
+	}
+	if len(rec.Replies) > 0 {
+		d.m.ObserveReplies(metrics.SourceSync, res.Replies)
+	}
+	d.m.ObserveReplies(metrics.SourceEarly, res.Early)
+	if n := res.Early.Counts[correlator.Apply]; n > 0 {
+		d.log.Info("early replies applied", zap.Int("replies", n))
 	}
 	return nil
+}
+
+func transportName(s Sender) string {
+	if s == nil {
+		return "none"
+	}
+	return s.Transport()
+}
+
+func (d *Dispatcher) route(s Sender, jobType string) Route {
+	if s == nil {
+		return Route{Neighbour: "none"}
+	}
+	return s.Route(jobType)
+}
+
+// record writes a delivery's record, trying again with backoff while
+// PostgreSQL fails for a reason that may pass (IsTransient), until it lands
+// or ctx ends: a delivered request must never look unsent to the sweeper,
+// nor a reply be lost, because PostgreSQL blinked. A record PostgreSQL
+// refuses for good is split down to the job at fault, which is recorded
+// without what it refused.
+func (d *Dispatcher) record(ctx context.Context, rec store.Delivery) (store.DeliveryResult, error) {
+	for try := 0; ; try++ {
+		res, err := d.st.DeliveryRecord(ctx, rec, d.typeInfo)
+		switch {
+		case err == nil:
+			if try > 0 {
+				d.log.Info("sends recorded after PostgreSQL failures", zap.Int("tries", try+1))
+			}
+			return res, nil
+		case ctx.Err() != nil:
+			return res, fmt.Errorf("record sends: %w", err)
+		case !store.IsTransient(err):
+			return d.recordApart(ctx, rec, err)
+		}
+		wait := backoff(try)
+		d.log.Warn("cannot record sends; trying again", zap.Int("jobs", len(rec.Jobs())), zap.Int("try", try+1),
+			zap.Duration("in", wait), zap.Error(err))
+		select {
+		case <-ctx.Done():
+		case <-time.After(wait):
+		}
+	}
+}
+
+// recordApart records a delivery PostgreSQL refused job by job: every job
+// whose own record is refused again has its attempt ended as a dispatch
+// error that says why, without the reply or text PostgreSQL refused.
+func (d *Dispatcher) recordApart(ctx context.Context, rec store.Delivery, cause error) (store.DeliveryResult, error) {
+	d.log.Error("PostgreSQL refused a delivery record; recording its jobs one by one", zap.Error(cause))
+	var out store.DeliveryResult
+	var errs []error
+	for _, one := range splitDelivery(rec) {
+		res, err := d.st.DeliveryRecord(ctx, one, d.typeInfo)
+		if err != nil && !store.IsTransient(err) && ctx.Err() == nil {
+			res, err = d.record(ctx, d.stripped(one, err))
+		} else if err != nil {
+			res, err = d.record(ctx, one)
+		}
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		out.Undone += res.Undone
+	}
+	return out, errors.Join(errs...)
+}
+
+// splitDelivery cuts a delivery into one per job.
+func splitDelivery(rec store.Delivery) []store.Delivery {
+	var out []store.Delivery
+	replies := map[int64]store.ReplyIn{}
+	for _, r := range rec.Replies {
+		if r.Reply.JobID != nil {
+			replies[*r.Reply.JobID] = r
+		}
+	}
+	for _, r := range rec.Sent {
+		one := store.Delivery{Sent: []store.AttemptRef{r}}
+		if in, ok := replies[r.JobID]; ok {
+			one.Replies = []store.ReplyIn{in}
+		}
+		out = append(out, one)
+	}
+	for _, r := range rec.Undo {
+		out = append(out, store.Delivery{Undo: []store.AttemptRef{r}})
+	}
+	for _, r := range rec.Resolves {
+		out = append(out, store.Delivery{Resolves: []store.Resolve{r}})
+	}
+	return out
+}
+
+// stripped is one job's delivery without anything PostgreSQL could refuse:
+// a reply it refused ends the attempt failed, saying why.
+func (d *Dispatcher) stripped(one store.Delivery, cause error) store.Delivery {
+	msg := "the reply could not be stored: " + cause.Error()
+	out := store.Delivery{Sent: one.Sent, Undo: one.Undo}
+	for _, r := range one.Replies {
+		if r.Reply.JobID == nil || r.Reply.Attempt == nil {
+			continue
+		}
+		out.Resolves = append(out.Resolves, store.Resolve{JobID: *r.Reply.JobID, Attempt: *r.Reply.Attempt, Sent: true,
+			AttemptOutcome: correlator.AttemptFailed, AttemptError: msg,
+			Res: correlator.Resolution{State: correlator.StateFinal, Outcome: correlator.OutcomeFailed, Error: msg}})
+	}
+	for _, r := range one.Resolves {
+		r.Reply, r.Result = nil, nil
+		r.AttemptError = r.AttemptError + " (" + msg + ")"
+		out.Resolves = append(out.Resolves, r)
+	}
+	return out
 }
 
 func (d *Dispatcher) typeInfo(name string) *correlator.JobType { return d.cfg.Types[name] }
 
 // dispatchError resolves a failed send through the retry policy (not
-// retried at all unless retryable).
-func dispatchError(c *store.Claimed, jt *correlator.JobType, err error, retryable bool, now time.Time) store.Resolve {
+// retried at all unless retryable); reached says the request arrived.
+func dispatchError(c *store.Claimed, jt *correlator.JobType, err error, retryable, reached bool) store.Resolve {
 	return store.Resolve{JobID: c.ID, Attempt: c.Attempt, AttemptOutcome: correlator.AttemptDispatchError,
-		AttemptError: errText(err),
-		Res:          correlator.ResolveFor(jt, c.Running(), correlator.AttemptDispatchError, retryable, errText(err), now)}
+		AttemptError: errText(err), Sent: reached,
+		Res: correlator.ResolveFor(jt, c.Running(), correlator.AttemptDispatchError, retryable, errText(err), c.DBNow())}
+}
+
+// mayHaveArrived ends the attempt of an at_most_once job whose request
+// may have been delivered: it is never sent again.
+func mayHaveArrived(c *store.Claimed, err error) store.Resolve {
+	return store.Resolve{JobID: c.ID, Attempt: c.Attempt, AttemptOutcome: correlator.AttemptDispatchError, AttemptError: errText(err),
+		Res: correlator.Resolution{State: correlator.StateFinal, Outcome: correlator.OutcomeFailed,
+			Error: "request may have been delivered (at_most_once, not re-sent): " + errText(err)}}
 }
 
 func errText(err error) string {
@@ -411,73 +575,85 @@ func errText(err error) string {
 	return err.Error()
 }
 
-// backoff pauses a transport whose sends were refused, longer each time; a
-// round without refusals ends the pause.
-func (d *Dispatcher) backoff(s Sender, refused int) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if refused == 0 {
-		if d.failures[s] > 0 {
-			d.log.Info("transport delivers again; claiming resumes")
-		}
-		d.failures[s] = 0
-		delete(d.pausedTo, s)
-		return
+// refusedBy records a delivery's refusals: each neighbour that refused
+// backs off, longer each time in a row, and its outage's age is returned.
+func (d *Dispatcher) refusedBy(refused map[string]error) map[string]time.Duration {
+	if len(refused) == 0 {
+		return nil
 	}
-	d.failures[s]++
-	wait := min(time.Second<<min(d.failures[s]-1, 5), 30*time.Second)
-	d.pausedTo[s] = time.Now().Add(wait)
-	d.log.Warn("transport refused sends; pausing its claims", zap.Int("refused", refused), zap.Duration("for", wait))
-}
-
-func (d *Dispatcher) paused(s Sender) bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return time.Now().Before(d.pausedTo[s])
+	now := time.Now()
+	ages := map[string]time.Duration{}
+	for n, err := range refused {
+		o := d.outages[n]
+		if o == nil {
+			o = &outage{since: now}
+			d.outages[n] = o
+		}
+		o.failures++
+		wait := min(time.Second<<min(o.failures-1, 5), 30*time.Second)
+		o.until = now.Add(wait)
+		ages[n] = now.Sub(o.since)
+		d.log.Warn("sends refused; pausing claims for it", zap.String("to", n), zap.Duration("for", wait),
+			zap.Duration("refusing_since", ages[n].Round(time.Millisecond)), zap.Error(err))
+	}
+	return ages
 }
 
-// sendable lists the queue's job types that have a transport here, so an
-// instance never claims what it cannot send (a type rolling out, or a
-// transport this build lacks).
+// recovered ends a neighbour's outage once a delivery reached it without
+// a refusal.
+func (d *Dispatcher) recovered(n string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.outages[n] != nil {
+		d.log.Info("sends reach it again; claiming resumes", zap.String("to", n))
+		delete(d.outages, n)
+	}
+}
+
+// sendable lists the queue's job types this instance may claim now: those
+// with a transport here (never a type rolling out, or a transport this
+// build lacks), whose neighbour is not backing off, and whose sends in
+// flight are below the route's MaxInFlight. So one refusing topic or one
+// slow host holds back its own types only.
 func (d *Dispatcher) sendable(q QueueConfig) []string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	now := time.Now()
 	out := []string{}
 	for name, jt := range d.cfg.Types {
-		if jt.Queue == q.Name && d.cfg.Senders[name] != nil {
-			out = append(out, name)
-		}
-	}
-	return out
-}
-
-// allPaused reports whether every transport of the queue's types is
-// backing off, so claiming would only be undone.
-func (d *Dispatcher) allPaused(q QueueConfig) bool {
-	any := false
-	for name, jt := range d.cfg.Types {
-		if jt.Queue != q.Name {
+		s := d.cfg.Senders[name]
+		if jt.Queue != q.Name || s == nil {
 			continue
 		}
-		if s := d.cfg.Senders[name]; s != nil && !d.paused(s) {
-			return false
+		r := s.Route(name)
+		if o := d.outages[r.Neighbour]; o != nil && now.Before(o.until) {
+			continue
 		}
-		any = true
+		if r.MaxInFlight > 0 && d.byType[name] >= r.MaxInFlight {
+			continue
+		}
+		out = append(out, name)
 	}
-	return any
+	slices.Sort(out)
+	return out
 }
 
 // deferClosed moves due jobs found outside their time windows to their next
 // opening without using an attempt, or ends them final / expired when that
-// opening is past their expiry (they are never sent).
-func (d *Dispatcher) deferClosed(ctx context.Context, q QueueConfig, closed []store.Closed) error {
-	if len(closed) == 0 {
+// opening is past their expiry (they are never sent). It reads PostgreSQL's
+// clock, the one the claim found them closed by.
+func (d *Dispatcher) deferClosed(ctx context.Context, q QueueConfig, claim *store.Claim) error {
+	if len(claim.Closed) == 0 {
 		return nil
 	}
-	now := time.Now()
-	ds := make([]store.Deferral, 0, len(closed))
+	now := claim.Now()
+	ds := make([]store.Deferral, 0, len(claim.Closed))
 	expired := 0
-	for _, c := range closed {
+	for _, c := range claim.Closed {
 		ws := c.TimeWindows
-		if ws == nil {
+		if ws == nil && c.WindowsErr == nil {
 			if jt := d.cfg.Types[c.JobType]; jt != nil {
 				ws = jt.Windows
 			}
@@ -485,9 +661,10 @@ func (d *Dispatcher) deferClosed(ctx context.Context, q QueueConfig, closed []st
 		next := correlator.NextAllowed(ws, now)
 		if !next.After(now) {
 			// PostgreSQL found it closed, Go finds it open (time zone data
-			// differ): look again in a minute rather than spin on it.
+			// differ, or its windows are unreadable here): look again in a
+			// minute rather than spin on it.
 			d.log.Warn("time window open here but closed in PostgreSQL; retrying in a minute",
-				zap.Int64("job_id", c.ID), zap.String("job_type", c.JobType))
+				zap.Int64("job_id", c.ID), zap.String("job_type", c.JobType), zap.NamedError("windows_error", c.WindowsErr))
 			next = now.Add(time.Minute)
 		}
 		expire := c.ExpiresAt != nil && !next.Before(*c.ExpiresAt)
@@ -505,4 +682,8 @@ func (d *Dispatcher) deferClosed(ctx context.Context, q QueueConfig, closed []st
 	d.log.Debug("jobs outside their time windows rescheduled", zap.String("queue", q.Name),
 		zap.Int("jobs", n), zap.Int("expired", expired))
 	return nil
+}
+
+func backoff(try int) time.Duration {
+	return min(50*time.Millisecond<<min(try, 8), 5*time.Second)
 }

@@ -11,6 +11,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 	"unicode/utf8"
@@ -28,6 +29,10 @@ type HTTPRoute struct {
 	Timeout  time.Duration // of one call; defaults to 10s
 	Sync     bool          // a 2xx body is the reply
 	Delivery correlator.Delivery
+	// MaxInFlight bounds this type's calls at once; defaults to the
+	// sender's MaxInFlight. A slow downstream holds its own types' slots,
+	// never another type's.
+	MaxInFlight int
 }
 
 // HTTPSenderConfig configures an HTTPSender.
@@ -37,7 +42,8 @@ type HTTPSenderConfig struct {
 	// no PublicURL none is sent.
 	PublicURL      string
 	CallbackSecret []byte
-	// MaxInFlight bounds the calls in flight at once; defaults to 64.
+	// MaxInFlight bounds each job type's calls in flight at once, unless
+	// its route says otherwise; defaults to 64.
 	MaxInFlight int
 	// MaxReplyBytes bounds a sync reply body; defaults to 1 MiB.
 	MaxReplyBytes int
@@ -47,14 +53,18 @@ type HTTPSenderConfig struct {
 	// a call still waiting for a slot then is not made (NotSent: the claim
 	// is undone). Set it below dispatch.grace, so that a call never runs
 	// while the sweeper takes its claim for dead (claim + timeout + grace).
+	// It is measured on this process's monotonic clock from before the
+	// claim was asked for, so no wall clock, this host's or PostgreSQL's,
+	// enters it.
 	StartWithin time.Duration
 }
 
-// HTTPSender calls downstream URLs, many at once within MaxInFlight.
+// HTTPSender calls downstream URLs, many at once within each type's
+// MaxInFlight.
 type HTTPSender struct {
 	cfg     HTTPSenderConfig
 	client  *http.Client
-	sem     chan struct{}
+	slots   map[string]chan struct{} // by job type
 	matcher correlator.Matcher
 }
 
@@ -70,7 +80,7 @@ func NewHTTPSender(cfg HTTPSenderConfig) *HTTPSender {
 	if client == nil {
 		tr := http.DefaultTransport.(*http.Transport).Clone()
 		tr.MaxIdleConnsPerHost = cfg.MaxInFlight
-		tr.MaxConnsPerHost = cfg.MaxInFlight
+		tr.MaxConnsPerHost = 0       // the types' slots bound the calls
 		tr.ResponseHeaderTimeout = 0 // each call has its own deadline
 		client = &http.Client{Transport: tr, CheckRedirect: func(*http.Request, []*http.Request) error {
 			// A redirect of a POST would turn it into a GET: the URL is wrong.
@@ -79,25 +89,95 @@ func NewHTTPSender(cfg HTTPSenderConfig) *HTTPSender {
 	}
 	m := correlator.DefaultMatcher()
 	m.MaxBytes = cfg.MaxReplyBytes
-	return &HTTPSender{cfg: cfg, client: client, sem: make(chan struct{}, cfg.MaxInFlight), matcher: m}
+	slots := map[string]chan struct{}{}
+	for name, r := range cfg.Routes {
+		n := r.MaxInFlight
+		if n <= 0 {
+			n = cfg.MaxInFlight
+		}
+		slots[name] = make(chan struct{}, n)
+	}
+	return &HTTPSender{cfg: cfg, client: client, slots: slots, matcher: m}
 }
 
-// Send calls every job's URL concurrently (within MaxInFlight across all
-// of the sender's batches) and returns when all calls are done.
+// Route says where a job type's calls go: the downstream host, backed off
+// apart from every other host.
+func (s *HTTPSender) Route(jobType string) Route {
+	r, ok := s.cfg.Routes[jobType]
+	if !ok {
+		return Route{Neighbour: "http (no route for " + jobType + ")"}
+	}
+	return Route{Neighbour: "http " + r.host(), Timeout: r.timeout(), MaxInFlight: cap(s.slots[jobType])}
+}
+
+// host is the scheme and host of the route's URL, placeholders filled.
+func (r HTTPRoute) host() string {
+	u, err := url.Parse(r.RequestURL("x", "x"))
+	if err != nil || u.Host == "" {
+		return "(bad URL)"
+	}
+	return u.Scheme + "://" + u.Host
+}
+
+func (r HTTPRoute) timeout() time.Duration {
+	if r.Timeout <= 0 {
+		return 10 * time.Second
+	}
+	return r.Timeout
+}
+
+// Send calls every job's URL concurrently (within its type's MaxInFlight
+// across all of the sender's batches) and returns when all calls are done.
+// A call that cannot get a slot within StartWithin of its claim is not made.
 func (s *HTTPSender) Send(ctx context.Context, jobs []store.Claimed) []Result {
 	out := make([]Result, len(jobs))
-	done := make(chan struct{}, len(jobs))
+	var wg sync.WaitGroup
 	for i := range jobs {
-		s.sem <- struct{}{}
+		wg.Add(1)
 		go func() {
-			defer func() { <-s.sem; done <- struct{}{} }()
-			out[i] = s.call(ctx, &jobs[i])
+			defer wg.Done()
+			c := &jobs[i]
+			slot, ok := s.slots[c.JobType]
+			if !ok {
+				out[i] = Result{Status: NotSent, Err: fmt.Errorf("no HTTP route for job type %q", c.JobType)}
+				return
+			}
+			if !s.acquire(slot, c) {
+				out[i] = Result{Status: NotSent, Err: fmt.Errorf("not sent: no free call slot within %v of the claim (downstream slow; %d calls of this type at once at most)",
+					s.cfg.StartWithin, cap(slot))}
+				return
+			}
+			defer func() { <-slot }()
+			out[i] = s.call(ctx, c)
 		}()
 	}
-	for range jobs {
-		<-done
-	}
+	wg.Wait()
 	return out
+}
+
+// acquire takes a call slot for c, waiting no later than StartWithin after
+// its claim; false: none came in time.
+func (s *HTTPSender) acquire(slot chan struct{}, c *store.Claimed) bool {
+	if s.cfg.StartWithin <= 0 {
+		slot <- struct{}{}
+		return true
+	}
+	left := s.cfg.StartWithin - time.Since(c.ClaimedLocal)
+	if left <= 0 {
+		return false
+	}
+	t := time.NewTimer(left)
+	defer t.Stop()
+	select {
+	case slot <- struct{}{}:
+	case <-t.C:
+		return false
+	}
+	if time.Since(c.ClaimedLocal) > s.cfg.StartWithin {
+		<-slot // both were ready: late wins
+		return false
+	}
+	return true
 }
 
 // RequestURL is the URL of a job's call: the route's with {job_type} and
@@ -107,28 +187,18 @@ func (r HTTPRoute) RequestURL(jobType, jobKey string) string {
 }
 
 func (s *HTTPSender) call(ctx context.Context, c *store.Claimed) Result {
-	route, ok := s.cfg.Routes[c.JobType]
-	if !ok {
-		return Result{Status: NotSent, Err: fmt.Errorf("no HTTP route for job type %q", c.JobType)}
-	}
-	if s.cfg.StartWithin > 0 && time.Since(c.StartedAt) > s.cfg.StartWithin {
-		return Result{Status: NotSent, Err: fmt.Errorf("not sent: no free call slot within %v of the claim (downstream slow; %d calls at once at most)",
-			s.cfg.StartWithin, s.cfg.MaxInFlight)}
-	}
+	route := s.cfg.Routes[c.JobType]
 	method := route.Method
 	if method == "" {
 		method = http.MethodPost
 	}
-	timeout := route.Timeout
-	if timeout <= 0 {
-		timeout = 10 * time.Second
-	}
-	ctx, cancel := context.WithTimeout(ctx, timeout)
+	ctx, cancel := context.WithTimeout(ctx, route.timeout())
 	defer cancel()
 	target := route.RequestURL(c.JobType, c.JobKey)
+	shown := redactURL(target) // errors are stored and logged: never a secret of the URL's
 	req, err := http.NewRequestWithContext(ctx, method, target, bytes.NewReader(c.JobData))
 	if err != nil {
-		return Result{Status: Failed, Final: true, Err: fmt.Errorf("build request: %w", err)}
+		return Result{Status: Failed, Final: true, Err: fmt.Errorf("build request for %s: %v", shown, redactErr(err, target, shown))}
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("User-Agent", "hipq")
@@ -144,18 +214,21 @@ func (s *HTTPSender) call(ctx context.Context, c *store.Claimed) Result {
 	}
 	resp, err := s.client.Do(req)
 	if err != nil {
-		return classifyCallError(method, target, err, route.Delivery)
+		return classifyCallError(method, target, shown, err, route.Delivery)
 	}
 	defer resp.Body.Close()
 	body, readErr := io.ReadAll(io.LimitReader(resp.Body, int64(s.cfg.MaxReplyBytes)+1))
-	status := fmt.Sprintf("%s %s: HTTP %s", method, target, resp.Status)
+	status := fmt.Sprintf("%s %s: HTTP %s", method, shown, resp.Status)
 	switch code := resp.StatusCode; {
 	case code >= 200 && code < 300:
 		if !route.Sync {
 			return Result{Status: Sent}
 		}
 		if readErr != nil {
-			return classifyCallError(method, target, readErr, route.Delivery)
+			// It answered 2xx, then the body broke off: the request arrived.
+			r := classifyCallError(method, target, shown, readErr, route.Delivery)
+			r.Status, r.Answered = Failed, true
+			return r
 		}
 		reply, err := s.matcher.Match(&correlator.Record{Value: body, Headers: []correlator.Header{
 			{Key: correlator.HeaderJobID, Value: []byte(strconv.FormatInt(c.ID, 10))},
@@ -165,31 +238,64 @@ func (s *HTTPSender) call(ctx context.Context, c *store.Claimed) Result {
 		}})
 		if err != nil {
 			// The downstream answered, but not with a reply hipq can read.
-			return Result{Status: Failed, Final: route.Delivery == correlator.AtMostOnce,
+			return Result{Status: Failed, Answered: true, Final: route.Delivery == correlator.AtMostOnce,
 				Err: fmt.Errorf("%s, but its reply cannot be read: %w", status, err)}
 		}
 		return Result{Status: Sent, Reply: reply}
 	case code == http.StatusRequestTimeout || code == http.StatusTooManyRequests:
-		return Result{Status: Failed, Err: errors.New(status + snippet(body))}
+		return Result{Status: Failed, Answered: true, Err: errors.New(status + snippet(body))}
 	case code >= 500:
 		// The downstream failed; for at_most_once it may have acted first.
-		return Result{Status: Failed, Final: route.Delivery == correlator.AtMostOnce, Err: errors.New(status + snippet(body))}
+		return Result{Status: Failed, Answered: true, Final: route.Delivery == correlator.AtMostOnce, Err: errors.New(status + snippet(body))}
 	default: // other 4xx, and 1xx/3xx a downstream should not answer
-		return Result{Status: Failed, Final: true, Err: errors.New(status + snippet(body))}
+		return Result{Status: Failed, Answered: true, Final: true, Err: errors.New(status + snippet(body))}
 	}
 }
 
 // classifyCallError: a refused connection (or a name that does not
-// resolve) never delivered the request, so it is retryable for every type;
-// a timeout or a connection lost may have delivered it, so at_most_once
-// types end final.
-func classifyCallError(method, target string, err error, delivery correlator.Delivery) Result {
-	err = fmt.Errorf("%s %s: %w", method, target, unwrapURLError(err))
+// resolve) never delivered the request: the downstream host is out, like a
+// broker refusing (Refused: undone, the host backs off). A timeout or a
+// connection lost may have delivered it, so at_most_once types end final.
+func classifyCallError(method, target, shown string, err error, delivery correlator.Delivery) Result {
+	cause := unwrapURLError(err)
+	err = fmt.Errorf("%s %s: %v", method, shown, redactErr(cause, target, shown))
 	var dnsErr *net.DNSError
-	if errors.Is(err, syscall.ECONNREFUSED) || errors.As(err, &dnsErr) {
-		return Result{Status: Failed, Err: err}
+	if errors.Is(cause, syscall.ECONNREFUSED) || errors.As(cause, &dnsErr) {
+		return Result{Status: Refused, Err: err}
 	}
 	return Result{Status: Failed, Final: delivery == correlator.AtMostOnce, Err: err}
+}
+
+// redactURL is a URL fit to store and log: a password in it is replaced
+// and the query's values (where API keys go) are left out.
+func redactURL(target string) string {
+	u, err := url.Parse(target)
+	if err != nil {
+		return "(unparsable URL)"
+	}
+	if u.RawQuery != "" {
+		q := u.Query()
+		for k := range q {
+			q[k] = []string{"REDACTED"}
+		}
+		u.RawQuery = q.Encode()
+	}
+	u.Fragment, u.RawFragment = "", ""
+	return u.Redacted()
+}
+
+// redactErr is err's text with the URL, should it hold it, redacted.
+func redactErr(err error, target, shown string) string {
+	text := err.Error()
+	if target != shown {
+		text = strings.ReplaceAll(text, target, shown)
+		if u, perr := url.Parse(target); perr == nil {
+			if p, ok := u.User.Password(); ok && p != "" {
+				text = strings.ReplaceAll(text, p, "xxxxx")
+			}
+		}
+	}
+	return text
 }
 
 // unwrapURLError drops the *url.Error wrapper, which repeats method and URL.

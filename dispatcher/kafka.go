@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strconv"
 	"time"
 
@@ -85,27 +86,36 @@ func (s *KafkaSender) Send(ctx context.Context, jobs []store.Claimed) []Result {
 	results := s.cl.ProduceSync(ctx, recs...)
 	out := make([]Result, len(jobs))
 	for i, pr := range results {
-		out[i] = Result{Status: classifyProduce(pr.Err), Err: pr.Err}
+		out[i] = classifyProduce(recs[i].Topic, pr.Err)
 	}
 	return out
 }
 
-// classifyProduce tells a refused produce (never written: undo the claim),
-// a record at fault (a dispatch error of the job), and a produce whose fate
-// is unknown. With idempotent writes franz-go times a record out only when
-// that is safe, when it was never written (never sent, or answered with an
-// error), so a timeout, like an error the broker answered, means not sent.
-func classifyProduce(err error) SendStatus {
+// Route says where a job type's requests go: its topic, backed off apart
+// from every other topic.
+func (s *KafkaSender) Route(jobType string) Route {
+	return Route{Neighbour: "kafka topic " + s.routes[jobType].Topic, Timeout: KafkaSendTimeout}
+}
+
+// classifyProduce tells a refused produce (never written: undo the claim
+// and back the topic off), a record at fault (a final dispatch error of the
+// job: the same record would be refused again), and a produce whose fate is
+// unknown. With idempotent writes franz-go fails a record only when that is
+// safe, when it was never written (never sent, or answered with an error),
+// so an error the broker answered, or a record timeout, means not sent. A
+// record still in flight when the context ends or the client is closed
+// (shutdown) may have been written.
+func classifyProduce(topic string, err error) Result {
 	switch {
 	case err == nil:
-		return Sent
+		return Result{Status: Sent}
 	case errors.Is(err, kerr.MessageTooLarge), errors.Is(err, kerr.RecordListTooLarge),
 		errors.Is(err, kerr.InvalidRecord), errors.Is(err, kerr.CorruptMessage):
-		return Failed
-	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
-		return Unknown
+		return Result{Status: Failed, Final: true, Err: fmt.Errorf("the request cannot be written to topic %s: %w", topic, err)}
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded), errors.Is(err, kgo.ErrClientClosed):
+		return Result{Status: Unknown, Err: fmt.Errorf("produce to %s: %w", topic, err)}
 	}
-	return NotSent
+	return Result{Status: Refused, Err: fmt.Errorf("produce to %s: %w", topic, err)}
 }
 
 // Transport names it in metrics.

@@ -45,8 +45,23 @@ type Claimed struct {
 	TimeoutSeconds int
 	ExpiresAt      *time.Time
 	TimeWindows    []correlator.TimeWindow
-	StartedAt      time.Time
+	// WindowsErr says why the job's own time windows could not be read
+	// (they are then left out of its retry scheduling; the claim, which
+	// reads them in PostgreSQL, still applies them).
+	WindowsErr error
+	// StartedAt is PostgreSQL's clock at the claim.
+	StartedAt time.Time
+	// ClaimedLocal is this process's clock (with its monotonic reading)
+	// taken just before the claim was asked for: time.Since(ClaimedLocal)
+	// bounds from above how long ago, on any clock, the claim was made.
+	ClaimedLocal time.Time
 }
+
+// DBNow estimates PostgreSQL's clock now: its clock at the claim plus the
+// local monotonic time since. Deadlines and schedules computed from it
+// agree with the sweeper's and the claim's, which run on PostgreSQL's
+// clock, however far this host's wall clock is off.
+func (c *Claimed) DBNow() time.Time { return c.StartedAt.Add(time.Since(c.ClaimedLocal)) }
 
 // Running returns what the retry decision needs.
 func (c *Claimed) Running() correlator.Running {
@@ -62,13 +77,20 @@ type Closed struct {
 	Attempt     int
 	ExpiresAt   *time.Time
 	TimeWindows []correlator.TimeWindow // nil = the type's
+	WindowsErr  error                   // its own windows could not be read
 }
 
 // Claim is what one claim statement did.
 type Claim struct {
 	Jobs   []Claimed // moved to running, in the queue's order
 	Closed []Closed  // due but outside their windows: not claimed
+	// DBNow is PostgreSQL's clock at the claim (zero when nothing came
+	// back); Local, this process's clock just before the claim was asked.
+	DBNow, Local time.Time
 }
+
+// Now estimates PostgreSQL's clock now (see Claimed.DBNow).
+func (c *Claim) Now() time.Time { return c.DBNow.Add(time.Since(c.Local)) }
 
 // JobClaim moves up to Limit due jobs of one queue to running in one round
 // trip (the hipq_claim function): attempt+1, started_at, and a hipq_attempt
@@ -101,37 +123,48 @@ func (s *Store) JobClaim(ctx context.Context, p JobClaimParams) (Claim, error) {
 			otherCap = &t.Shares.OtherCap
 		}
 	}
-	rows, err := s.pool.Query(ctx, `SELECT * FROM hipq_claim($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)`,
+	local := time.Now()
+	// now() is the claim transaction's clock, the one started_at holds.
+	rows, err := s.pool.Query(ctx, `SELECT c.*, now() FROM hipq_claim($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) c`,
 		p.Queue, p.Order, p.Limit, p.Instance, p.Types, jsonbOrNull(typeWindows), t.Limit, t.Critical,
 		jsonbOrNull(t.MaxConcurrency), sharePath, jsonbOrNull(shareCaps), otherCap)
 	if err != nil {
 		return Claim{}, fmt.Errorf("claim due jobs of queue %q: %w", p.Queue, err)
 	}
 	var (
-		out     Claim
+		out     = Claim{Local: local}
 		c       Claimed
 		claimed bool
 		state   string
 		windows []byte
 		started *time.Time
 	)
+	// Nothing in a row may keep the claim from being returned once it
+	// committed: claimed jobs not returned would hold their throttle
+	// slots, unsent, until the sweeper's rescue.
 	_, err = pgx.ForEachRow(rows, []any{&claimed, &c.ID, &c.JobType, &c.JobKey, &c.JobData, &state, &c.Attempt,
-		&c.MaxAttempts, &c.TimeoutSeconds, &c.ExpiresAt, &windows, &started}, func() error {
-		ws, err := decodeWindows(windows)
-		if err != nil {
-			return fmt.Errorf("job %d: time_windows: %w", c.ID, err)
+		&c.MaxAttempts, &c.TimeoutSeconds, &c.ExpiresAt, &windows, &started, &out.DBNow}, func() error {
+		ws, werr := decodeWindows(windows)
+		if werr != nil {
+			ws, werr = nil, fmt.Errorf("job %d: time_windows: %w", c.ID, werr)
 		}
 		if !claimed {
 			out.Closed = append(out.Closed, Closed{ID: c.ID, JobType: c.JobType, State: correlator.State(state),
-				Attempt: c.Attempt, ExpiresAt: c.ExpiresAt, TimeWindows: ws})
+				Attempt: c.Attempt, ExpiresAt: c.ExpiresAt, TimeWindows: ws, WindowsErr: werr})
 			return nil
 		}
-		c.Queue, c.TimeWindows, c.StartedAt = p.Queue, ws, *started
+		c.Queue, c.TimeWindows, c.WindowsErr, c.StartedAt, c.ClaimedLocal = p.Queue, ws, werr, out.DBNow, local
+		if started != nil {
+			c.StartedAt = *started
+		}
 		c.JobData = append(json.RawMessage(nil), c.JobData...)
 		out.Jobs = append(out.Jobs, c)
 		return nil
 	})
 	if err != nil {
+		// The connection failed while the rows came: whether the claim
+		// committed is unknown, so nothing is sent (a claim that did commit
+		// is the sweeper's to rescue).
 		return Claim{}, fmt.Errorf("claim due jobs of queue %q: %w", p.Queue, err)
 	}
 	return out, nil
@@ -199,11 +232,15 @@ func refArrays(refs []AttemptRef) ([]int64, []int32) {
 
 // AttemptMarkSent records that the transport acknowledged the sends.
 func (s *Store) AttemptMarkSent(ctx context.Context, refs []AttemptRef) error {
+	return s.inTx(ctx, func(tx pgx.Tx) error { return attemptsMarkSent(ctx, tx, refs) })
+}
+
+func attemptsMarkSent(ctx context.Context, tx pgx.Tx, refs []AttemptRef) error {
 	if len(refs) == 0 {
 		return nil
 	}
 	ids, atts := refArrays(refs)
-	_, err := s.pool.Exec(ctx, `
+	_, err := tx.Exec(ctx, `
 		UPDATE hipq_attempt a SET sent_at = now()
 		FROM unnest($1::bigint[], $2::int[]) AS u(id, att)
 		WHERE a.job_id = u.id AND a.attempt = u.att AND a.sent_at IS NULL`, ids, atts)
@@ -218,37 +255,141 @@ func (s *Store) AttemptMarkSent(ctx context.Context, refs []AttemptRef) error {
 // deleted, guarded by state running, the attempt, and no sent_at. It returns
 // how many were undone.
 func (s *Store) JobUndoClaim(ctx context.Context, refs []AttemptRef) (int, error) {
+	var n int
+	err := s.inTx(ctx, func(tx pgx.Tx) error {
+		var err error
+		n, err = jobsUndoClaim(ctx, tx, refs)
+		return err
+	})
+	return n, err
+}
+
+func jobsUndoClaim(ctx context.Context, tx pgx.Tx, refs []AttemptRef) (int, error) {
 	if len(refs) == 0 {
 		return 0, nil
 	}
 	ids, atts := refArrays(refs)
 	var n int
-	err := s.inTx(ctx, func(tx pgx.Tx) error {
-		return tx.QueryRow(ctx, `
-			WITH u AS (
-			  SELECT * FROM unnest($1::bigint[], $2::int[]) AS u(id, att)
-			), undone AS (
-			  UPDATE hipq_job j
-			  SET state = CASE WHEN j.attempt = 1 THEN 'initial' ELSE 'retry' END,
-			      attempt = j.attempt - 1,
-			      started_at = prev.dispatched_at,
-			      error = coalesce(prev.error, 'NONE'),
-			      update_time = now()
-			  FROM u
-			  LEFT JOIN hipq_attempt prev ON prev.job_id = u.id AND prev.attempt = u.att - 1
-			  WHERE j.id = u.id AND j.state = 'running' AND j.attempt = u.att
-			    AND EXISTS (SELECT 1 FROM hipq_attempt a
-			                WHERE a.job_id = u.id AND a.attempt = u.att AND a.sent_at IS NULL AND a.outcome IS NULL)
-			  RETURNING j.id, u.att
-			), del AS (
-			  DELETE FROM hipq_attempt a USING undone
-			  WHERE a.job_id = undone.id AND a.attempt = undone.att
-			  RETURNING 1
-			)
-			SELECT count(*) FROM del`, ids, atts).Scan(&n)
-	})
+	err := tx.QueryRow(ctx, `
+		WITH u AS (
+		  SELECT * FROM unnest($1::bigint[], $2::int[]) AS u(id, att)
+		), undone AS (
+		  UPDATE hipq_job j
+		  SET state = CASE WHEN j.attempt = 1 THEN 'initial' ELSE 'retry' END,
+		      attempt = j.attempt - 1,
+		      started_at = prev.dispatched_at,
+		      error = coalesce(prev.error, 'NONE'),
+		      update_time = now()
+		  FROM u
+		  LEFT JOIN hipq_attempt prev ON prev.job_id = u.id AND prev.attempt = u.att - 1
+		  WHERE j.id = u.id AND j.state = 'running' AND j.attempt = u.att
+		    AND EXISTS (SELECT 1 FROM hipq_attempt a
+		                WHERE a.job_id = u.id AND a.attempt = u.att AND a.sent_at IS NULL AND a.outcome IS NULL)
+		  RETURNING j.id, u.att
+		), del AS (
+		  DELETE FROM hipq_attempt a USING undone
+		  WHERE a.job_id = undone.id AND a.attempt = undone.att
+		  RETURNING 1
+		)
+		SELECT count(*) FROM del`, ids, atts).Scan(&n)
 	if err != nil {
 		return 0, fmt.Errorf("undo claims: %w", err)
 	}
 	return n, nil
+}
+
+// Delivery is the whole record of what became of a batch of sends: one
+// transport's share of one claim. Each job is in at most one of the lists
+// (a job with a sync reply is in Sent and Replies).
+type Delivery struct {
+	// Sent: the transport acknowledged the request, or the downstream
+	// answered: sent_at.
+	Sent []AttemptRef
+	// Undo: the request surely never left: the claim is taken back.
+	Undo []AttemptRef
+	// Resolves end attempts the send itself decided (dispatch errors, a
+	// send of an at_most_once type that may have arrived).
+	Resolves []Resolve
+	// Replies came with the send (HTTP sync mode).
+	Replies []ReplyIn
+}
+
+// Jobs lists the ids of the jobs the delivery names.
+func (d *Delivery) Jobs() []int64 {
+	var ids []int64
+	for _, r := range d.Sent {
+		ids = append(ids, r.JobID)
+	}
+	for _, r := range d.Undo {
+		ids = append(ids, r.JobID)
+	}
+	for _, r := range d.Resolves {
+		ids = append(ids, r.JobID)
+	}
+	return ids
+}
+
+// DeliveryResult says what the record did.
+type DeliveryResult struct {
+	Undone  int
+	Replies ReplyResult // of Delivery.Replies
+	Early   ReplyResult // early replies waiting for the jobs sent
+}
+
+// DeliveryRecord writes a delivery's whole record in one transaction:
+// sent_at of what was sent, the undo of what never left, the attempts the
+// send ended, the replies that came with it, and then the early replies
+// that were waiting for the jobs sent. Either all of it lands or none: a
+// failure in between can never leave a delivered request looking unsent
+// (which the sweeper would undo and send again) or lose a reply. The
+// caller retries a transient failure (IsTransient) until it lands.
+//
+// The jobs' rows are locked first, in id order, as the reply paths lock
+// them, so a delivery and a reply for the same jobs queue up instead of
+// deadlocking.
+func (s *Store) DeliveryRecord(ctx context.Context, d Delivery, types TypeInfo) (DeliveryResult, error) {
+	var res DeliveryResult
+	err := s.inTx(ctx, func(tx pgx.Tx) error {
+		res = DeliveryResult{}
+		ids := d.Jobs()
+		for _, r := range d.Replies {
+			if r.Reply.JobID != nil {
+				ids = append(ids, *r.Reply.JobID)
+			}
+		}
+		if _, err := tx.Exec(ctx, `SELECT 1 FROM hipq_job WHERE id = ANY($1) ORDER BY id FOR UPDATE`, ids); err != nil {
+			return fmt.Errorf("lock delivered jobs: %w", err)
+		}
+		if err := attemptsMarkSent(ctx, tx, d.Sent); err != nil {
+			return err
+		}
+		var err error
+		if res.Undone, err = jobsUndoClaim(ctx, tx, d.Undo); err != nil {
+			return err
+		}
+		// A resolution whose guard does not match was overtaken by another
+		// writer (a reply, the sweeper): the guard keeps both from applying.
+		if _, err := jobResolveMany(ctx, tx, d.Resolves); err != nil {
+			return err
+		}
+		if len(d.Replies) > 0 {
+			if res.Replies, err = applyReplies(ctx, tx, d.Replies, types, 0); err != nil {
+				return err
+			}
+			if err := deadLettersInsert(ctx, tx, res.Replies.DeadLetters); err != nil {
+				return err
+			}
+		}
+		if len(d.Sent) > 0 {
+			sent := make([]int64, len(d.Sent))
+			for i, r := range d.Sent {
+				sent[i] = r.JobID
+			}
+			if res.Early, err = earlyReplyApply(ctx, tx, sent, 0, types); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	return res, err
 }

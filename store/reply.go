@@ -75,7 +75,12 @@ func applyReplies(ctx context.Context, tx pgx.Tx, ins []ReplyIn, types TypeInfo,
 	if err != nil {
 		return res, err
 	}
-	now := time.Now()
+	// One clock: retries are scheduled, and early replies expire, on
+	// PostgreSQL's, which the claim and the sweeper read too.
+	var now time.Time
+	if err := tx.QueryRow(ctx, `SELECT now()`).Scan(&now); err != nil {
+		return res, fmt.Errorf("read the database clock: %w", err)
+	}
 	applied := map[int64]bool{}
 	var resolves []Resolve
 	var early []ReplyIn
@@ -291,50 +296,57 @@ func earlyInsert(ctx context.Context, tx pgx.Tx, early []ReplyIn) error {
 func (s *Store) EarlyReplyApply(ctx context.Context, jobIDs []int64, limit int, types TypeInfo) (ReplyResult, error) {
 	var res ReplyResult
 	err := s.inTx(ctx, func(tx pgx.Tx) error {
-		q := `SELECT e.id, e.job_type, e.job_key, e.job_id, e.attempt, e.success, e.retryable, e.error_text, e.reply,
-		             e.headers, e.source, coalesce(e.topic, ''), coalesce(e.kafka_partition, 0), coalesce(e.kafka_offset, 0),
-		             e.record_key, e.record_value, e.received_at, e.expires_at
-		      FROM hipq_early_reply e `
-		var args []any
-		if jobIDs != nil {
-			q += `JOIN hipq_job j ON j.job_type = e.job_type AND j.job_key = e.job_key
-			      WHERE j.id = ANY($1) ORDER BY e.id FOR UPDATE OF e SKIP LOCKED`
-			args = []any{jobIDs}
-		} else {
-			q += `ORDER BY e.id LIMIT $1 FOR UPDATE SKIP LOCKED`
-			args = []any{limit}
-		}
-		rows, err := tx.Query(ctx, q, args...)
-		if err != nil {
-			return fmt.Errorf("load early replies: %w", err)
-		}
-		var ins []ReplyIn
-		var in ReplyIn
-		var r correlator.Reply
-		var att *int32
-		var reply, hdr []byte
-		_, err = pgx.ForEachRow(rows, []any{&in.earlyID, &r.JobType, &r.JobKey, &r.JobID, &att, &r.Success, &r.Retryable,
-			&r.Error, &reply, &hdr, &in.Kind, &in.Source.Topic, &in.Source.Partition, &in.Source.Offset,
-			&in.Source.Key, &in.Source.Value, &in.Source.Received, &in.expires}, func() error {
-			rc := r
-			if att != nil {
-				a := int(*att)
-				rc.Attempt = &a
-			}
-			rc.Result = append(json.RawMessage(nil), reply...)
-			in.Source.Headers = decodeHeaders(hdr)
-			in.Reply = &rc
-			ins = append(ins, in)
-			return nil
-		})
-		if err != nil {
-			return fmt.Errorf("load early replies: %w", err)
-		}
-		res, err = applyReplies(ctx, tx, ins, types, 0)
-		if err != nil {
-			return err
-		}
-		return deadLettersInsert(ctx, tx, res.DeadLetters)
+		var err error
+		res, err = earlyReplyApply(ctx, tx, jobIDs, limit, types)
+		return err
 	})
 	return res, err
+}
+
+func earlyReplyApply(ctx context.Context, tx pgx.Tx, jobIDs []int64, limit int, types TypeInfo) (ReplyResult, error) {
+	var res ReplyResult
+	q := `SELECT e.id, e.job_type, e.job_key, e.job_id, e.attempt, e.success, e.retryable, e.error_text, e.reply,
+	             e.headers, e.source, coalesce(e.topic, ''), coalesce(e.kafka_partition, 0), coalesce(e.kafka_offset, 0),
+	             e.record_key, e.record_value, e.received_at, e.expires_at
+	      FROM hipq_early_reply e `
+	var args []any
+	if jobIDs != nil {
+		q += `JOIN hipq_job j ON j.job_type = e.job_type AND j.job_key = e.job_key
+		      WHERE j.id = ANY($1) ORDER BY e.id FOR UPDATE OF e SKIP LOCKED`
+		args = []any{jobIDs}
+	} else {
+		q += `ORDER BY e.id LIMIT $1 FOR UPDATE SKIP LOCKED`
+		args = []any{limit}
+	}
+	rows, err := tx.Query(ctx, q, args...)
+	if err != nil {
+		return res, fmt.Errorf("load early replies: %w", err)
+	}
+	var ins []ReplyIn
+	var in ReplyIn
+	var r correlator.Reply
+	var att *int32
+	var reply, hdr []byte
+	_, err = pgx.ForEachRow(rows, []any{&in.earlyID, &r.JobType, &r.JobKey, &r.JobID, &att, &r.Success, &r.Retryable,
+		&r.Error, &reply, &hdr, &in.Kind, &in.Source.Topic, &in.Source.Partition, &in.Source.Offset,
+		&in.Source.Key, &in.Source.Value, &in.Source.Received, &in.expires}, func() error {
+		rc := r
+		if att != nil {
+			a := int(*att)
+			rc.Attempt = &a
+		}
+		rc.Result = append(json.RawMessage(nil), reply...)
+		in.Source.Headers = decodeHeaders(hdr)
+		in.Reply = &rc
+		ins = append(ins, in)
+		return nil
+	})
+	if err != nil {
+		return res, fmt.Errorf("load early replies: %w", err)
+	}
+	res, err = applyReplies(ctx, tx, ins, types, 0)
+	if err != nil {
+		return res, err
+	}
+	return res, deadLettersInsert(ctx, tx, res.DeadLetters)
 }

@@ -21,6 +21,9 @@ type Resolve struct {
 	AttemptOutcome correlator.AttemptOutcome
 	AttemptError   string
 	Reply          json.RawMessage // the reply, when one came
+	// Sent: the request reached the service (an HTTP answer of any
+	// status): sent_at is set if it is not yet.
+	Sent bool
 }
 
 // JobResolveMany applies resolutions in one statement, each guarded by
@@ -70,9 +73,10 @@ func jobResolveMany(ctx context.Context, tx pgx.Tx, rs []Resolve) ([]resolved, e
 	states, errs, attOutcomes := make([]string, n), make([]string, n), make([]string, n)
 	outcomes, results, attErrs, replies := make([]*string, n), make([]*string, n), make([]*string, n), make([]*string, n)
 	next := make([]*time.Time, n)
+	sent := make([]bool, n)
 	for i, r := range rs {
-		ids[i], atts[i] = r.JobID, int32(r.Attempt)
-		states[i], errs[i], attOutcomes[i] = string(r.Res.State), r.Res.Error, string(r.AttemptOutcome)
+		ids[i], atts[i], sent[i] = r.JobID, int32(r.Attempt), r.Sent
+		states[i], errs[i], attOutcomes[i] = string(r.Res.State), safeText(r.Res.Error), string(r.AttemptOutcome)
 		outcomes[i] = nullable(string(r.Res.Outcome))
 		if !r.Res.NextRun.IsZero() {
 			t := r.Res.NextRun
@@ -82,7 +86,7 @@ func jobResolveMany(ctx context.Context, tx pgx.Tx, rs []Resolve) ([]resolved, e
 			results[i] = nullable(string(r.Result))
 		}
 		if r.AttemptOutcome != correlator.AttemptSucceeded {
-			attErrs[i] = nullable(r.AttemptError)
+			attErrs[i] = nullable(safeText(r.AttemptError))
 		}
 		if r.Reply != nil {
 			replies[i] = nullable(string(r.Reply))
@@ -91,8 +95,8 @@ func jobResolveMany(ctx context.Context, tx pgx.Tx, rs []Resolve) ([]resolved, e
 	rows, err := tx.Query(ctx, `
 		WITH u AS (
 		  SELECT * FROM unnest($1::bigint[], $2::int[], $3::text[], $4::text[], $5::text[], $6::timestamptz[],
-		                       $7::jsonb[], $8::text[], $9::text[], $10::jsonb[])
-		    AS u(id, att, state, outcome, error, next_run, result, att_outcome, att_error, reply)
+		                       $7::jsonb[], $8::text[], $9::text[], $10::jsonb[], $11::bool[])
+		    AS u(id, att, state, outcome, error, next_run, result, att_outcome, att_error, reply, sent)
 		), done AS (
 		  UPDATE hipq_job j
 		  SET state = u.state, outcome = u.outcome, error = u.error,
@@ -100,7 +104,7 @@ func jobResolveMany(ctx context.Context, tx pgx.Tx, rs []Resolve) ([]resolved, e
 		      result = coalesce(u.result, j.result), update_time = now()
 		  FROM u
 		  WHERE j.id = u.id AND j.state = 'running' AND j.attempt = u.att
-		  RETURNING j.id, j.queue, j.job_type, j.attempt, j.started_at, u.att_outcome, u.att_error, u.reply
+		  RETURNING j.id, j.queue, j.job_type, j.attempt, j.started_at, u.att_outcome, u.att_error, u.reply, u.sent
 		), notify AS (
 		  -- A job left running: a throttle slot is free, so dispatchers
 		  -- may claim now rather than at their next poll.
@@ -111,13 +115,13 @@ func jobResolveMany(ctx context.Context, tx pgx.Tx, rs []Resolve) ([]resolved, e
 		  UPDATE hipq_attempt a
 		  SET outcome = done.att_outcome, error = done.att_error, reply = done.reply,
 		      replied_at = CASE WHEN done.reply IS NOT NULL THEN now() END,
-		      sent_at = CASE WHEN done.reply IS NOT NULL THEN coalesce(a.sent_at, now()) ELSE a.sent_at END
+		      sent_at = CASE WHEN done.reply IS NOT NULL OR done.sent THEN coalesce(a.sent_at, now()) ELSE a.sent_at END
 		  FROM done
 		  WHERE a.job_id = done.id AND a.attempt = done.attempt
 		)
 		SELECT id, attempt, job_type, extract(epoch FROM now() - started_at)::float8 FROM done
 		WHERE (SELECT count(*) FROM notify) >= 0`,
-		ids, atts, states, outcomes, errs, next, results, attOutcomes, attErrs, replies)
+		ids, atts, states, outcomes, errs, next, results, attOutcomes, attErrs, replies, sent)
 	if err != nil {
 		return nil, fmt.Errorf("resolve attempts: %w", err)
 	}

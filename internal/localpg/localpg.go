@@ -39,6 +39,9 @@ type Cluster struct {
 	Dir  string // removed by Stop
 	cmd  *exec.Cmd
 	done chan error
+	bin  string
+	args []string
+	cred *syscall.Credential
 }
 
 // ErrNoServer is returned when no PostgreSQL server binaries are installed.
@@ -136,42 +139,74 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	for k, v := range opts.Settings {
 		args = append(args, "-c", k+"="+v)
 	}
-	logf, err := os.Create(filepath.Join(dir, "postgres.log"))
-	if err != nil {
+	c.bin, c.args, c.cred = bin, args, cred
+	if err := c.run(ctx); err != nil {
 		return fail(err)
 	}
+	return c, nil
+}
+
+// run starts postgres on the cluster's data and waits until it accepts
+// connections.
+func (c *Cluster) run(ctx context.Context) error {
+	logf, err := os.OpenFile(filepath.Join(c.Dir, "postgres.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
 	defer logf.Close()
-	c.cmd = exec.Command(filepath.Join(bin, "postgres"), args...)
-	c.cmd.Dir = dir
+	c.done = make(chan error, 1)
+	c.cmd = exec.Command(filepath.Join(c.bin, "postgres"), c.args...)
+	c.cmd.Dir = c.Dir
 	c.cmd.Stdout, c.cmd.Stderr = logf, logf
 	// SIGQUIT is PostgreSQL's immediate shutdown: if this process dies, so
 	// does its cluster.
-	c.cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred, Pdeathsig: syscall.SIGQUIT, Setpgid: true}
+	c.cmd.SysProcAttr = &syscall.SysProcAttr{Credential: c.cred, Pdeathsig: syscall.SIGQUIT, Setpgid: true}
 	if err := c.cmd.Start(); err != nil {
-		return fail(fmt.Errorf("start postgres: %w", err))
+		return fmt.Errorf("start postgres: %w", err)
 	}
-	go func() { c.done <- c.cmd.Wait() }()
+	go func(cmd *exec.Cmd, done chan error) { done <- cmd.Wait() }(c.cmd, c.done)
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		conn, err := pgx.Connect(ctx, c.URL("postgres"))
 		if err == nil {
 			_ = conn.Close(ctx)
-			return c, nil
+			return nil
 		}
 		select {
 		case werr := <-c.done:
-			log, _ := os.ReadFile(filepath.Join(dir, "postgres.log"))
-			return fail(fmt.Errorf("postgres exited: %v\n%s", werr, log))
+			return fmt.Errorf("postgres exited: %v\n%s", werr, c.Log())
 		case <-ctx.Done():
-			c.Stop()
-			return nil, ctx.Err()
+			c.shutdown(syscall.SIGQUIT)
+			return ctx.Err()
 		case <-time.After(50 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
-			c.Stop()
-			return nil, fmt.Errorf("postgres did not accept connections within 60s: %w", err)
+			c.shutdown(syscall.SIGQUIT)
+			return fmt.Errorf("postgres did not accept connections within 60s: %w", err)
 		}
 	}
+}
+
+// Restart stops the server (a fast shutdown: every connection is cut, as
+// in a failover or an operator's restart) and starts it again on the same
+// data, waiting until it accepts connections.
+func (c *Cluster) Restart(ctx context.Context) error {
+	c.shutdown(syscall.SIGINT)
+	return c.run(ctx)
+}
+
+func (c *Cluster) shutdown(sig syscall.Signal) {
+	if c.cmd == nil || c.cmd.Process == nil {
+		return
+	}
+	_ = c.cmd.Process.Signal(sig)
+	select {
+	case <-c.done:
+	case <-time.After(10 * time.Second):
+		_ = syscall.Kill(-c.cmd.Process.Pid, syscall.SIGKILL)
+		<-c.done
+	}
+	c.cmd = nil
 }
 
 // URL is a connection string for database db.
@@ -199,15 +234,7 @@ func (c *Cluster) CreateDatabase(ctx context.Context, name, template string) (st
 
 // Stop shuts the cluster down at once and removes its directory.
 func (c *Cluster) Stop() {
-	if c.cmd != nil && c.cmd.Process != nil {
-		_ = c.cmd.Process.Signal(syscall.SIGQUIT)
-		select {
-		case <-c.done:
-		case <-time.After(10 * time.Second):
-			_ = syscall.Kill(-c.cmd.Process.Pid, syscall.SIGKILL)
-			<-c.done
-		}
-	}
+	c.shutdown(syscall.SIGQUIT)
 	_ = os.RemoveAll(c.Dir)
 }
 

@@ -1,0 +1,270 @@
+package dispatcher_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/hipq/hipq/correlator"
+	"github.com/hipq/hipq/dispatcher"
+	"github.com/hipq/hipq/internal/localpg"
+	"github.com/hipq/hipq/internal/pgtest"
+	"github.com/hipq/hipq/store"
+)
+
+// restartingSender sends through next, then restarts PostgreSQL before it
+// returns: the delivery's record meets a database that just went away.
+type restartingSender struct {
+	dispatcher.Sender
+	t     *testing.T
+	pg    *localpg.Cluster
+	fired atomic.Bool
+}
+
+func (s *restartingSender) Send(ctx context.Context, jobs []store.Claimed) []dispatcher.Result {
+	rs := s.Sender.Send(ctx, jobs)
+	if s.fired.CompareAndSwap(false, true) {
+		if err := s.pg.Restart(ctx); err != nil {
+			s.t.Errorf("restart PostgreSQL: %v", err)
+		}
+	}
+	return rs
+}
+
+// Issue 9.3: PostgreSQL restarts between the sends and their record. The
+// record (sent_at, sync replies, dispatch errors) is one transaction tried
+// again until it lands, so every job ends as its send said: nothing looks
+// unsent to the sweeper, no sync reply is lost.
+func TestDeliveryRecordSurvivesPostgresRestart(t *testing.T) {
+	t.Parallel()
+	pg, err := localpg.Start(ctx, localpg.Options{Settings: map[string]string{"synchronous_commit": "on"}})
+	if errors.Is(err, localpg.ErrNoServer) {
+		t.Skip(err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pg.Stop()
+	st, err := store.Open(ctx, store.Config{URL: pg.URL("postgres")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if _, err := st.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	ds := newDownstream(t, func(key string, n int) (int, string) {
+		if strings.HasPrefix(key, "fails") {
+			return http.StatusInternalServerError, "busy"
+		}
+		return http.StatusOK, `{"status": "ok"}`
+	})
+	_, topic, cl := requestTopic(t)
+	retry := &correlator.Backoff{Attempts: 3, Initial: time.Hour, When: []correlator.AttemptOutcome{correlator.AttemptDispatchError}}
+	types := map[string]*correlator.JobType{
+		"alo":  {Name: "alo", Queue: "default", Timeout: time.Hour, Delivery: correlator.AtLeastOnce, Retry: correlator.NoRetry},
+		"amo":  {Name: "amo", Queue: "default", Timeout: time.Hour, Delivery: correlator.AtMostOnce, Retry: correlator.NoRetry},
+		"sync": {Name: "sync", Queue: "default", Timeout: time.Hour, Delivery: correlator.AtLeastOnce, Retry: retry},
+	}
+	ks := &restartingSender{Sender: dispatcher.NewKafkaSender(cl, map[string]dispatcher.KafkaRoute{"alo": {Topic: topic}, "amo": {Topic: topic}}), t: t, pg: pg}
+	hs := dispatcher.NewHTTPSender(dispatcher.HTTPSenderConfig{Routes: map[string]dispatcher.HTTPRoute{
+		"sync": {URL: ds.URL + "/{job_key}", Sync: true, Timeout: 5 * time.Second}}})
+	d := dispatcher.New(zaptest.NewLogger(t), st, dispatcher.Config{Instance: "test", BatchSize: 100,
+		Queues: []dispatcher.QueueConfig{{Name: "default"}}, Types: types,
+		Senders: map[string]dispatcher.Sender{"alo": ks, "amo": ks, "sync": &restartingSender{Sender: hs, t: t, pg: pg}}})
+	insert(t, st, "alo", 5)
+	insert(t, st, "amo", 5)
+	insert(t, st, "sync", 3)
+	var jobs []*correlator.Job
+	for _, k := range []string{"fails0", "fails1"} {
+		jobs = append(jobs, &correlator.Job{Queue: "default", JobType: "sync", JobKey: k, JobData: json.RawMessage(`{}`),
+			MaxAttempts: 3, Priority: 100, ThrottleFactor: 1, TimeoutSeconds: 3600, ScheduledRunTime: time.Now().Add(-time.Second)})
+	}
+	if _, err := st.JobsInsert(ctx, jobs); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.RunOnce(ctx); err != nil {
+		t.Fatalf("round: %v", err)
+	}
+	if !ks.fired.Load() {
+		t.Fatal("PostgreSQL was not restarted")
+	}
+	// Kafka sends: acknowledged, so sent_at, whatever happened after.
+	if n := scalar(t, st, `SELECT count(*) FROM hipq_attempt a JOIN hipq_job j ON j.id = a.job_id
+		WHERE j.job_type IN ('alo', 'amo') AND j.state = 'running' AND a.sent_at IS NOT NULL`); n != 10 {
+		t.Fatalf("%d of 10 Kafka sends recorded as sent: the sweeper would undo (alo) or fail (amo) the others", n)
+	}
+	// Sync replies: applied.
+	if n := scalar(t, st, `SELECT count(*) FROM hipq_job WHERE job_type = 'sync' AND state = 'final' AND outcome = 'succeeded'`); n != 3 {
+		t.Fatalf("%d of 3 sync replies applied", n)
+	}
+	// 500s: dispatch errors through the retry policy, the call recorded as sent.
+	if n := scalar(t, st, `SELECT count(*) FROM hipq_job j JOIN hipq_attempt a ON a.job_id = j.id
+		WHERE j.job_key LIKE 'fails%' AND j.state = 'retry' AND a.outcome = 'dispatch_error' AND a.sent_at IS NOT NULL`); n != 2 {
+		t.Fatalf("%d of 2 failed calls recorded", n)
+	}
+}
+
+// Issue 9.4: once a claim commits, nothing after it keeps its jobs from
+// their deliveries: a job whose time windows this build cannot read, and
+// a reschedule of closed jobs that PostgreSQL refuses, leave every other
+// claimed job sent and recorded.
+func TestBookkeepingFailureAfterClaimStrandsNothing(t *testing.T) {
+	t.Parallel()
+	st := pgtest.New(t)
+	_, topic, cl := requestTopic(t)
+	insert(t, st, "alo", 4)
+	// PostgreSQL reads this zone as always open; Go cannot load it.
+	if _, err := st.Pool().Exec(ctx, `UPDATE hipq_job SET time_windows = '[{"start":"00:00","end":"00:00","tz":"Mars/Olympus_Mons"}]'
+		WHERE job_key = 'alo0'`); err != nil {
+		t.Fatal(err)
+	}
+	// A job outside its window, whose reschedule PostgreSQL refuses.
+	now := time.Now().UTC()
+	closed := []correlator.TimeWindow{{Start: now.Add(2 * time.Hour).Format("15:04"), End: now.Add(3 * time.Hour).Format("15:04")}}
+	if _, err := st.JobsInsert(ctx, []*correlator.Job{{Queue: "default", JobType: "alo", JobKey: "closed", JobData: json.RawMessage(`{}`),
+		MaxAttempts: 1, Priority: 100, ThrottleFactor: 1, TimeoutSeconds: 3600, ScheduledRunTime: now.Add(-time.Minute), TimeWindows: closed}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Pool().Exec(ctx, `
+		CREATE FUNCTION refuse_defer() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN RAISE EXCEPTION 'no reschedules today'; END $$;
+		CREATE TRIGGER refuse_defer BEFORE UPDATE ON hipq_job FOR EACH ROW
+		WHEN (OLD.job_key = 'closed' AND OLD.state = NEW.state) EXECUTE FUNCTION refuse_defer();`); err != nil {
+		t.Fatal(err)
+	}
+	d, _ := newDispatcher(t, st, cl, topic)
+	_, err := d.RunOnce(ctx)
+	if err == nil || !strings.Contains(err.Error(), "no reschedules today") {
+		t.Fatalf("round error %v, want the refused reschedule", err)
+	}
+	if n := scalar(t, st, `SELECT count(*) FROM hipq_job j JOIN hipq_attempt a ON a.job_id = j.id
+		WHERE j.state = 'running' AND a.sent_at IS NOT NULL`); n != 4 {
+		t.Fatalf("%d of 4 claimed jobs sent and recorded", n)
+	}
+	if n := scalar(t, st, `SELECT count(*) FROM hipq_job WHERE job_key = 'closed' AND state = 'initial' AND attempt = 0`); n != 1 {
+		t.Fatalf("the closed job moved")
+	}
+}
+
+// Issue 9.12: a record in flight when the producer closes may have been
+// written: an at_most_once job is never sent again (final / failed), an
+// at_least_once one is undone to be sent again.
+func TestProducerClosedIsNotARefusal(t *testing.T) {
+	t.Parallel()
+	st := pgtest.New(t)
+	_, topic, cl := requestTopic(t)
+	insert(t, st, "alo", 2)
+	insert(t, st, "amo", 2)
+	cl.Close()
+	d, m := newDispatcher(t, st, cl, topic)
+	if _, err := d.RunOnce(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := scalar(t, st, `SELECT count(*) FROM hipq_job WHERE job_type = 'amo' AND state = 'final' AND outcome = 'failed'
+		AND error LIKE 'request may have been delivered%'`); n != 2 {
+		t.Fatalf("%d of 2 at_most_once jobs ended failed; one re-sent could be delivered twice", n)
+	}
+	if n := scalar(t, st, `SELECT count(*) FROM hipq_job WHERE job_type = 'alo' AND state = 'initial' AND attempt = 0`); n != 2 {
+		t.Fatalf("%d of 2 at_least_once jobs undone", n)
+	}
+	if v, _ := m.Value("hipq_dispatches_total", map[string]string{"result": "unknown"}); v != 4 {
+		t.Fatalf("%v sends counted unknown, want 4", v)
+	}
+}
+
+// Issue 9.6: a record too large for the topic can never be written: the
+// job ends final / failed at its first attempt, saying why and where, and
+// its retry policy is not burned.
+func TestRecordTooLargeEndsAtOnce(t *testing.T) {
+	t.Parallel()
+	st := pgtest.New(t)
+	k, topic, _ := requestTopic(t)
+	cl := k.Client(append(dispatcher.KafkaProducerOpts(), kgo.ProducerBatchMaxBytes(2000))...)
+	defer cl.Close()
+	s := dispatcher.NewKafkaSender(cl, map[string]dispatcher.KafkaRoute{"big": {Topic: topic}})
+	retry := &correlator.Backoff{Attempts: 5, Initial: time.Millisecond, When: []correlator.AttemptOutcome{correlator.AttemptDispatchError}}
+	d := dispatcher.New(zaptest.NewLogger(t), st, dispatcher.Config{Instance: "test", Queues: []dispatcher.QueueConfig{{Name: "default"}},
+		Types:   map[string]*correlator.JobType{"big": {Name: "big", Queue: "default", Timeout: time.Hour, Retry: retry}},
+		Senders: map[string]dispatcher.Sender{"big": s}})
+	if _, err := st.JobsInsert(ctx, []*correlator.Job{{Queue: "default", JobType: "big", JobKey: "b", MaxAttempts: 5, Priority: 100,
+		ThrottleFactor: 1, TimeoutSeconds: 3600, ScheduledRunTime: time.Now().Add(-time.Second),
+		JobData: json.RawMessage(`"` + strings.Repeat("x", 5000) + `"`)}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.RunOnce(ctx); err != nil {
+		t.Fatal(err)
+	}
+	j, err := st.JobGet(ctx, "big", "b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want(t, j, correlator.StateFinal, correlator.OutcomeFailed, 1)
+	if !strings.Contains(j.Error, topic) || !strings.Contains(j.Error, "MESSAGE_TOO_LARGE") {
+		t.Fatalf("error %q does not name the topic and the refusal", j.Error)
+	}
+}
+
+// Issue 9.10 and 9.16: every HTTP call the downstream answered, whatever
+// its status, reached the service and records sent_at; a refused
+// connection did not. No stored error shows a secret of the URL.
+func TestHTTPAnsweredCallsAreSentAndURLsRedacted(t *testing.T) {
+	t.Parallel()
+	ds := newDownstream(t, func(key string, n int) (int, string) {
+		switch key {
+		case "e500":
+			return http.StatusInternalServerError, "down"
+		case "e422":
+			return http.StatusUnprocessableEntity, "bad"
+		}
+		return http.StatusAccepted, ""
+	})
+	secretURL := strings.Replace(ds.URL, "http://", "http://user:pa55word@", 1) + "/calls/{job_key}?api_key=T0PSECRET&x=1"
+	c := newHTTPCase(t, secretURL, 5*time.Second)
+	for _, k := range []string{"e500", "e422"} {
+		c.insert("sync", k)
+	}
+	for _, k := range []string{"e500", "e422"} {
+		c.settle("sync", k)
+	}
+	if n := scalar(t, c.st, `SELECT count(*) FROM hipq_attempt WHERE outcome = 'dispatch_error' AND sent_at IS NOT NULL`); n < 2 {
+		t.Fatalf("%d answered calls recorded as sent, want every one", n)
+	}
+	if n := scalar(t, c.st, `SELECT count(*) FROM hipq_attempt WHERE sent_at IS NULL`); n != 0 {
+		t.Fatalf("%d answered calls without sent_at", n)
+	}
+	// A refused connection: no sent_at, and the error still redacted.
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := "http://user:pa55word@" + l.Addr().String() + "/x?api_key=T0PSECRET"
+	l.Close()
+	c2 := newHTTPCase(t, dead, 100*time.Millisecond)
+	c2.insert("sync", "refused")
+	j := c2.settle("sync", "refused")
+	for j.State != correlator.StateFinal {
+		j = c2.settle("sync", "refused")
+	}
+	if n := scalar(t, c2.st, `SELECT count(*) FROM hipq_attempt WHERE sent_at IS NOT NULL`); n != 0 {
+		t.Fatalf("%d refused calls recorded as sent", n)
+	}
+	for _, st := range []*store.Store{c.st, c2.st} {
+		if n := scalar(t, st, `SELECT count(*) FROM (SELECT error FROM hipq_job UNION ALL SELECT error FROM hipq_attempt) e
+			WHERE error LIKE '%pa55word%' OR error LIKE '%T0PSECRET%'`); n != 0 {
+			t.Fatalf("%d stored errors hold a secret of the URL", n)
+		}
+	}
+	if !strings.Contains(j.Error, "api_key=REDACTED") || !strings.Contains(j.Error, "connection refused") {
+		t.Fatalf("error %q", j.Error)
+	}
+}
