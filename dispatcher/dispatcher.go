@@ -15,6 +15,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -276,7 +277,7 @@ func (d *Dispatcher) claimAll(ctx context.Context) (int, error) {
 }
 
 // round claims one batch of a queue (as much as there is room for in
-// flight) and starts its deliveries, one per transport. It returns how many
+// flight) and starts its deliveries, one per neighbour (topic, host). It returns how many
 // jobs it claimed or rescheduled, and whether the batch was full (more may
 // be due).
 //
@@ -285,14 +286,33 @@ func (d *Dispatcher) claimAll(ctx context.Context) (int, error) {
 // their windows comes after (its failure only leaves those jobs waiting for
 // the next round).
 func (d *Dispatcher) round(ctx context.Context, q QueueConfig) (int, bool, error) {
-	types := d.sendable(q)
-	if len(types) == 0 {
-		return 0, false, nil // nothing here, or every neighbour with work backs off
+	open, capped := d.sendable(q)
+	room := d.cfg.MaxInFlight - int(d.inflight.Load())
+	total, more := 0, false
+	var errs []error
+	claim := func(types []string, limit int) {
+		limit = min(limit, d.cfg.BatchSize, room)
+		if limit <= 0 || len(types) == 0 {
+			return // a delivery finishing wakes the dispatcher
+		}
+		n, full, err := d.claim(ctx, q, types, limit)
+		total, more, room = total+n, more || full, room-n
+		if err != nil {
+			errs = append(errs, err)
+		}
 	}
-	limit := min(d.cfg.BatchSize, d.cfg.MaxInFlight-int(d.inflight.Load()))
-	if limit <= 0 {
-		return 0, false, nil // a delivery finishing wakes the dispatcher
+	claim(open, d.cfg.BatchSize)
+	// A type with a MaxInFlight is claimed on its own, never more than its
+	// room: a slow downstream's jobs never wait for slots in numbers.
+	for _, name := range slices.Sorted(maps.Keys(capped)) {
+		claim([]string{name}, capped[name])
 	}
+	return total, more, errors.Join(errs...)
+}
+
+// claim claims up to limit due jobs of the given types and starts their
+// deliveries.
+func (d *Dispatcher) claim(ctx context.Context, q QueueConfig, types []string, limit int) (int, bool, error) {
 	claim, err := d.st.JobClaim(ctx, store.JobClaimParams{Queue: q.Name, Order: q.Order, Limit: limit,
 		Instance: d.cfg.Instance, Types: types, Throttle: q.Throttle, TypeWindows: d.typeWindows})
 	if err != nil {
@@ -302,17 +322,24 @@ func (d *Dispatcher) round(ctx context.Context, q QueueConfig) (int, bool, error
 	more := n == limit
 	if len(claim.Jobs) > 0 {
 		add(d.m.Claimed.WithLabelValues(q.Name), len(claim.Jobs))
-		bySender := map[Sender][]store.Claimed{}
+		// One delivery per neighbour: a slow host's calls never hold back
+		// the record of another's.
+		type to struct {
+			s Sender
+			n string
+		}
+		by := map[to][]store.Claimed{}
 		for _, c := range claim.Jobs {
 			if c.WindowsErr != nil {
 				d.log.Warn("job's time windows unreadable here; its retries ignore them", zap.Int64("job_id", c.ID),
 					zap.String("job_type", c.JobType), zap.Error(c.WindowsErr))
 			}
 			s := d.cfg.Senders[c.JobType] // nil: not sendable here after all; its claim is undone
-			bySender[s] = append(bySender[s], c)
+			k := to{s, d.route(s, c.JobType).Neighbour}
+			by[k] = append(by[k], c)
 		}
-		for s, jobs := range bySender {
-			d.start(ctx, q, s, jobs)
+		for k, jobs := range by {
+			d.start(ctx, q, k.s, jobs)
 		}
 	}
 	return n, more, d.deferClosed(ctx, q, &claim)
@@ -344,7 +371,7 @@ func (d *Dispatcher) start(ctx context.Context, q QueueConfig, s Sender, jobs []
 	}()
 }
 
-// deliver sends one transport's share of a claim and records what became
+// deliver sends one neighbour's share of a claim and records what became
 // of each send in one transaction (store.DeliveryRecord): sent_at, undone
 // claims, dispatch errors through the retry policy, replies that came with
 // the send, and early replies waiting for these jobs.
@@ -591,10 +618,13 @@ func (d *Dispatcher) refusedBy(refused map[string]error) map[string]time.Duratio
 			o = &outage{since: now}
 			d.outages[n] = o
 		}
+		ages[n] = now.Sub(o.since)
+		if now.Before(o.until) {
+			continue // another delivery of the same probe said so already
+		}
 		o.failures++
 		wait := min(time.Second<<min(o.failures-1, 5), 30*time.Second)
 		o.until = now.Add(wait)
-		ages[n] = now.Sub(o.since)
 		d.log.Warn("sends refused; pausing claims for it", zap.String("to", n), zap.Duration("for", wait),
 			zap.Duration("refusing_since", ages[n].Round(time.Millisecond)), zap.Error(err))
 	}
@@ -614,14 +644,14 @@ func (d *Dispatcher) recovered(n string) {
 
 // sendable lists the queue's job types this instance may claim now: those
 // with a transport here (never a type rolling out, or a transport this
-// build lacks), whose neighbour is not backing off, and whose sends in
-// flight are below the route's MaxInFlight. So one refusing topic or one
-// slow host holds back its own types only.
-func (d *Dispatcher) sendable(q QueueConfig) []string {
+// build lacks) whose neighbour is not backing off; capped are those with a
+// route MaxInFlight, with the room each has left. So one refusing topic or
+// one slow host holds back its own types only.
+func (d *Dispatcher) sendable(q QueueConfig) (open []string, capped map[string]int) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	now := time.Now()
-	out := []string{}
+	capped = map[string]int{}
 	for name, jt := range d.cfg.Types {
 		s := d.cfg.Senders[name]
 		if jt.Queue != q.Name || s == nil {
@@ -631,13 +661,14 @@ func (d *Dispatcher) sendable(q QueueConfig) []string {
 		if o := d.outages[r.Neighbour]; o != nil && now.Before(o.until) {
 			continue
 		}
-		if r.MaxInFlight > 0 && d.byType[name] >= r.MaxInFlight {
+		if r.MaxInFlight > 0 {
+			capped[name] = r.MaxInFlight - d.byType[name]
 			continue
 		}
-		out = append(out, name)
+		open = append(open, name)
 	}
-	slices.Sort(out)
-	return out
+	slices.Sort(open)
+	return open, capped
 }
 
 // deferClosed moves due jobs found outside their time windows to their next

@@ -50,7 +50,7 @@ func newDispatcher(t *testing.T, st *store.Store, cl *kgo.Client, topic string) 
 		Queues: []dispatcher.QueueConfig{{Name: "default"}}, Types: types(), Senders: map[string]dispatcher.Sender{"alo": s, "amo": s}}), m
 }
 
-func scalar(t *testing.T, st *store.Store, q string) int {
+func scalar(t testing.TB, st *store.Store, q string) int {
 	t.Helper()
 	var n int
 	if err := st.Pool().QueryRow(ctx, q).Scan(&n); err != nil {

@@ -42,11 +42,15 @@ type KafkaRoute struct {
 type KafkaSender struct {
 	cl     *kgo.Client
 	routes map[string]KafkaRoute // by job type
+	// SendTimeout is the client's record delivery timeout; a topic that
+	// refuses for longer ends its attempts as dispatch errors. Defaults to
+	// KafkaSendTimeout.
+	SendTimeout time.Duration
 }
 
 // NewKafkaSender sends the requests of the routed job types with cl.
 func NewKafkaSender(cl *kgo.Client, routes map[string]KafkaRoute) *KafkaSender {
-	return &KafkaSender{cl: cl, routes: routes}
+	return &KafkaSender{cl: cl, routes: routes, SendTimeout: KafkaSendTimeout}
 }
 
 type envelope struct {
@@ -94,7 +98,7 @@ func (s *KafkaSender) Send(ctx context.Context, jobs []store.Claimed) []Result {
 // Route says where a job type's requests go: its topic, backed off apart
 // from every other topic.
 func (s *KafkaSender) Route(jobType string) Route {
-	return Route{Neighbour: "kafka topic " + s.routes[jobType].Topic, Timeout: KafkaSendTimeout}
+	return Route{Neighbour: "kafka topic " + s.routes[jobType].Topic, Timeout: s.SendTimeout}
 }
 
 // classifyProduce tells a refused produce (never written: undo the claim
