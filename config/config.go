@@ -220,6 +220,10 @@ type HTTPTransport struct {
 	Timeout Duration `yaml:"timeout"`
 	// Mode: async (default) or sync.
 	Mode string `yaml:"mode"`
+	// MaxInFlight bounds this type's calls at once on each instance: a
+	// slow downstream holds its own type's slots, never another's.
+	// Defaults to 64.
+	MaxInFlight int `yaml:"max_in_flight"`
 }
 
 // Retry is a job type's retry policy; keys left out take the values

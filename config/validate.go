@@ -82,6 +82,9 @@ func (c *Config) fillDefaults() {
 			def(&h.Method, "POST")
 			def(&h.Mode, "async")
 			defD(&h.Timeout, 10*time.Second)
+			if h.MaxInFlight == 0 {
+				h.MaxInFlight = 64
+			}
 		}
 		if r := jt.Retry; r != nil {
 			if r.MaxAttempts == 0 {
@@ -274,6 +277,9 @@ func (c *Config) Validate() error {
 			}
 			oneOf(p+".transport.http.mode", h.Mode, "async", "sync")
 			positive(p+".transport.http.timeout", h.Timeout)
+			if h.MaxInFlight < 1 {
+				bad(p+".transport.http.max_in_flight", "%d must be at least 1", h.MaxInFlight)
+			}
 			if h.Timeout >= jt.Timeout {
 				bad(p+".transport.http.timeout", "%v must be shorter than the type's timeout %v", h.Timeout.D(), jt.Timeout.D())
 			}
