@@ -23,21 +23,30 @@ func (s *Server) callback(w http.ResponseWriter, r *http.Request) error {
 	q := r.URL.Query()
 	var jobID *int64
 	var attempt *int
+	var badParam error
 	if v := q.Get("job_id"); v != "" {
 		id, err := strconv.ParseInt(v, 10, 64)
 		if err != nil {
-			return errorf(http.StatusBadRequest, "invalid_parameter", "job_id: %q is not a job id", v)
+			badParam = errorf(http.StatusBadRequest, "invalid_parameter", "job_id: %q is not a job id", correlator.Clip(v, 64))
 		}
 		jobID = &id
 	}
 	if v := q.Get("attempt"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 {
-			return errorf(http.StatusBadRequest, "invalid_parameter", "attempt: %q is not an attempt number", v)
+			badParam = errorf(http.StatusBadRequest, "invalid_parameter", "attempt: %q is not an attempt number", correlator.Clip(v, 64))
 		}
 		attempt = &n
 	}
+	// Authorized first: an unparsable job_id or attempt cannot carry a
+	// valid signature, so only a caller with a token learns it is bad.
 	if err := s.callbackAuthorized(r, jobType, jobKey, jobID, attempt); err != nil {
+		return err
+	}
+	if badParam != nil {
+		return badParam
+	}
+	if err := checkPath(r); err != nil {
 		return err
 	}
 	body, err := s.readBody(w, r)

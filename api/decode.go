@@ -7,8 +7,6 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
-	"strings"
-	"unicode/utf8"
 
 	"github.com/hipq/hipq/correlator"
 )
@@ -17,10 +15,7 @@ import (
 // request without job_type and job_key, which the URL gives. An empty
 // body is an empty request. It validates exactly as intake does.
 func decodeEnqueue(body []byte, jobType, jobKey string, maxBytes int) (*correlator.Request, error) {
-	if err := checkName("job_type", jobType); err != nil {
-		return nil, err
-	}
-	if err := checkName("job_key", jobKey); err != nil {
+	if err := correlator.CheckJobName(jobType, jobKey); err != nil {
 		return nil, err
 	}
 	if len(bytes.TrimSpace(body)) == 0 {
@@ -65,10 +60,7 @@ var defaultMatcher = correlator.DefaultMatcher()
 // URL's attempt (urlAttempt, when set) wins over the body's; jobID comes
 // from the URL. Unknown fields are refused.
 func decodeCallback(body []byte, jobType, jobKey string, jobID *int64, urlAttempt *int, maxBytes int) (*correlator.Reply, error) {
-	if err := checkName("job_type", jobType); err != nil {
-		return nil, err
-	}
-	if err := checkName("job_key", jobKey); err != nil {
+	if err := correlator.CheckJobName(jobType, jobKey); err != nil {
 		return nil, err
 	}
 	if err := correlator.CheckJSON(body, maxBytes); err != nil {
@@ -116,12 +108,12 @@ func decodeCallback(body []byte, jobType, jobKey string, jobID *int64, urlAttemp
 	return r, nil
 }
 
-// inputError maps a decoding error to 400 (or 413 for too large).
+// inputError maps a decoding error to 400 (or 413 for a body too large).
 func inputError(err error) error {
 	var ie *correlator.InputError
 	if errors.As(err, &ie) {
 		status := http.StatusBadRequest
-		if ie.Code == correlator.CodeTooLarge {
+		if ie.Code == correlator.CodeTooLarge && ie.Field == "" {
 			status = http.StatusRequestEntityTooLarge
 		}
 		return &apiError{Status: status, Code: ie.Code, Message: ie.Detail}
@@ -130,12 +122,3 @@ func inputError(err error) error {
 }
 
 // checkName refuses a URL path value PostgreSQL could not store as text.
-func checkName(field, v string) error {
-	switch {
-	case !utf8.ValidString(v):
-		return &correlator.InputError{Code: correlator.CodeInvalidUTF8, Detail: field + ": not valid UTF-8"}
-	case strings.ContainsRune(v, 0):
-		return &correlator.InputError{Code: correlator.CodeNullChar, Detail: field + ": contains a NUL character"}
-	}
-	return nil
-}

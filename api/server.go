@@ -159,15 +159,7 @@ func errorf(status int, code, format string, args ...any) *apiError {
 // detail.
 func (s *Server) handle(h func(http.ResponseWriter, *http.Request) error) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		var err error
-		for _, name := range []string{"job_type", "job_key", "queue"} {
-			if err == nil {
-				err = inputError(checkName(name, r.PathValue(name)))
-			}
-		}
-		if err == nil {
-			err = h(w, r)
-		}
+		err := h(w, r)
 		if err == nil {
 			return
 		}
@@ -177,21 +169,43 @@ func (s *Server) handle(h func(http.ResponseWriter, *http.Request) error) http.H
 			if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
 				ae = &apiError{Status: http.StatusServiceUnavailable, Code: "unavailable", Message: "PostgreSQL did not answer in time"}
 			}
-			s.log.Error("api call failed", zap.String("method", r.Method), zap.String("path", r.URL.Path), zap.Error(err))
+			s.log.Error("api call failed", zap.String("method", r.Method), zap.String("path", correlator.Clip(r.URL.Path, 512)),
+				zap.String("error", correlator.Clip(err.Error(), 2048)))
 		}
 		writeJSON(w, ae.Status, map[string]any{"error": map[string]string{"code": ae.Code, "message": ae.Message}})
 	})
 }
 
-// authorized requires a valid bearer token when tokens are configured.
+// authorized requires a valid bearer token when tokens are configured,
+// before anything of the request is looked at: a caller without one learns
+// nothing of what is wrong with its input. Then the path's names are
+// checked against their limits.
 func (s *Server) authorized(h func(http.ResponseWriter, *http.Request) error) http.Handler {
 	return s.handle(func(w http.ResponseWriter, r *http.Request) error {
 		if len(s.cfg.Tokens) > 0 && !s.tokenValid(r) {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="hipq"`)
 			return errorf(http.StatusUnauthorized, "unauthorized", "a valid bearer token is required (Authorization: Bearer <token>)")
 		}
+		if err := checkPath(r); err != nil {
+			return err
+		}
 		return h(w, r)
 	})
+}
+
+// checkPath refuses path values hipq could not store: job_type and
+// job_key over their limits, or not valid UTF-8 text; a queue name
+// likewise.
+func checkPath(r *http.Request) error {
+	limits := map[string]int{"job_type": correlator.MaxJobTypeBytes, "job_key": correlator.MaxJobKeyBytes, "queue": correlator.MaxJobTypeBytes}
+	for _, name := range []string{"job_type", "job_key", "queue"} {
+		if v := r.PathValue(name); v != "" {
+			if err := correlator.CheckName(name, v, limits[name]); err != nil {
+				return inputError(err)
+			}
+		}
+	}
+	return nil
 }
 
 // tokenValid compares the request's bearer token with every configured one

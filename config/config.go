@@ -49,8 +49,12 @@ type Kafka struct {
 	ClientID string `yaml:"client_id"`
 	// SessionTimeout is how soon a dead instance's partitions move. Defaults to 10s.
 	SessionTimeout Duration `yaml:"session_timeout"`
-	TLS            TLS      `yaml:"tls"`
-	SASL           SASL     `yaml:"sasl"`
+	// IsolationLevel is what the consumers read of transactional
+	// producers' records: read_committed (default: records of aborted
+	// transactions are never seen) or read_uncommitted.
+	IsolationLevel string `yaml:"isolation_level"`
+	TLS            TLS    `yaml:"tls"`
+	SASL           SASL   `yaml:"sasl"`
 }
 
 // TLS to the brokers.

@@ -37,6 +37,7 @@ func (c *Config) fillDefaults() {
 	}
 	def(&c.Kafka.ClientID, c.Name)
 	defD(&c.Kafka.SessionTimeout, 10*time.Second)
+	def(&c.Kafka.IsolationLevel, "read_committed")
 	def(&c.Intake.Group, c.Name+"-intake")
 	def(&c.Intake.Start, "earliest")
 	if c.Intake.MaxBytes == 0 {
@@ -141,6 +142,7 @@ func (c *Config) Validate() error {
 		bad("kafka.brokers", "at least one broker is required")
 	}
 	positive("kafka.session_timeout", c.Kafka.SessionTimeout)
+	oneOf("kafka.isolation_level", c.Kafka.IsolationLevel, "read_committed", "read_uncommitted")
 	oneOf("kafka.sasl.mechanism", c.Kafka.SASL.Mechanism, "", "PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 	if c.Kafka.SASL.Mechanism != "" && c.Kafka.SASL.Username == "" {
 		bad("kafka.sasl.username", "is required with a SASL mechanism")

@@ -16,6 +16,7 @@ package consumer
 import (
 	"context"
 	"errors"
+	"fmt"
 	"maps"
 	"os"
 	"slices"
@@ -40,7 +41,10 @@ type GroupConfig struct {
 	Topics         []string
 	Start          string // earliest or latest: where a partition with no stored offset begins
 	SessionTimeout time.Duration
-	MaxPollRecords int // defaults to 5000
+	// ReadUncommitted reads the records of aborted transactions too; by
+	// default only committed records are read.
+	ReadUncommitted bool
+	MaxPollRecords  int // defaults to 5000
 	// Metrics receives the consumer's counts and lag; nil = not served.
 	Metrics *metrics.Metrics
 }
@@ -88,12 +92,20 @@ func newGroup(log *zap.Logger, st *store.Store, cfg GroupConfig, app applier) (*
 		kgo.OnPartitionsLost(g.forget),
 		kgo.FetchMaxWait(500 * time.Millisecond),
 	}
+	if !cfg.ReadUncommitted {
+		opts = append(opts, kgo.FetchIsolationLevel(kgo.ReadCommitted()))
+	}
 	if cfg.SessionTimeout > 0 {
 		// The rebalance timeout bounds how long members may take to rejoin:
 		// one batch's transaction, seconds at most. A short one lets a group
 		// get past members that died without leaving (SIGKILL) soon after
 		// their sessions expire, instead of waiting kgo's default minute.
-		opts = append(opts, kgo.SessionTimeout(cfg.SessionTimeout), kgo.RebalanceTimeout(max(3*cfg.SessionTimeout, 10*time.Second)))
+		//
+		// Heartbeats go at most a third of the session timeout apart, as
+		// Kafka's own consumer documents: at the client's default 3s a
+		// session of 3s would expire between two of them.
+		opts = append(opts, kgo.SessionTimeout(cfg.SessionTimeout), kgo.RebalanceTimeout(max(3*cfg.SessionTimeout, 10*time.Second)),
+			kgo.HeartbeatInterval(min(cfg.SessionTimeout/3, 3*time.Second)))
 	}
 	cl, err := kafkaconn.NewClient(cfg.Kafka, log, opts...)
 	if err != nil {
@@ -225,7 +237,7 @@ func (g *group) Run(ctx context.Context) error {
 			if err := g.process(context.WithoutCancel(ctx), recs); err != nil {
 				failures++
 				g.log.Error("cannot apply records; will read them again", zap.String("group", g.cfg.Group),
-					zap.Int("records", len(recs)), zap.Int("failures", failures), zap.Error(err))
+					zap.Int("records", len(recs)), zap.Int("failures", failures), zap.String("error", correlator.Clip(err.Error(), 2048)))
 				g.reseek(recs)
 				g.cl.AllowRebalance()
 				sleep(ctx, backoff(failures))
@@ -274,24 +286,24 @@ func (g *group) advances(recs []*kgo.Record) []store.OffsetAdvance {
 	return adv
 }
 
-// process applies recs; a batch PostgreSQL refuses for its data is split
-// until the record at fault is found and dead-lettered, so a partition
-// never stalls on it.
+// process applies recs. A batch PostgreSQL refuses for any reason that
+// is not passing (store.IsTransient: the connection, a lost race, the
+// server shutting down or out of a resource) is split until the record at
+// fault is found; a record refused again on its own is dead-lettered. So
+// no error class, listed or not, can stall a partition: only a database
+// that cannot be reached or written at all holds it.
 func (g *group) process(ctx context.Context, recs []*kgo.Record) error {
 	adv := g.advances(recs)
 	after, err := g.app.apply(ctx, recs, adv)
-	if store.IsDataError(err) {
-		if len(recs) == 1 {
-			g.log.Warn("record refused by PostgreSQL; dead-lettering it", zap.String("topic", recs[0].Topic),
-				zap.Int32("partition", recs[0].Partition), zap.Int64("offset", recs[0].Offset), zap.Error(err))
-			after, err = g.app.poison(ctx, recs[0], adv, err)
-		} else {
+	if err != nil && !errors.Is(err, store.ErrOffsetConflict) && !store.IsTransient(err) && ctx.Err() == nil {
+		if len(recs) > 1 {
 			half := len(recs) / 2
 			if err := g.process(ctx, recs[:half]); err != nil {
 				return err
 			}
 			return g.process(ctx, recs[half:])
 		}
+		after, err = g.poison(ctx, recs[0], adv, err)
 	}
 	if errors.Is(err, store.ErrOffsetConflict) {
 		g.log.Warn("records were already applied by another consumer; seeking to the stored offsets",
@@ -313,6 +325,28 @@ func (g *group) process(ctx context.Context, recs []*kgo.Record) error {
 		after()
 	}
 	return nil
+}
+
+// poison dead-letters one record PostgreSQL refused, once it is refused
+// again on its own. Should the dead letter itself be refused (it keeps the
+// record's bytes and headers), it is kept without its headers: the record's
+// coordinates, key and value (bytes PostgreSQL always takes) and why.
+func (g *group) poison(ctx context.Context, rec *kgo.Record, adv []store.OffsetAdvance, cause error) (func(), error) {
+	after, err := g.app.apply(ctx, []*kgo.Record{rec}, adv)
+	if err == nil || errors.Is(err, store.ErrOffsetConflict) || store.IsTransient(err) {
+		return after, err // it went through on its own, or the cause passed
+	}
+	g.log.Warn("record refused by PostgreSQL; dead-lettering it", zap.String("group", g.cfg.Group), zap.String("topic", rec.Topic),
+		zap.Int32("partition", rec.Partition), zap.Int64("offset", rec.Offset), zap.String("error", correlator.Clip(err.Error(), 1024)))
+	after, perr := g.app.poison(ctx, rec, adv, err)
+	if perr == nil || errors.Is(perr, store.ErrOffsetConflict) || store.IsTransient(perr) {
+		return after, perr
+	}
+	g.log.Error("dead letter refused too; keeping it without its headers", zap.String("topic", rec.Topic),
+		zap.Int32("partition", rec.Partition), zap.Int64("offset", rec.Offset), zap.String("error", correlator.Clip(perr.Error(), 1024)))
+	bare := *rec
+	bare.Headers = nil
+	return g.app.poison(ctx, &bare, adv, fmt.Errorf("%w; its dead letter was refused with its headers: %v", err, perr))
 }
 
 // reload reads the stored offsets of adv's partitions and seeks there.

@@ -53,7 +53,7 @@ func (in *Intake) apply(ctx context.Context, recs []*kgo.Record, adv []store.Off
 	dups := 0
 	for _, r := range recs {
 		src := source(r)
-		job, err := correlator.DecodeJob(r.Value, in.cfg.MaxBytes, in.cfg.Types, now)
+		job, err := decodeRecord(r, src, in.cfg.MaxBytes, in.cfg.Types, now)
 		if err != nil {
 			b.DeadLetters = append(b.DeadLetters, store.DeadLetter{Kind: store.SourceIntake, Source: src, Reason: err.Error()})
 			continue
@@ -87,7 +87,7 @@ func (in *Intake) apply(ctx context.Context, recs []*kgo.Record, adv []store.Off
 }
 
 func (in *Intake) poison(ctx context.Context, rec *kgo.Record, adv []store.OffsetAdvance, cause error) (func(), error) {
-	dl := store.DeadLetter{Kind: store.SourceIntake, Source: source(rec), Reason: correlator.CodeRejected + ": PostgreSQL refused it: " + cause.Error()}
+	dl := store.DeadLetter{Kind: store.SourceIntake, Source: source(rec), Reason: correlator.CodeRejected + ": PostgreSQL refused it: " + correlator.Clip(cause.Error(), 1024)}
 	res, err := in.st.IntakeApply(ctx, store.IntakeBatch{Group: in.cfg.Group, Offsets: adv, DeadLetters: []store.DeadLetter{dl}})
 	if err != nil {
 		return nil, err
@@ -108,7 +108,7 @@ func (in *Intake) copyDeadLetters(dls []store.DeadLetter) {
 func copyDeadLetters(log *zap.Logger, cl *kgo.Client, topic string, dls []store.DeadLetter) {
 	for _, d := range dls {
 		log.Warn("input dead-lettered", zap.String("source", d.Kind), zap.String("topic", d.Source.Topic),
-			zap.Int32("partition", d.Source.Partition), zap.Int64("offset", d.Source.Offset), zap.String("reason", d.Reason))
+			zap.Int32("partition", d.Source.Partition), zap.Int64("offset", d.Source.Offset), zap.String("reason", correlator.Clip(d.Reason, 1024)))
 		if topic == "" {
 			continue
 		}
@@ -123,6 +123,14 @@ func copyDeadLetters(log *zap.Logger, cl *kgo.Client, topic string, dls []store.
 			}
 		})
 	}
+}
+
+// decodeRecord checks the record's headers, then decodes its value.
+func decodeRecord(r *kgo.Record, src store.Source, maxBytes int, types map[string]*correlator.JobType, now time.Time) (*correlator.Job, error) {
+	if err := correlator.CheckHeaders(src.Headers); err != nil {
+		return nil, err
+	}
+	return correlator.DecodeJob(r.Value, maxBytes, types, now)
 }
 
 // sameJSON compares two JSON values semantically.

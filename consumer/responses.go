@@ -55,7 +55,11 @@ func (rs *Responses) apply(ctx context.Context, recs []*kgo.Record, adv []store.
 		if !ok {
 			m = correlator.DefaultMatcher()
 		}
-		reply, err := m.Match(&correlator.Record{Key: r.Key, Value: r.Value, Headers: src.Headers})
+		err := correlator.CheckHeaders(src.Headers)
+		var reply *correlator.Reply
+		if err == nil {
+			reply, err = m.Match(&correlator.Record{Key: r.Key, Value: r.Value, Headers: src.Headers})
+		}
 		if err != nil {
 			b.DeadLetters = append(b.DeadLetters, store.DeadLetter{Kind: store.SourceReply, Source: src, Reason: err.Error()})
 			continue
@@ -76,7 +80,7 @@ func (rs *Responses) apply(ctx context.Context, recs []*kgo.Record, adv []store.
 }
 
 func (rs *Responses) poison(ctx context.Context, rec *kgo.Record, adv []store.OffsetAdvance, cause error) (func(), error) {
-	dl := store.DeadLetter{Kind: store.SourceReply, Source: source(rec), Reason: fmt.Sprintf("%s: PostgreSQL refused it: %v", correlator.CodeRejected, cause)}
+	dl := store.DeadLetter{Kind: store.SourceReply, Source: source(rec), Reason: fmt.Sprintf("%s: PostgreSQL refused it: %s", correlator.CodeRejected, correlator.Clip(cause.Error(), 1024))}
 	res, err := rs.st.ReplyApply(ctx, store.ReplyBatch{Group: rs.cfg.Group, Offsets: adv, DeadLetters: []store.DeadLetter{dl}}, TypeInfo(rs.cfg.Types))
 	if err != nil {
 		return nil, err

@@ -7,7 +7,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"unicode/utf8"
 )
 
 // Header is one record header.
@@ -207,9 +206,17 @@ func (m *Matcher) Match(rec *Record) (*Reply, error) {
 	if r.JobID == nil && (r.JobType == "" || r.JobKey == "") {
 		return nil, inputErrorf(CodeMissingField, "job_type and job_key: a reply without a job id must carry both")
 	}
-	for _, s := range []string{r.JobType, r.JobKey} {
-		if !utf8.ValidString(s) || strings.IndexByte(s, 0) >= 0 {
-			return nil, inputErrorf(CodeInvalidField, "job_type/job_key: not valid UTF-8 text")
+	if r.JobID == nil || r.JobType != "" || r.JobKey != "" {
+		for _, f := range []struct {
+			name, v string
+			max     int
+		}{{"job_type", r.JobType, MaxJobTypeBytes}, {"job_key", r.JobKey, MaxJobKeyBytes}} {
+			if f.v == "" && r.JobID != nil {
+				continue
+			}
+			if err := CheckName(f.name, f.v, f.max); err != nil {
+				return nil, err
+			}
 		}
 	}
 	if s, _, ok := x.lookup(m.Attempt); ok {

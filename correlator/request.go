@@ -40,12 +40,15 @@ const MaxDepth = 64
 type InputError struct {
 	Code   string
 	Detail string
+	// Field names the field at fault when one is (a value of it too
+	// large, say), rather than the whole input.
+	Field string
 }
 
 func (e *InputError) Error() string { return e.Code + ": " + e.Detail }
 
 func inputErrorf(code, format string, args ...any) *InputError {
-	return &InputError{Code: code, Detail: fmt.Sprintf(format, args...)}
+	return &InputError{Code: code, Detail: Clip(fmt.Sprintf(format, args...), MaxDetailBytes)}
 }
 
 // Request is a decoded intake record (SPEC §4).
@@ -127,11 +130,8 @@ func DecodeRequest(b []byte, maxBytes int) (*Request, error) {
 }
 
 func (r *Request) validate() error {
-	if r.JobType == "" {
-		return inputErrorf(CodeMissingField, "job_type: a non-empty string is required")
-	}
-	if r.JobKey == "" {
-		return inputErrorf(CodeMissingField, "job_key: a non-empty string is required")
+	if err := CheckJobName(r.JobType, r.JobKey); err != nil {
+		return err
 	}
 	for name, v := range map[string]*int{"priority": r.Priority, "timeout_seconds": r.TimeoutSeconds, "throttle_factor": r.ThrottleFactor} {
 		if v != nil && (*v > math.MaxInt32 || *v < math.MinInt32) {

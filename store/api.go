@@ -22,27 +22,41 @@ var ErrFinal = errors.New("the job is final")
 
 // JobEnqueue inserts j unless a non-final job of its (type, key) exists.
 // It returns the stored job and whether it is new; an existing one with
-// other job_data is ErrConflict (returned with that job).
+// other job_data is ErrConflict (returned with that job). One statement
+// inserts the job or reads the one in its way, on one snapshot: a job
+// going final meanwhile can never make a second insert of the same
+// request, nor a conflict pass for a duplicate.
 func (s *Store) JobEnqueue(ctx context.Context, j *correlator.Job) (*correlator.Job, bool, error) {
-	for range 3 { // the existing job may end between the insert and the read
-		var inserted map[typeKey]bool
-		err := s.inTx(ctx, func(tx pgx.Tx) error {
-			var err error
-			inserted, err = jobsInsert(ctx, tx, []IntakeJob{{Job: j}})
-			return err
-		})
-		if err != nil {
-			return nil, false, fmt.Errorf("enqueue %s/%s: %w", j.JobType, j.JobKey, err)
-		}
-		var same bool
-		cur, err := scanJobAnd(s.pool.QueryRow(ctx, `SELECT `+jobColumns+`, job_data = $3::jsonb FROM hipq_job
-			WHERE job_type = $1 AND job_key = $2 AND state <> 'final'`, j.JobType, j.JobKey, string(j.JobData)), &same)
+	var windows *string
+	if j.TimeWindows != nil {
+		b, _ := json.Marshal(j.TimeWindows)
+		w := string(b)
+		windows = &w
+	}
+	for range 10 {
+		var created, same bool
+		cur, err := scanJobAnd(s.pool.QueryRow(ctx, `
+			WITH ins AS (
+			  INSERT INTO hipq_job (queue, job_type, job_key, job_data, max_attempts, priority, throttle_factor,
+			                        timeout_seconds, scheduled_run_time, expires_at, time_windows)
+			  VALUES ($1, $2, $3, $4::jsonb, $5, $6, $7, $8, $9, $10, $11::jsonb)
+			  ON CONFLICT (job_type, job_key) WHERE state <> 'final' DO NOTHING
+			  RETURNING `+jobColumns+`
+			), notify AS (
+			  SELECT pg_notify('hipq_job_ready', $1) FROM ins
+			)
+			SELECT ins.*, true, true FROM ins WHERE (SELECT count(*) FROM notify) >= 0
+			UNION ALL
+			SELECT `+jobColumns+`, false, job_data = $4::jsonb FROM hipq_job
+			WHERE job_type = $2 AND job_key = $3 AND state <> 'final' AND NOT EXISTS (SELECT 1 FROM ins)`,
+			j.Queue, j.JobType, j.JobKey, string(j.JobData), j.MaxAttempts, j.Priority, j.ThrottleFactor, j.TimeoutSeconds,
+			j.ScheduledRunTime, j.ExpiresAt, windows), &created, &same)
 		switch {
 		case errors.Is(err, correlator.ErrNotFound):
-			continue
+			continue // the insert met a row committed after the statement's snapshot: look again
 		case err != nil:
 			return nil, false, fmt.Errorf("enqueue %s/%s: %w", j.JobType, j.JobKey, err)
-		case inserted[typeKey{j.JobType, j.JobKey}]:
+		case created:
 			return cur, true, nil
 		case !same:
 			return cur, false, ErrConflict

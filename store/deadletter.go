@@ -22,7 +22,7 @@ func deadLettersInsert(ctx context.Context, tx pgx.Tx, dls []DeadLetter) error {
 	keys, vals := make([][]byte, n), make([][]byte, n)
 	recv := make([]time.Time, n)
 	for i, d := range dls {
-		kinds[i], reasons[i], headers[i] = d.Kind, d.Reason, headersJSON(d.Source.Headers)
+		kinds[i], reasons[i], headers[i] = d.Kind, safeText(d.Reason), headersJSON(d.Source.Headers)
 		keys[i], vals[i] = d.Source.Key, d.Source.Value
 		recv[i] = d.Source.Received
 		if recv[i].IsZero() {

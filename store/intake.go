@@ -60,36 +60,45 @@ func (s *Store) IntakeApply(ctx context.Context, b IntakeBatch) (IntakeResult, e
 
 // jobsAccept inserts jobs as intake does: a job whose (type, key) has a
 // non-final job already is a duplicate when their job_data agree, else a
-// conflict, returned for the caller to refuse.
+// conflict, returned for the caller to refuse. Each job is decided by one
+// statement, on one snapshot: whether it was inserted and, if not, what the
+// non-final job in its way holds, so a job going final meanwhile can never
+// turn a conflict into a duplicate. A job whose insert met a row the
+// statement's snapshot does not show (committed by another writer while it
+// ran) is decided by the next statement.
 func jobsAccept(ctx context.Context, tx pgx.Tx, jobs []IntakeJob) (inserted, duplicates int, conflicts []IntakeJob, err error) {
-	ins, err := jobsInsert(ctx, tx, jobs)
-	if err != nil {
-		return 0, 0, nil, err
-	}
-	var dup []IntakeJob
-	for _, ij := range jobs {
-		if !ins[typeKey{ij.Job.JobType, ij.Job.JobKey}] {
-			dup = append(dup, ij)
+	pending := jobs
+	for try := 0; len(pending) > 0; try++ {
+		if try == 10 {
+			return 0, 0, nil, fmt.Errorf("insert jobs: %d jobs kept meeting rows committed under the insert", len(pending))
 		}
-	}
-	conflicting, err := jobsConflicting(ctx, tx, dup)
-	if err != nil {
-		return 0, 0, nil, err
-	}
-	for _, ij := range dup {
-		if conflicting[typeKey{ij.Job.JobType, ij.Job.JobKey}] {
-			conflicts = append(conflicts, ij)
-		} else {
-			duplicates++
+		st, err := jobsInsert(ctx, tx, pending)
+		if err != nil {
+			return 0, 0, nil, err
 		}
+		var again []IntakeJob
+		for i, ij := range pending {
+			switch st[i] {
+			case acceptInserted:
+				inserted++
+			case acceptDuplicate:
+				duplicates++
+			case acceptConflict:
+				conflicts = append(conflicts, ij)
+			default:
+				again = append(again, ij)
+			}
+		}
+		pending = again
 	}
-	return len(ins), duplicates, conflicts, nil
+	return inserted, duplicates, conflicts, nil
 }
 
 type typeKey struct{ Type, Key string }
 
-// JobsInsert inserts jobs outside a consumer batch (API, Go client, tests),
-// returning the (type, key) pairs that were new.
+// JobsInsert inserts jobs outside a consumer batch (tests, tools): those
+// whose (type, key) has a non-final job are left out. It returns how many
+// were inserted.
 func (s *Store) JobsInsert(ctx context.Context, jobs []*correlator.Job) (int, error) {
 	ij := make([]IntakeJob, len(jobs))
 	for i, j := range jobs {
@@ -97,14 +106,26 @@ func (s *Store) JobsInsert(ctx context.Context, jobs []*correlator.Job) (int, er
 	}
 	var n int
 	err := s.inTx(ctx, func(tx pgx.Tx) error {
-		ins, err := jobsInsert(ctx, tx, ij)
-		n = len(ins)
+		var err error
+		n, _, _, err = jobsAccept(ctx, tx, ij)
 		return err
 	})
 	return n, err
 }
 
-func jobsInsert(ctx context.Context, tx pgx.Tx, jobs []IntakeJob) (map[typeKey]bool, error) {
+// What one insert statement made of a job.
+type acceptStatus int
+
+const (
+	acceptUndecided acceptStatus = iota // met a row its snapshot does not show
+	acceptInserted
+	acceptDuplicate // a non-final job with the same job_data
+	acceptConflict  // a non-final job with other job_data
+)
+
+// jobsInsert inserts jobs (unique per (type, key)) in one statement and
+// says, on that statement's snapshot, what became of each.
+func jobsInsert(ctx context.Context, tx pgx.Tx, jobs []IntakeJob) ([]acceptStatus, error) {
 	if len(jobs) == 0 {
 		return nil, nil
 	}
@@ -126,51 +147,40 @@ func jobsInsert(ctx context.Context, tx pgx.Tx, jobs []IntakeJob) (map[typeKey]b
 		}
 	}
 	rows, err := tx.Query(ctx, `
-		WITH ins AS (
+		WITH n AS (
+		  SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::jsonb[], $5::int[], $6::int[], $7::int[],
+		                       $8::int[], $9::timestamptz[], $10::timestamptz[], $11::jsonb[]) WITH ORDINALITY
+		    AS n(queue, job_type, job_key, job_data, max_attempts, priority, throttle_factor, timeout_seconds,
+		         scheduled_run_time, expires_at, time_windows, ord)
+		), ins AS (
 		  INSERT INTO hipq_job (queue, job_type, job_key, job_data, max_attempts, priority, throttle_factor,
 		                        timeout_seconds, scheduled_run_time, expires_at, time_windows)
-		  SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::jsonb[], $5::int[], $6::int[], $7::int[],
-		                       $8::int[], $9::timestamptz[], $10::timestamptz[], $11::jsonb[])
+		  SELECT queue, job_type, job_key, job_data, max_attempts, priority, throttle_factor, timeout_seconds,
+		         scheduled_run_time, expires_at, time_windows FROM n ORDER BY ord
 		  ON CONFLICT (job_type, job_key) WHERE state <> 'final' DO NOTHING
 		  RETURNING queue, job_type, job_key
 		), notify AS (
 		  SELECT pg_notify('hipq_job_ready', q) FROM (SELECT DISTINCT queue AS q FROM ins) d
 		)
-		SELECT job_type, job_key FROM ins WHERE (SELECT count(*) FROM notify) >= 0`,
+		SELECT CASE WHEN i.job_key IS NOT NULL THEN 1
+		            WHEN j.id IS NULL THEN 0
+		            WHEN j.job_data = n.job_data THEN 2 ELSE 3 END
+		FROM n
+		LEFT JOIN ins i ON i.job_type = n.job_type AND i.job_key = n.job_key
+		LEFT JOIN hipq_job j ON i.job_key IS NULL AND j.job_type = n.job_type AND j.job_key = n.job_key AND j.state <> 'final'
+		WHERE (SELECT count(*) FROM notify) >= 0
+		ORDER BY n.ord`,
 		queues, types, keys, data, maxAtt, prio, factor, timeout, sched, expires, windows)
 	if err != nil {
 		return nil, fmt.Errorf("insert jobs: %w", err)
 	}
-	out := make(map[typeKey]bool, n)
-	var tk typeKey
-	if _, err := pgx.ForEachRow(rows, []any{&tk.Type, &tk.Key}, func() error { out[tk] = true; return nil }); err != nil {
+	out := make([]acceptStatus, 0, n)
+	var st int
+	if _, err := pgx.ForEachRow(rows, []any{&st}, func() error { out = append(out, acceptStatus(st)); return nil }); err != nil {
 		return nil, fmt.Errorf("insert jobs: %w", err)
 	}
-	return out, nil
-}
-
-// jobsConflicting returns which of jobs have a non-final job with other
-// job_data (jsonb equality: key order and spacing do not matter).
-func jobsConflicting(ctx context.Context, tx pgx.Tx, jobs []IntakeJob) (map[typeKey]bool, error) {
-	if len(jobs) == 0 {
-		return nil, nil
-	}
-	types, keys, data := make([]string, len(jobs)), make([]string, len(jobs)), make([]string, len(jobs))
-	for i, ij := range jobs {
-		types[i], keys[i], data[i] = ij.Job.JobType, ij.Job.JobKey, string(ij.Job.JobData)
-	}
-	rows, err := tx.Query(ctx, `
-		SELECT j.job_type, j.job_key
-		FROM unnest($1::text[], $2::text[], $3::jsonb[]) AS n(job_type, job_key, job_data)
-		JOIN hipq_job j ON j.job_type = n.job_type AND j.job_key = n.job_key AND j.state <> 'final'
-		WHERE j.job_data <> n.job_data`, types, keys, data)
-	if err != nil {
-		return nil, fmt.Errorf("find conflicting jobs: %w", err)
-	}
-	out := map[typeKey]bool{}
-	var tk typeKey
-	if _, err := pgx.ForEachRow(rows, []any{&tk.Type, &tk.Key}, func() error { out[tk] = true; return nil }); err != nil {
-		return nil, fmt.Errorf("find conflicting jobs: %w", err)
+	if len(out) != n {
+		return nil, fmt.Errorf("insert jobs: %d answers for %d jobs", len(out), n)
 	}
 	return out, nil
 }

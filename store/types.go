@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/hipq/hipq/correlator"
 )
@@ -62,9 +63,15 @@ func sensitiveHeader(key string) bool {
 	return strings.Contains(k, "token") || strings.Contains(k, "secret") || strings.Contains(k, "password")
 }
 
+// headerJSON is one header as hipq_dead_letter.headers and
+// hipq_early_reply.headers keep it: the name as text, the value base64.
+// A name that is not text PostgreSQL can store (a NUL, invalid UTF-8) is
+// kept base64 in key_base64 instead, so any record's headers can be kept
+// byte for byte.
 type headerJSON struct {
-	Key   string `json:"key"`
-	Value string `json:"value"`
+	Key       string `json:"key,omitempty"`
+	KeyBase64 string `json:"key_base64,omitempty"`
+	Value     string `json:"value"`
 }
 
 // headersJSON encodes headers in record order, values base64, dropping the
@@ -75,7 +82,11 @@ func headersJSON(hs []correlator.Header) string {
 		if sensitiveHeader(h.Key) {
 			continue
 		}
-		out = append(out, headerJSON{Key: h.Key, Value: base64.StdEncoding.EncodeToString(h.Value)})
+		hj := headerJSON{Key: h.Key, Value: base64.StdEncoding.EncodeToString(h.Value)}
+		if !utf8.ValidString(h.Key) || strings.IndexByte(h.Key, 0) >= 0 {
+			hj.Key, hj.KeyBase64 = "", base64.StdEncoding.EncodeToString([]byte(h.Key))
+		}
+		out = append(out, hj)
 	}
 	b, _ := json.Marshal(out)
 	return string(b)
@@ -87,7 +98,12 @@ func decodeHeaders(b []byte) []correlator.Header {
 	out := make([]correlator.Header, 0, len(hs))
 	for _, h := range hs {
 		v, _ := base64.StdEncoding.DecodeString(h.Value)
-		out = append(out, correlator.Header{Key: h.Key, Value: v})
+		k := h.Key
+		if h.KeyBase64 != "" {
+			kb, _ := base64.StdEncoding.DecodeString(h.KeyBase64)
+			k = string(kb)
+		}
+		out = append(out, correlator.Header{Key: k, Value: v})
 	}
 	return out
 }

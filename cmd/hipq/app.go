@@ -104,7 +104,8 @@ func newApp(ctx context.Context, cfg *config.Config, log *zap.Logger, opts appOp
 	if has("intake") && len(cfg.Intake.Topics) > 0 {
 		a.intake, err = consumer.NewIntake(log, st, consumer.IntakeConfig{
 			GroupConfig: consumer.GroupConfig{Kafka: kc, Group: cfg.Intake.Group, Topics: cfg.Intake.Topics,
-				Start: cfg.Intake.Start, SessionTimeout: cfg.Kafka.SessionTimeout.D(), Metrics: a.metrics},
+				Start: cfg.Intake.Start, SessionTimeout: cfg.Kafka.SessionTimeout.D(), Metrics: a.metrics,
+				ReadUncommitted: cfg.Kafka.IsolationLevel == "read_uncommitted"},
 			DeadLetterTopic: cfg.Intake.DeadLetterTopic, MaxBytes: cfg.Intake.MaxBytes, Types: a.types})
 		if err != nil {
 			return fail(err)
@@ -122,7 +123,8 @@ func newApp(ctx context.Context, cfg *config.Config, log *zap.Logger, opts appOp
 	if has("responses") && len(cfg.Responses.Topics) > 0 {
 		a.responses, err = consumer.NewResponses(log, st, consumer.ResponsesConfig{
 			GroupConfig: consumer.GroupConfig{Kafka: kc, Group: cfg.Responses.Group, Topics: topics,
-				Start: cfg.Responses.Start, SessionTimeout: cfg.Kafka.SessionTimeout.D(), Metrics: a.metrics},
+				Start: cfg.Responses.Start, SessionTimeout: cfg.Kafka.SessionTimeout.D(), Metrics: a.metrics,
+				ReadUncommitted: cfg.Kafka.IsolationLevel == "read_uncommitted"},
 			DeadLetterTopic: cfg.Responses.DeadLetterTopic, EarlyTTL: cfg.Responses.EarlyTTL.D(),
 			Matchers: matchers, Types: a.types})
 		if err != nil {

@@ -39,7 +39,12 @@ type env struct {
 
 func newEnv(t *testing.T, topics ...string) *env {
 	t.Helper()
-	e := &env{t: t, kafka: kafkatest.New(t), dbURL: pgtest.URL(t)}
+	return newEnvWith(t, kafkatest.New(t), topics...)
+}
+
+func newEnvWith(t *testing.T, k *kafkatest.Cluster, topics ...string) *env {
+	t.Helper()
+	e := &env{t: t, kafka: k, dbURL: pgtest.URL(t)}
 	var names []string
 	for _, tp := range topics {
 		names = append(names, e.kafka.Topic(tp))

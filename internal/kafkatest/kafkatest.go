@@ -44,8 +44,9 @@ var (
 	containerErr     error
 )
 
-// New starts (or reaches) a cluster for t, closed when t ends.
-func New(t testing.TB) *Cluster {
+// New starts (or reaches) a cluster for t, closed when t ends. fakeOpts
+// tune a kfake cluster (a real one is taken as it is).
+func New(t testing.TB, fakeOpts ...kfake.Opt) *Cluster {
 	t.Helper()
 	c := &Cluster{t: t}
 	if b := os.Getenv("HIPQ_TEST_KAFKA_BROKERS"); b != "" {
@@ -72,7 +73,7 @@ func New(t testing.TB) *Cluster {
 		c.prefix = fmt.Sprintf("hipqtest-%d-%d-", os.Getpid(), seq.Add(1))
 		return c
 	}
-	fake, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.AllowAutoTopicCreation(), kfake.DefaultNumPartitions(1))
+	fake, err := kfake.NewCluster(append([]kfake.Opt{kfake.NumBrokers(1), kfake.AllowAutoTopicCreation(), kfake.DefaultNumPartitions(1)}, fakeOpts...)...)
 	if err != nil {
 		t.Fatalf("start kfake: %v", err)
 	}
