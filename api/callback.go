@@ -65,6 +65,7 @@ func (s *Server) callback(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	s.cfg.Metrics.ObserveReplies(metrics.SourceCallback, res)
+	s.cfg.DeadLetters.Copy(res.DeadLetters)
 	switch v := res.Verdicts[0]; v {
 	case correlator.Apply:
 		writeJSON(w, http.StatusOK, map[string]any{"applied": true})

@@ -20,9 +20,11 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"go.uber.org/zap"
 
 	"github.com/hipq/hipq/correlator"
+	"github.com/hipq/hipq/internal/deadletter"
 	"github.com/hipq/hipq/internal/metrics"
 	"github.com/hipq/hipq/store"
 )
@@ -50,6 +52,15 @@ type Config struct {
 	// Metrics receives the API's counts and is served at /metrics (no
 	// token needed); nil = counted but not served.
 	Metrics *metrics.Metrics
+	// DeadLetters copies refused callbacks to responses.dead_letter_topic;
+	// nil = logged only.
+	DeadLetters *deadletter.Copier
+	// RequestTimeout bounds each request's work, its queries included;
+	// defaults to 10s. A request past it is answered 503.
+	RequestTimeout time.Duration
+	// HotPath is the store of intake, dispatch and replies, whose writes
+	// readiness watches; nil = the API's own.
+	HotPath *store.Store
 }
 
 // Server serves the API.
@@ -67,6 +78,9 @@ func New(log *zap.Logger, st *store.Store, cfg Config) *Server {
 	}
 	if cfg.WriteDeadline <= 0 {
 		cfg.WriteDeadline = 10 * time.Second
+	}
+	if cfg.RequestTimeout <= 0 {
+		cfg.RequestTimeout = 10 * time.Second
 	}
 	serveMetrics := cfg.Metrics != nil
 	cfg.Metrics = metrics.Or(cfg.Metrics)
@@ -159,6 +173,9 @@ func errorf(status int, code, format string, args ...any) *apiError {
 // detail.
 func (s *Server) handle(h func(http.ResponseWriter, *http.Request) error) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), s.cfg.RequestTimeout)
+		defer cancel()
+		r = r.WithContext(ctx)
 		err := h(w, r)
 		if err == nil {
 			return
@@ -166,14 +183,22 @@ func (s *Server) handle(h func(http.ResponseWriter, *http.Request) error) http.H
 		var ae *apiError
 		if !errors.As(err, &ae) {
 			ae = &apiError{Status: http.StatusInternalServerError, Code: "internal", Message: "internal error; see hipq's log"}
-			if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
-				ae = &apiError{Status: http.StatusServiceUnavailable, Code: "unavailable", Message: "PostgreSQL did not answer in time"}
+			if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) || isStatementTimeout(err) {
+				ae = &apiError{Status: http.StatusServiceUnavailable, Code: "unavailable",
+					Message: fmt.Sprintf("PostgreSQL did not answer within the request timeout (%v); try again", s.cfg.RequestTimeout)}
 			}
 			s.log.Error("api call failed", zap.String("method", r.Method), zap.String("path", correlator.Clip(r.URL.Path, 512)),
 				zap.String("error", correlator.Clip(err.Error(), 2048)))
 		}
 		writeJSON(w, ae.Status, map[string]any{"error": map[string]string{"code": ae.Code, "message": ae.Message}})
 	})
+}
+
+// isStatementTimeout: PostgreSQL cancelled a statement past the API
+// connections' statement_timeout.
+func isStatementTimeout(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == "57014"
 }
 
 // authorized requires a valid bearer token when tokens are configured,
@@ -255,7 +280,11 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) error {
 		checks[name] = "ok"
 	}
 	check("postgres", s.st.Pool().Ping(ctx))
-	check("writes", s.st.WriteStalled(s.cfg.WriteDeadline))
+	hot := s.cfg.HotPath
+	if hot == nil {
+		hot = s.st
+	}
+	check("writes", hot.WriteStalled(s.cfg.WriteDeadline))
 	check("schema", s.st.CheckSchema(ctx))
 	if s.cfg.Ready != nil {
 		check("kafka", s.cfg.Ready(ctx))

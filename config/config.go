@@ -153,6 +153,13 @@ type API struct {
 	Tokens []string `yaml:"tokens" secret:"true"`
 	// CallbackSecret signs callback URLs; required, at least 32 bytes.
 	CallbackSecret string `yaml:"callback_secret" secret:"true"`
+	// MaxConns bounds the API's own PostgreSQL connections, apart from
+	// database.max_conns (intake, dispatch, replies), so API load never
+	// takes the hot path's. Defaults to 4.
+	MaxConns int `yaml:"max_conns"`
+	// RequestTimeout bounds each API request, its statements included
+	// (statement_timeout on the API's connections). Defaults to 10s.
+	RequestTimeout Duration `yaml:"request_timeout"`
 }
 
 // Log is logging.

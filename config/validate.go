@@ -57,6 +57,10 @@ func (c *Config) fillDefaults() {
 	if c.API != nil {
 		def(&c.API.Listen, "127.0.0.1:8080")
 		def(&c.API.PublicURL, "http://"+c.API.Listen)
+		if c.API.MaxConns == 0 {
+			c.API.MaxConns = 4
+		}
+		defD(&c.API.RequestTimeout, 10*time.Second)
 	}
 	defD(&c.ShutdownTimeout, 15*time.Second)
 	def(&c.Log.Level, "info")
@@ -215,6 +219,10 @@ func (c *Config) Validate() error {
 		if u, err := url.Parse(a.PublicURL); err != nil || u.Scheme == "" || u.Host == "" {
 			bad("api.public_url", "%q is not an absolute URL", a.PublicURL)
 		}
+		if a.MaxConns < 1 {
+			bad("api.max_conns", "%d must be at least 1", a.MaxConns)
+		}
+		positive("api.request_timeout", a.RequestTimeout)
 	}
 	positive("shutdown_timeout", c.ShutdownTimeout)
 	oneOf("log.level", c.Log.Level, "debug", "info", "warn", "error")

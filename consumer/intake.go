@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/hipq/hipq/correlator"
+	"github.com/hipq/hipq/internal/deadletter"
 	"github.com/hipq/hipq/internal/metrics"
 	"github.com/hipq/hipq/store"
 )
@@ -99,30 +100,7 @@ func (in *Intake) poison(ctx context.Context, rec *kgo.Record, adv []store.Offse
 }
 
 func (in *Intake) copyDeadLetters(dls []store.DeadLetter) {
-	copyDeadLetters(in.log, in.cl, in.cfg.DeadLetterTopic, dls)
-}
-
-// copyDeadLetters sends a copy of each dead letter, after commit, to the
-// dead-letter topic with a hipq-error header. PostgreSQL keeps the
-// canonical copy, so a failed send is only logged.
-func copyDeadLetters(log *zap.Logger, cl *kgo.Client, topic string, dls []store.DeadLetter) {
-	for _, d := range dls {
-		log.Warn("input dead-lettered", zap.String("source", d.Kind), zap.String("topic", d.Source.Topic),
-			zap.Int32("partition", d.Source.Partition), zap.Int64("offset", d.Source.Offset), zap.String("reason", correlator.Clip(d.Reason, 1024)))
-		if topic == "" {
-			continue
-		}
-		r := &kgo.Record{Topic: topic, Key: d.Source.Key, Value: d.Source.Value}
-		for _, h := range d.Source.Headers {
-			r.Headers = append(r.Headers, kgo.RecordHeader{Key: h.Key, Value: h.Value})
-		}
-		r.Headers = append(r.Headers, kgo.RecordHeader{Key: correlator.HeaderError, Value: []byte(d.Reason)})
-		cl.Produce(context.Background(), r, func(_ *kgo.Record, err error) {
-			if err != nil {
-				log.Warn("cannot copy dead letter to its topic; PostgreSQL keeps it", zap.String("topic", topic), zap.Error(err))
-			}
-		})
-	}
+	(&deadletter.Copier{Client: in.cl, Topic: in.cfg.DeadLetterTopic, Log: in.log}).Copy(dls)
 }
 
 // decodeRecord checks the record's headers, then decodes its value.

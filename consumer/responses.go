@@ -9,6 +9,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/hipq/hipq/correlator"
+	"github.com/hipq/hipq/internal/deadletter"
 	"github.com/hipq/hipq/internal/metrics"
 	"github.com/hipq/hipq/store"
 )
@@ -75,7 +76,7 @@ func (rs *Responses) apply(ctx context.Context, recs []*kgo.Record, adv []store.
 		rs.group.cfg.Metrics.ObserveReplies(metrics.SourceKafka, res)
 		rs.log.Debug("reply batch applied", zap.Int("records", len(recs)), zap.Int("applied", res.Counts[correlator.Apply]),
 			zap.Int("dead_lettered", len(res.DeadLetters)))
-		copyDeadLetters(rs.log, rs.cl, rs.cfg.DeadLetterTopic, res.DeadLetters)
+		(&deadletter.Copier{Client: rs.cl, Topic: rs.cfg.DeadLetterTopic, Log: rs.log}).Copy(res.DeadLetters)
 	}, nil
 }
 
@@ -87,7 +88,7 @@ func (rs *Responses) poison(ctx context.Context, rec *kgo.Record, adv []store.Of
 	}
 	return func() {
 		rs.countUnreadable(1)
-		copyDeadLetters(rs.log, rs.cl, rs.cfg.DeadLetterTopic, res.DeadLetters)
+		(&deadletter.Copier{Client: rs.cl, Topic: rs.cfg.DeadLetterTopic, Log: rs.log}).Copy(res.DeadLetters)
 	}, nil
 }
 

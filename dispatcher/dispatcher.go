@@ -25,6 +25,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/hipq/hipq/correlator"
+	"github.com/hipq/hipq/internal/deadletter"
 	"github.com/hipq/hipq/internal/metrics"
 	"github.com/hipq/hipq/store"
 )
@@ -116,6 +117,9 @@ type Config struct {
 	Senders map[string]Sender
 	// Metrics receives the dispatcher's counts; nil = not served.
 	Metrics *metrics.Metrics
+	// DeadLetters copies the replies it dead-letters (a sync reply, an
+	// early reply past its TTL) to responses.dead_letter_topic.
+	DeadLetters *deadletter.Copier
 }
 
 // Dispatcher claims and sends.
@@ -458,6 +462,7 @@ func (d *Dispatcher) deliver(ctx context.Context, q QueueConfig, s Sender, jobs 
 		d.m.ObserveReplies(metrics.SourceSync, res.Replies)
 	}
 	d.m.ObserveReplies(metrics.SourceEarly, res.Early)
+	d.cfg.DeadLetters.Copy(append(res.Replies.DeadLetters, res.Early.DeadLetters...))
 	if n := res.Early.Counts[correlator.Apply]; n > 0 {
 		d.log.Info("early replies applied", zap.Int("replies", n))
 	}

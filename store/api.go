@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -125,9 +126,8 @@ func (s *Store) JobList(ctx context.Context, p JobListParams) ([]*correlator.Job
 	if p.Limit <= 0 {
 		p.Limit = 100
 	}
-	rows, err := s.pool.Query(ctx, `SELECT `+jobColumns+` FROM hipq_job
-		WHERE ($1 = '' OR job_type = $1) AND ($2 = '' OR state = $2) AND ($3 = '' OR queue = $3) AND ($4 = 0 OR id < $4)
-		ORDER BY id DESC LIMIT $5`, p.JobType, string(p.State), p.Queue, p.BeforeID, p.Limit)
+	q, args := jobListQuery(p)
+	rows, err := s.pool.Query(ctx, q, args...)
 	if err != nil {
 		return nil, fmt.Errorf("list jobs: %w", err)
 	}
@@ -144,6 +144,43 @@ func (s *Store) JobList(ctx context.Context, p JobListParams) ([]*correlator.Job
 		return nil, fmt.Errorf("list jobs: %w", err)
 	}
 	return out, nil
+}
+
+// jobListQuery is JobList's statement: only the filters given, each a
+// parameter, so every combination is its own statement whose plan (even
+// the generic one PostgreSQL caches after a few runs) reads the index of
+// its filter in id order (migration 3) instead of walking the whole table.
+func jobListQuery(p JobListParams) (string, []any) {
+	f := listFilter{}
+	f.add("job_type", p.JobType)
+	f.add("state", string(p.State))
+	f.add("queue", p.Queue)
+	return f.query(`SELECT `+jobColumns+` FROM hipq_job`, p.BeforeID, p.Limit)
+}
+
+// listFilter builds a keyset-paginated list statement, newest first.
+type listFilter struct {
+	where []string
+	args  []any
+}
+
+func (f *listFilter) add(col, v string) {
+	if v != "" {
+		f.args = append(f.args, v)
+		f.where = append(f.where, fmt.Sprintf("%s = $%d", col, len(f.args)))
+	}
+}
+
+func (f *listFilter) query(sel string, beforeID int64, limit int) (string, []any) {
+	if beforeID > 0 {
+		f.args = append(f.args, beforeID)
+		f.where = append(f.where, fmt.Sprintf("id < $%d", len(f.args)))
+	}
+	if len(f.where) > 0 {
+		sel += " WHERE " + strings.Join(f.where, " AND ")
+	}
+	f.args = append(f.args, limit)
+	return sel + fmt.Sprintf(" ORDER BY id DESC LIMIT $%d", len(f.args)), f.args
 }
 
 // JobCancel moves the non-final job of (type, key) to final / cancelled,

@@ -60,9 +60,10 @@ func (s *Store) DeadLetterList(ctx context.Context, p DeadLetterListParams) ([]D
 	if p.Limit <= 0 {
 		p.Limit = 100
 	}
-	rows, err := s.pool.Query(ctx, `SELECT `+deadLetterColumns+` FROM hipq_dead_letter
-		WHERE ($1 = '' OR source = $1) AND ($2 = 0 OR id < $2)
-		ORDER BY id DESC LIMIT $3`, p.Kind, p.AfterID, p.Limit)
+	f := listFilter{}
+	f.add("source", p.Kind)
+	q, args := f.query(`SELECT `+deadLetterColumns+` FROM hipq_dead_letter`, p.AfterID, p.Limit)
+	rows, err := s.pool.Query(ctx, q, args...)
 	if err != nil {
 		return nil, fmt.Errorf("list dead letters: %w", err)
 	}

@@ -385,7 +385,7 @@ func (s *Store) DeliveryRecord(ctx context.Context, d Delivery, types TypeInfo) 
 			for i, r := range d.Sent {
 				sent[i] = r.JobID
 			}
-			if res.Early, err = earlyReplyApply(ctx, tx, sent, 0, types); err != nil {
+			if res.Early, _, err = earlyReplyApply(ctx, tx, sent, 0, 0, types); err != nil {
 				return err
 			}
 		}

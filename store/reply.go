@@ -289,38 +289,57 @@ func earlyInsert(ctx context.Context, tx pgx.Tx, early []ReplyIn) error {
 	return nil
 }
 
-// EarlyReplyApply re-checks kept early replies: those for the given jobs
-// (just claimed), or, with jobIDs nil, up to limit of all of them (the
-// sweep). Replies now applicable are applied; those past their TTL are
-// dead-lettered. It returns the dead letters written.
-func (s *Store) EarlyReplyApply(ctx context.Context, jobIDs []int64, limit int, types TypeInfo) (ReplyResult, error) {
+// EarlyReplyApply re-checks the kept early replies for the given jobs
+// (just sent): by (type, key) or by job id. Replies now applicable are
+// applied; those past their TTL are dead-lettered.
+func (s *Store) EarlyReplyApply(ctx context.Context, jobIDs []int64, types TypeInfo) (ReplyResult, error) {
 	var res ReplyResult
 	err := s.inTx(ctx, func(tx pgx.Tx) error {
 		var err error
-		res, err = earlyReplyApply(ctx, tx, jobIDs, limit, types)
+		res, _, err = earlyReplyApply(ctx, tx, jobIDs, 0, 0, types)
 		return err
 	})
 	return res, err
 }
 
-func earlyReplyApply(ctx context.Context, tx pgx.Tx, jobIDs []int64, limit int, types TypeInfo) (ReplyResult, error) {
+// EarlyReplySweep re-checks one page of kept early replies: up to limit
+// of those with an id above after, in id order, in one transaction. It
+// returns what became of them and the last id it looked at (0: the page
+// was empty), so a sweep pages through every one of them.
+func (s *Store) EarlyReplySweep(ctx context.Context, after int64, limit int, types TypeInfo) (ReplyResult, int64, error) {
 	var res ReplyResult
+	var last int64
+	err := s.inTx(ctx, func(tx pgx.Tx) error {
+		var err error
+		res, last, err = earlyReplyApply(ctx, tx, nil, after, limit, types)
+		return err
+	})
+	return res, last, err
+}
+
+func earlyReplyApply(ctx context.Context, tx pgx.Tx, jobIDs []int64, after int64, limit int, types TypeInfo) (ReplyResult, int64, error) {
+	var res ReplyResult
+	var last int64
 	q := `SELECT e.id, e.job_type, e.job_key, e.job_id, e.attempt, e.success, e.retryable, e.error_text, e.reply,
 	             e.headers, e.source, coalesce(e.topic, ''), coalesce(e.kafka_partition, 0), coalesce(e.kafka_offset, 0),
 	             e.record_key, e.record_value, e.received_at, e.expires_at
 	      FROM hipq_early_reply e `
 	var args []any
 	if jobIDs != nil {
-		q += `JOIN hipq_job j ON j.job_type = e.job_type AND j.job_key = e.job_key
-		      WHERE j.id = ANY($1) ORDER BY e.id FOR UPDATE OF e SKIP LOCKED`
+		// A reply kept by job id has no type or key: it is found by its id.
+		q += `WHERE e.id IN (SELECT e2.id FROM hipq_early_reply e2 JOIN hipq_job j
+		                       ON j.job_type = e2.job_type AND j.job_key = e2.job_key WHERE j.id = ANY($1)
+		                     UNION
+		                     SELECT e3.id FROM hipq_early_reply e3 WHERE e3.job_id = ANY($1))
+		      ORDER BY e.id FOR UPDATE OF e SKIP LOCKED`
 		args = []any{jobIDs}
 	} else {
-		q += `ORDER BY e.id LIMIT $1 FOR UPDATE SKIP LOCKED`
-		args = []any{limit}
+		q += `WHERE e.id > $1 ORDER BY e.id LIMIT $2 FOR UPDATE SKIP LOCKED`
+		args = []any{after, limit}
 	}
 	rows, err := tx.Query(ctx, q, args...)
 	if err != nil {
-		return res, fmt.Errorf("load early replies: %w", err)
+		return res, 0, fmt.Errorf("load early replies: %w", err)
 	}
 	var ins []ReplyIn
 	var in ReplyIn
@@ -339,14 +358,15 @@ func earlyReplyApply(ctx context.Context, tx pgx.Tx, jobIDs []int64, limit int, 
 		in.Source.Headers = decodeHeaders(hdr)
 		in.Reply = &rc
 		ins = append(ins, in)
+		last = in.earlyID
 		return nil
 	})
 	if err != nil {
-		return res, fmt.Errorf("load early replies: %w", err)
+		return res, 0, fmt.Errorf("load early replies: %w", err)
 	}
 	res, err = applyReplies(ctx, tx, ins, types, 0)
 	if err != nil {
-		return res, err
+		return res, 0, err
 	}
-	return res, deadLettersInsert(ctx, tx, res.DeadLetters)
+	return res, last, deadLettersInsert(ctx, tx, res.DeadLetters)
 }

@@ -11,6 +11,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 	"time"
 
@@ -31,6 +32,14 @@ type Config struct {
 	URL      string
 	Schema   string // defaults to public
 	MaxConns int32  // defaults to 10
+	// StatementTimeout bounds every statement on these connections
+	// (PostgreSQL's statement_timeout); 0 = none.
+	StatementTimeout time.Duration
+	// CustomPlans plans every statement for its parameters' values
+	// (plan_cache_mode force_custom_plan): lists whose filter values differ
+	// wildly in frequency (a rare state) never run a cached generic plan
+	// made for the average one.
+	CustomPlans bool
 }
 
 // Open connects and checks the connection. Every connection uses the
@@ -48,6 +57,12 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	}
 	pc.ConnConfig.RuntimeParams["search_path"] = cfg.Schema
 	pc.ConnConfig.RuntimeParams["application_name"] = "hipq"
+	if cfg.StatementTimeout > 0 {
+		pc.ConnConfig.RuntimeParams["statement_timeout"] = strconv.FormatInt(cfg.StatementTimeout.Milliseconds(), 10)
+	}
+	if cfg.CustomPlans {
+		pc.ConnConfig.RuntimeParams["plan_cache_mode"] = "force_custom_plan"
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {
 		return nil, fmt.Errorf("connect to database: %w", err)

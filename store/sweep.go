@@ -46,25 +46,25 @@ func (s *Store) JobTimeOutStuck(ctx context.Context, limit int, types TypeInfo) 
 	var done []AttemptRef
 	err := s.inTx(ctx, func(tx pgx.Tx) error {
 		rows, err := tx.Query(ctx, `
-			SELECT id, job_type, attempt, max_attempts, expires_at, time_windows FROM hipq_job
+			SELECT id, job_type, attempt, max_attempts, expires_at, time_windows, now() FROM hipq_job
 			WHERE state = 'running' AND started_at + make_interval(secs => timeout_seconds) < now()
 			ORDER BY id LIMIT $1
 			FOR UPDATE SKIP LOCKED`, limit)
 		if err != nil {
 			return fmt.Errorf("find timed-out jobs: %w", err)
 		}
-		now := time.Now()
 		var rs []Resolve
 		var id int64
 		var jt string
 		var run correlator.Running
 		var windows []byte
-		_, err = pgx.ForEachRow(rows, []any{&id, &jt, &run.Attempt, &run.MaxAttempts, &run.ExpiresAt, &windows}, func() error {
+		var now time.Time // PostgreSQL's: retries are scheduled on the clock the claim reads
+		_, err = pgx.ForEachRow(rows, []any{&id, &jt, &run.Attempt, &run.MaxAttempts, &run.ExpiresAt, &windows, &now}, func() error {
 			r := run
-			var err error
-			if r.Windows, err = decodeWindows(windows); err != nil {
-				return fmt.Errorf("job %d: time_windows: %w", id, err)
-			}
+			// Windows this build cannot read are left out of the retry's
+			// schedule (the claim still applies them): never a reason to
+			// leave the job running for ever.
+			r.Windows, _ = decodeWindows(windows)
 			rs = append(rs, Resolve{JobID: id, Attempt: r.Attempt, AttemptOutcome: correlator.AttemptTimedOut,
 				AttemptError: correlator.ErrorTimeout,
 				Res:          correlator.ResolveFor(types(jt), r, correlator.AttemptTimedOut, true, correlator.ErrorTimeout, now)})
@@ -87,14 +87,25 @@ type Unsent struct {
 	DispatchedAt time.Time
 }
 
-// AttemptFindUnsent lists running jobs whose current attempt was claimed
-// more than olderThan ago and has no sent_at.
-func (s *Store) AttemptFindUnsent(ctx context.Context, olderThan time.Duration, limit int) ([]Unsent, error) {
+// AttemptFindUnsent lists running jobs whose current attempt has no
+// sent_at though it was claimed longer ago than its type's send timeout
+// (sendTimeouts, else defaultTimeout) plus grace. The deadline is
+// PostgreSQL's, on the clock that stamped dispatched_at: no other clock
+// enters it.
+func (s *Store) AttemptFindUnsent(ctx context.Context, sendTimeouts map[string]time.Duration, defaultTimeout, grace time.Duration,
+	limit int) ([]Unsent, error) {
+	var types []string
+	var secs []float64
+	for t, d := range sendTimeouts {
+		types, secs = append(types, t), append(secs, d.Seconds())
+	}
 	rows, err := s.pool.Query(ctx, `
 		SELECT a.job_id, a.attempt, j.job_type, a.dispatched_at
 		FROM hipq_attempt a JOIN hipq_job j ON j.id = a.job_id AND j.attempt = a.attempt AND j.state = 'running'
-		WHERE a.sent_at IS NULL AND a.outcome IS NULL AND a.dispatched_at < now() - $1::interval
-		ORDER BY a.dispatched_at LIMIT $2`, olderThan, limit)
+		LEFT JOIN unnest($1::text[], $2::float8[]) AS t(job_type, secs) ON t.job_type = j.job_type
+		WHERE a.sent_at IS NULL AND a.outcome IS NULL AND a.dispatched_at < now() - $4::interval
+		  AND a.dispatched_at < now() - make_interval(secs => coalesce(t.secs, $3)) - $4::interval
+		ORDER BY a.dispatched_at LIMIT $5`, types, secs, defaultTimeout.Seconds(), grace, limit)
 	if err != nil {
 		return nil, fmt.Errorf("find unsent claims: %w", err)
 	}
@@ -125,23 +136,24 @@ func (s *Store) JobExpire(ctx context.Context, limit int) (int, error) {
 }
 
 // JobPrune deletes up to limit final jobs (and their attempts) last updated
-// before cutoff.
-func (s *Store) JobPrune(ctx context.Context, cutoff time.Time, limit int) (int, error) {
+// longer than retention ago, on PostgreSQL's clock.
+func (s *Store) JobPrune(ctx context.Context, retention time.Duration, limit int) (int, error) {
 	tag, err := s.pool.Exec(ctx, `
 		DELETE FROM hipq_job WHERE id IN (
-		  SELECT id FROM hipq_job WHERE state = 'final' AND update_time < $1
-		  ORDER BY update_time LIMIT $2 FOR UPDATE SKIP LOCKED)`, cutoff, limit)
+		  SELECT id FROM hipq_job WHERE state = 'final' AND update_time < now() - $1::interval
+		  ORDER BY update_time LIMIT $2 FOR UPDATE SKIP LOCKED)`, retention, limit)
 	if err != nil {
 		return 0, fmt.Errorf("prune final jobs: %w", err)
 	}
 	return int(tag.RowsAffected()), nil
 }
 
-// DeadLetterPrune deletes up to limit dead letters received before cutoff.
-func (s *Store) DeadLetterPrune(ctx context.Context, cutoff time.Time, limit int) (int, error) {
+// DeadLetterPrune deletes up to limit dead letters received longer than
+// retention ago, on PostgreSQL's clock.
+func (s *Store) DeadLetterPrune(ctx context.Context, retention time.Duration, limit int) (int, error) {
 	tag, err := s.pool.Exec(ctx, `
 		DELETE FROM hipq_dead_letter WHERE id IN (
-		  SELECT id FROM hipq_dead_letter WHERE received_at < $1 ORDER BY id LIMIT $2)`, cutoff, limit)
+		  SELECT id FROM hipq_dead_letter WHERE received_at < now() - $1::interval ORDER BY id LIMIT $2)`, retention, limit)
 	if err != nil {
 		return 0, fmt.Errorf("prune dead letters: %w", err)
 	}

@@ -53,8 +53,9 @@ type TopicPartition struct {
 	Partition int32
 }
 
-// sensitiveHeader reports whether a header must not be kept (SPEC §3).
-func sensitiveHeader(key string) bool {
+// SensitiveHeader reports whether a header must not be kept, in
+// hipq_dead_letter or any copy of it: credentials.
+func SensitiveHeader(key string) bool {
 	k := strings.ToLower(key)
 	switch k {
 	case "authorization", "proxy-authorization", "cookie", "x-api-key":
@@ -79,7 +80,7 @@ type headerJSON struct {
 func headersJSON(hs []correlator.Header) string {
 	out := make([]headerJSON, 0, len(hs))
 	for _, h := range hs {
-		if sensitiveHeader(h.Key) {
+		if SensitiveHeader(h.Key) {
 			continue
 		}
 		hj := headerJSON{Key: h.Key, Value: base64.StdEncoding.EncodeToString(h.Value)}

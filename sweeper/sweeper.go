@@ -17,6 +17,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/hipq/hipq/correlator"
+	"github.com/hipq/hipq/internal/deadletter"
 	"github.com/hipq/hipq/internal/metrics"
 	"github.com/hipq/hipq/store"
 )
@@ -27,12 +28,17 @@ type Config struct {
 	Retention           time.Duration // of final jobs; defaults to 720h
 	DeadLetterRetention time.Duration // defaults to 720h
 	Grace               time.Duration // dispatch.grace; defaults to 1m
-	// SendTimeout is a job type's transport send timeout.
-	SendTimeout func(jobType string) time.Duration
-	Types       map[string]*correlator.JobType
-	BatchSize   int // rows per statement; defaults to 1000
+	// SendTimeouts are job types' transport send timeouts, where they are
+	// not DefaultSendTimeout (30s, Kafka's).
+	SendTimeouts       map[string]time.Duration
+	DefaultSendTimeout time.Duration
+	Types              map[string]*correlator.JobType
+	BatchSize          int // rows per statement; defaults to 1000
 	// Metrics receives what sweeps did; nil = not served.
 	Metrics *metrics.Metrics
+	// DeadLetters copies the early replies dead-lettered past their TTL to
+	// responses.dead_letter_topic; nil = logged only.
+	DeadLetters *deadletter.Copier
 }
 
 // Sweeper runs the sweeps.
@@ -61,8 +67,8 @@ func New(log *zap.Logger, st *store.Store, cfg Config) *Sweeper {
 	if cfg.BatchSize <= 0 {
 		cfg.BatchSize = 1000
 	}
-	if cfg.SendTimeout == nil {
-		cfg.SendTimeout = func(string) time.Duration { return 30 * time.Second }
+	if cfg.DefaultSendTimeout <= 0 {
+		cfg.DefaultSendTimeout = 30 * time.Second
 	}
 	cfg.Metrics = metrics.Or(cfg.Metrics)
 	return &Sweeper{log: log.Named("sweeper"), st: st, cfg: cfg}
@@ -119,19 +125,36 @@ func (s *Sweeper) RunOnce(ctx context.Context) (Report, error) {
 		errs = append(errs, err)
 	}
 	add(s.drain(ctx, &rep.Expired, func() (int, error) { return s.st.JobExpire(ctx, s.cfg.BatchSize) }))
-	if res, err := s.st.EarlyReplyApply(ctx, nil, s.cfg.BatchSize, types); err != nil {
-		errs = append(errs, err)
-	} else {
-		rep.EarlyApplied = res.Counts[correlator.Apply]
-		rep.EarlyDeadLettered = len(res.DeadLetters)
-		s.cfg.Metrics.ObserveReplies(metrics.SourceEarly, res)
-	}
-	cutoff := time.Now().Add(-s.cfg.Retention)
-	add(s.drain(ctx, &rep.Pruned, func() (int, error) { return s.st.JobPrune(ctx, cutoff, s.cfg.BatchSize) }))
-	dlCutoff := time.Now().Add(-s.cfg.DeadLetterRetention)
-	add(s.drain(ctx, &rep.DeadLettersPruned, func() (int, error) { return s.st.DeadLetterPrune(ctx, dlCutoff, s.cfg.BatchSize) }))
+	add(s.earlyReplies(ctx, &rep, types))
+	add(s.drain(ctx, &rep.Pruned, func() (int, error) { return s.st.JobPrune(ctx, s.cfg.Retention, s.cfg.BatchSize) }))
+	add(s.drain(ctx, &rep.DeadLettersPruned, func() (int, error) {
+		return s.st.DeadLetterPrune(ctx, s.cfg.DeadLetterRetention, s.cfg.BatchSize)
+	}))
 	s.count(rep)
 	return rep, errors.Join(errs...)
+}
+
+// earlyReplies pages through every kept early reply, a batch per
+// transaction in id order: each is applied if its job now runs, or
+// dead-lettered (and copied to the dead-letter topic) past its TTL. So a
+// flood of unmatched replies is worked off whole, never only its oldest.
+func (s *Sweeper) earlyReplies(ctx context.Context, rep *Report, types store.TypeInfo) error {
+	var after int64
+	for ctx.Err() == nil {
+		res, last, err := s.st.EarlyReplySweep(ctx, after, s.cfg.BatchSize, types)
+		if err != nil {
+			return err
+		}
+		rep.EarlyApplied += res.Counts[correlator.Apply]
+		rep.EarlyDeadLettered += len(res.DeadLetters)
+		s.cfg.Metrics.ObserveReplies(metrics.SourceEarly, res)
+		s.cfg.DeadLetters.Copy(res.DeadLetters)
+		if last == 0 || len(res.Verdicts) < s.cfg.BatchSize {
+			return nil
+		}
+		after = last
+	}
+	return nil
 }
 
 // count adds a sweep's report to hipq_sweeper_actions_total.
@@ -164,18 +187,13 @@ func (s *Sweeper) drain(ctx context.Context, total *int, step func() (int, error
 // claims are undone; at_most_once claims may have been sent, so they end
 // final / failed.
 func (s *Sweeper) rescue(ctx context.Context, rep *Report) error {
-	minWait := s.cfg.Grace
-	unsent, err := s.st.AttemptFindUnsent(ctx, minWait, s.cfg.BatchSize)
+	unsent, err := s.st.AttemptFindUnsent(ctx, s.cfg.SendTimeouts, s.cfg.DefaultSendTimeout, s.cfg.Grace, s.cfg.BatchSize)
 	if err != nil {
 		return err
 	}
-	now := time.Now()
 	var undo []store.AttemptRef
 	var fail []store.Resolve
 	for _, u := range unsent {
-		if now.Sub(u.DispatchedAt) < s.cfg.SendTimeout(u.JobType)+s.cfg.Grace {
-			continue
-		}
 		if jt := s.cfg.Types[u.JobType]; jt != nil && jt.Delivery == correlator.AtMostOnce {
 			msg := "claimed but not known to be sent (instance lost); at_most_once, so not re-sent"
 			fail = append(fail, store.Resolve{JobID: u.JobID, Attempt: u.Attempt, AttemptOutcome: correlator.AttemptDispatchError,

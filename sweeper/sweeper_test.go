@@ -55,7 +55,7 @@ func TestSweep(t *testing.T) {
 	}
 	m := metrics.New()
 	sw := sweeper.New(zaptest.NewLogger(t), st, sweeper.Config{Grace: time.Minute, Types: types, Metrics: m,
-		SendTimeout: func(string) time.Duration { return 30 * time.Second }})
+		DefaultSendTimeout: 30 * time.Second})
 	release, ok, err := st.SweeperLock(ctx)
 	if err != nil || !ok {
 		t.Fatalf("lock: %v %v", ok, err)

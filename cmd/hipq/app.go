@@ -19,6 +19,7 @@ import (
 	"github.com/hipq/hipq/consumer"
 	"github.com/hipq/hipq/correlator"
 	"github.com/hipq/hipq/dispatcher"
+	"github.com/hipq/hipq/internal/deadletter"
 	"github.com/hipq/hipq/internal/kafkaconn"
 	"github.com/hipq/hipq/internal/metrics"
 	"github.com/hipq/hipq/store"
@@ -41,7 +42,8 @@ type app struct {
 	sweeper    *sweeper.Sweeper
 	api        *api.Server
 	producer   *kgo.Client
-	kafkaPing  *kgo.Client // readiness checks of the API
+	kafkaPing  *kgo.Client  // readiness checks of the API
+	apiStore   *store.Store // the API's own connections
 	metrics    *metrics.Metrics
 }
 
@@ -131,11 +133,16 @@ func newApp(ctx context.Context, cfg *config.Config, log *zap.Logger, opts appOp
 			return fail(err)
 		}
 	}
-	if has("dispatcher") {
+	if has("dispatcher") || has("sweeper") || has("api") {
+		// Requests, and copies of the dead letters the sweeper and the API
+		// write.
 		a.producer, err = kafkaconn.NewClient(kc, log, dispatcher.KafkaProducerOpts()...)
 		if err != nil {
 			return fail(err)
 		}
+	}
+	replyCopies := &deadletter.Copier{Client: a.producer, Topic: cfg.Responses.DeadLetterTopic, Log: log}
+	if has("dispatcher") {
 		routes := map[string]dispatcher.KafkaRoute{}
 		httpRoutes := map[string]dispatcher.HTTPRoute{}
 		senders := map[string]dispatcher.Sender{}
@@ -168,36 +175,42 @@ func newApp(ctx context.Context, cfg *config.Config, log *zap.Logger, opts appOp
 			queues = append(queues, dispatcher.QueueConfig{Name: q.Name, Order: q.Order, Throttle: *throttles[q.Name]})
 		}
 		a.dispatcher = dispatcher.New(log, st, dispatcher.Config{Instance: instance, Interval: cfg.Dispatch.Interval.D(),
-			BatchSize: cfg.Dispatch.BatchSize, Queues: queues, Types: a.types, Senders: senders, Metrics: a.metrics})
+			BatchSize: cfg.Dispatch.BatchSize, Queues: queues, Types: a.types, Senders: senders, Metrics: a.metrics,
+			DeadLetters: replyCopies})
 	}
 	if has("sweeper") {
+		timeouts := map[string]time.Duration{}
+		for _, jt := range cfg.JobTypes {
+			if jt.Transport.HTTP != nil {
+				timeouts[jt.Name] = jt.Transport.HTTP.Timeout.D()
+			}
+		}
 		a.sweeper = sweeper.New(log, st, sweeper.Config{Schedule: cfg.Sweeper.Schedule, Retention: cfg.Sweeper.Retention.D(),
 			DeadLetterRetention: cfg.Sweeper.DeadLetterRetention.D(), Grace: cfg.Dispatch.Grace.D(), Types: a.types,
-			SendTimeout: a.sendTimeout, Metrics: a.metrics})
+			SendTimeouts: timeouts, DefaultSendTimeout: dispatcher.KafkaSendTimeout, Metrics: a.metrics, DeadLetters: replyCopies})
 	}
 	if has("api") && cfg.API != nil {
 		a.kafkaPing, err = kafkaconn.NewClient(kc, log)
 		if err != nil {
 			return fail(err)
 		}
-		a.api = api.New(log, st, api.Config{Listen: cfg.API.Listen, Tokens: cfg.API.Tokens,
+		// The API's own connections: bounded apart from the hot path's,
+		// each statement bounded by the request timeout and planned for
+		// its values.
+		a.apiStore, err = store.Open(ctx, store.Config{URL: cfg.Database.URL, Schema: cfg.Database.Schema,
+			MaxConns: int32(cfg.API.MaxConns), StatementTimeout: cfg.API.RequestTimeout.D(), CustomPlans: true})
+		if err != nil {
+			return fail(err)
+		}
+		a.api = api.New(log, a.apiStore, api.Config{Listen: cfg.API.Listen, Tokens: cfg.API.Tokens, HotPath: st,
+			RequestTimeout: cfg.API.RequestTimeout.D(),
 			CallbackSecret: []byte(cfg.API.CallbackSecret), MaxBodyBytes: cfg.Intake.MaxBytes, Queues: queueNames,
 			Types: a.types, Matchers: matchers, EarlyTTL: cfg.Responses.EarlyTTL.D(), Ready: a.kafkaPing.Ping,
-			Metrics: a.metrics})
+			Metrics: a.metrics, DeadLetters: replyCopies})
 	} else if slices.Equal(opts.roles, []string{"api"}) {
 		return fail(errors.New("--only api: the config has no api section"))
 	}
 	return a, nil
-}
-
-// sendTimeout is how long a job type's transport may take to send.
-func (a *app) sendTimeout(jobType string) time.Duration {
-	for _, jt := range a.cfg.JobTypes {
-		if jt.Name == jobType && jt.Transport.HTTP != nil {
-			return jt.Transport.HTTP.Timeout.D()
-		}
-	}
-	return dispatcher.KafkaSendTimeout
 }
 
 // run runs every component until ctx ends; each drains what it started.
@@ -236,6 +249,9 @@ func (a *app) close() {
 	}
 	if a.kafkaPing != nil {
 		a.kafkaPing.Close()
+	}
+	if a.apiStore != nil {
+		a.apiStore.Close()
 	}
 	a.st.Close()
 }

@@ -94,3 +94,17 @@ func TestExampleConfigIsValid(t *testing.T) {
 		t.Fatalf("examples/hipq.yaml: exit %d: %s", code, errOut.String())
 	}
 }
+
+// From trying the CLI by hand: `hipq version` and `hipq --version` print
+// the version and what it was built from.
+func TestVersion(t *testing.T) {
+	for _, arg := range []string{"version", "--version"} {
+		var out, errOut bytes.Buffer
+		if code := runMain([]string{arg}, &out, &errOut); code != 0 {
+			t.Fatalf("%s: exit %d: %s", arg, code, errOut.String())
+		}
+		if !regexp.MustCompile(`(?m)^hipq \S+\n(.|\n)*^go: go1\.\d+`).MatchString(out.String()) {
+			t.Fatalf("%s printed:\n%s", arg, out.String())
+		}
+	}
+}

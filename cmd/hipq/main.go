@@ -40,6 +40,7 @@ Usage:
   hipq jobs get|list|cancel|replay ...
   hipq queues pause|resume QUEUE
   hipq dead-letters list|replay ...
+  hipq version
 
 ` + remoteUsage
 
@@ -78,6 +79,9 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 		err = cmdQueues(args[1:], stdout)
 	case "dead-letters":
 		err = cmdDeadLetters(args[1:], stdout)
+	case "version", "--version", "-v":
+		cmdVersion(stdout)
+		return 0
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return 0

@@ -1,0 +1,91 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Issue 9.17: the API never starves the hot path. Its connections are its
+// own, bounded by api.max_conns: with every one of them held, intake still
+// makes jobs. Its statements are bounded by api.request_timeout: a cancel
+// that waits on a locked row answers 503 within it instead of hanging.
+func TestAPIConnectionsApartFromTheHotPath(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, e2eTopics...)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	cfg := e.config(strings.Replace(e2eConfig, "sweeper:", fmt.Sprintf(`api: {listen: "%s", callback_secret: "%s", max_conns: 2, request_timeout: 1s}
+sweeper:`, addr, strings.Repeat("S", 32)), 1))
+	a := e.start(cfg, "intake", "api")
+	if a.apiStore == nil || a.apiStore.Pool() == a.st.Pool() {
+		t.Fatal("the API shares the hot path's pool")
+	}
+	url := "http://" + addr
+	eventually(t, 10*time.Second, "the API", func() (bool, string) {
+		resp, err := http.Get(url + "/healthz")
+		if err != nil {
+			return false, err.Error()
+		}
+		resp.Body.Close()
+		return true, ""
+	})
+	e.produce("jobs", jobReq("locked"))
+	eventually(t, 20*time.Second, "the first job", func() (bool, string) { return e.countJobs(a, "job_key = 'locked'") == 1, "" })
+
+	// A row lock held elsewhere: the API's cancel waits on it, and gives up
+	// at the request timeout.
+	tx, err := a.st.Pool().Begin(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background()) //nolint:errcheck
+	if _, err := tx.Exec(context.Background(), `SELECT 1 FROM hipq_job WHERE job_key = 'locked' FOR UPDATE`); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	resp, err := http.Post(url+"/v1/jobs/e2e/locked/cancel", "application/json", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out map[string]any
+	_ = json.NewDecoder(resp.Body).Decode(&out)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable || time.Since(start) > 10*time.Second {
+		t.Fatalf("cancel on a locked row: %d %v after %v, want 503 at the request timeout", resp.StatusCode, out, time.Since(start))
+	}
+	_ = tx.Rollback(context.Background())
+
+	// Every API connection held: the hot path does not notice.
+	var held []*pgxpool.Conn
+	for range 2 {
+		c, err := a.apiStore.Pool().Acquire(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, c)
+	}
+	defer func() {
+		for _, c := range held {
+			c.Release()
+		}
+	}()
+	if n := a.apiStore.Pool().Stat().MaxConns(); n != 2 {
+		t.Fatalf("API pool of %d connections, want api.max_conns 2", n)
+	}
+	e.produce("jobs", jobReq("while-api-busy"))
+	eventually(t, 20*time.Second, "intake while the API's connections are all taken", func() (bool, string) {
+		return e.countJobs(a, "job_key = 'while-api-busy'") == 1, ""
+	})
+}

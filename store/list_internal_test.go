@@ -1,0 +1,123 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/hipq/hipq/internal/localpg"
+)
+
+// Issue 9.17: every list the API makes reads an index in its order, for
+// every filter, under the generic plan PostgreSQL caches after five runs,
+// on a table of 100k jobs where one state is rare: no sequential scan, no
+// walk of the primary key for a filter that has its own index.
+func TestListsUseAnIndexForEachFilter(t *testing.T) {
+	t.Parallel()
+	pg, err := localpg.Start(context.Background(), localpg.Options{})
+	if err != nil {
+		t.Skip(err)
+	}
+	defer pg.Stop()
+	ctx := context.Background()
+	st, err := Open(ctx, Config{URL: pg.URL("postgres")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if _, err := st.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.pool.Exec(ctx, `
+		INSERT INTO hipq_job (queue, job_type, job_key, state, outcome)
+		SELECT 'q' || (i % 5), 't' || (i % 20), 'k' || i,
+		       CASE WHEN i % 1000 = 0 THEN 'retry' WHEN i % 10 = 0 THEN 'running' ELSE 'final' END,
+		       CASE WHEN i % 10 <> 0 THEN 'succeeded' END
+		FROM generate_series(1, 100000) i;
+		INSERT INTO hipq_dead_letter (source, reason) SELECT CASE WHEN i % 100 = 0 THEN 'callback' ELSE 'intake' END, 'x: y'
+		FROM generate_series(1, 20000) i;
+		ANALYZE hipq_job; ANALYZE hipq_dead_letter;`); err != nil {
+		t.Fatal(err)
+	}
+	type c struct {
+		name  string
+		q     string
+		args  []any
+		index string
+	}
+	var cases []c
+	for _, p := range []struct {
+		p     JobListParams
+		index string
+	}{
+		{JobListParams{State: "error", Limit: 100}, "hipq_job_list_state"},
+		{JobListParams{State: "retry", Limit: 100}, "hipq_job_list_state"},
+		{JobListParams{JobType: "nope", Limit: 100}, "hipq_job_list_type"},
+		{JobListParams{Queue: "q9", Limit: 100}, "hipq_job_list_queue"},
+		{JobListParams{JobType: "t3", State: "error", BeforeID: 50000, Limit: 100}, "hipq_job_list_state"},
+		{JobListParams{Limit: 100, BeforeID: 50000}, "hipq_job_pkey"},
+	} {
+		q, args := jobListQuery(p.p)
+		cases = append(cases, c{name: q, q: q, args: args, index: p.index})
+	}
+	f := listFilter{}
+	f.add("source", "replay")
+	q, args := f.query(`SELECT `+deadLetterColumns+` FROM hipq_dead_letter`, 0, 100)
+	cases = append(cases, c{name: q, q: q, args: args, index: "hipq_dead_letter_list_source"})
+	// The API's connections plan each statement for its values; with the
+	// default plan cache, a filter of a rare value would run the generic
+	// plan made for the average one after five runs.
+	api, err := Open(ctx, Config{URL: pg.URL("postgres"), CustomPlans: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer api.Close()
+	plan := func(st *Store, tc c) string {
+		conn, err := st.pool.Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Release()
+		var lits []string
+		for _, a := range tc.args {
+			switch v := a.(type) {
+			case string:
+				lits = append(lits, "'"+v+"'")
+			default:
+				lits = append(lits, fmt.Sprint(v))
+			}
+		}
+		if _, err := conn.Exec(ctx, "DEALLOCATE ALL"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := conn.Exec(ctx, "PREPARE l AS "+tc.q); err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		var out string
+		for range 6 { // the sixth run is where PostgreSQL may switch to the generic plan
+			rows, err := conn.Query(ctx, "EXPLAIN EXECUTE l("+strings.Join(lits, ", ")+")", pgx.QueryExecModeSimpleProtocol)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var lines []string
+			for rows.Next() {
+				var l string
+				_ = rows.Scan(&l)
+				lines = append(lines, l)
+			}
+			rows.Close()
+			out = strings.Join(lines, "\n")
+		}
+		return out
+	}
+	for _, tc := range cases {
+		p := plan(api, tc)
+		if strings.Contains(p, "Seq Scan") || (tc.index != "" && !strings.Contains(p, tc.index)) ||
+			(tc.index != "hipq_job_pkey" && strings.Contains(p, "hipq_job_pkey")) {
+			t.Errorf("%s\nplan:\n%s\nwant an index scan of %q", tc.name, p, tc.index)
+		}
+	}
+}
