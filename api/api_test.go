@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/hipq/hipq/correlator"
+	"github.com/hipq/hipq/internal/deadletter"
 	"github.com/hipq/hipq/internal/metrics"
 	"github.com/hipq/hipq/internal/pgtest"
 	"github.com/hipq/hipq/store"
@@ -47,6 +48,11 @@ type apiEnv struct {
 
 func newAPI(t *testing.T, tokens ...string) *apiEnv {
 	t.Helper()
+	return newAPIWith(t, nil, tokens...)
+}
+
+func newAPIWith(t *testing.T, copies *deadletter.Copier, tokens ...string) *apiEnv {
+	t.Helper()
 	st := pgtest.New(t)
 	types := map[string]*correlator.JobType{
 		"t": {Name: "t", Queue: "default", Timeout: time.Hour, Priority: 100, ThrottleFactor: 1, Delivery: correlator.AtLeastOnce,
@@ -54,7 +60,7 @@ func newAPI(t *testing.T, tokens ...string) *apiEnv {
 	}
 	m := metrics.New()
 	s := New(zaptest.NewLogger(t), st, Config{Tokens: tokens, CallbackSecret: secret, MaxBodyBytes: 4096,
-		Queues: []string{"default"}, Types: types, EarlyTTL: time.Minute, Metrics: m,
+		Queues: []string{"default"}, Types: types, EarlyTTL: time.Minute, Metrics: m, DeadLetters: copies,
 		Matchers: map[string]correlator.Matcher{"custom": customMatcher()}})
 	srv := httptest.NewServer(s.Handler())
 	t.Cleanup(srv.Close)

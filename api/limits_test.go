@@ -1,8 +1,16 @@
 package api
 
 import (
+	"context"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/hipq/hipq/correlator"
+	"github.com/hipq/hipq/internal/deadletter"
+	"github.com/hipq/hipq/internal/kafkatest"
 )
 
 // Issue 9.1 through the API: a job_key over its limit is a 400 naming the
@@ -49,4 +57,40 @@ func TestTokenCheckedBeforeInput(t *testing.T) {
 			t.Errorf("%s %s without a token: %d %v, want 401", c.method, c.path, got, out)
 		}
 	}
+}
+
+// Issue 9.8: a refused callback reaches responses.dead_letter_topic too,
+// with its reason in hipq-error.
+func TestRefusedCallbackCopiedToTheDeadLetterTopic(t *testing.T) {
+	t.Parallel()
+	k := kafkatest.New(t)
+	topic := k.Topic("replies.dlq")
+	k.CreateTopics(1, topic)
+	cl := k.Client()
+	defer cl.Close()
+	e := newAPIWith(t, &deadletter.Copier{Client: cl, Topic: topic}, token)
+	id := e.running("k")
+	e.token = ""
+	e.want("POST", signed(id, "k", 7), `{"status": "succeeded"}`, 422)
+	rd := k.Client(kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	defer rd.Close()
+	pctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	for pctx.Err() == nil {
+		var reason string
+		rd.PollFetches(pctx).EachRecord(func(r *kgo.Record) {
+			for _, h := range r.Headers {
+				if h.Key == correlator.HeaderError {
+					reason = string(h.Value)
+				}
+			}
+		})
+		if reason != "" {
+			if !strings.HasPrefix(reason, "newer_attempt") {
+				t.Fatalf("copy's reason %q", reason)
+			}
+			return
+		}
+	}
+	t.Fatal("no copy of the refused callback on the dead-letter topic")
 }

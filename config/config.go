@@ -49,6 +49,11 @@ type Kafka struct {
 	ClientID string `yaml:"client_id"`
 	// SessionTimeout is how soon a dead instance's partitions move. Defaults to 10s.
 	SessionTimeout Duration `yaml:"session_timeout"`
+	// MaxRecordBytes is the largest record hipq's producer writes (franz-go's
+	// ProducerBatchMaxBytes, Kafka's max.request.size). Defaults to
+	// 1000012, the producer's default; the brokers' and topics'
+	// message.max.bytes must allow it.
+	MaxRecordBytes int `yaml:"max_record_bytes"`
 	// IsolationLevel is what the consumers read of transactional
 	// producers' records: read_committed (default: records of aborted
 	// transactions are never seen) or read_uncommitted.
@@ -81,7 +86,10 @@ type Intake struct {
 	Group string `yaml:"group"`
 	// DeadLetterTopic gets a copy of each bad record; optional.
 	DeadLetterTopic string `yaml:"dead_letter_topic"`
-	// MaxBytes is the largest record value accepted. Defaults to 1048576.
+	// MaxBytes is the largest record value accepted (and the API's body
+	// limit). A job must fit in one request record with hipq's key,
+	// headers and envelope, so MaxBytes plus RecordOverhead may not pass
+	// kafka.max_record_bytes. Defaults to 983040 (960 KiB).
 	MaxBytes int `yaml:"max_bytes"`
 	// Start is where a partition with no stored offset begins: earliest
 	// (default) or latest.
@@ -231,6 +239,8 @@ type HTTPTransport struct {
 	Timeout Duration `yaml:"timeout"`
 	// Mode: async (default) or sync.
 	Mode string `yaml:"mode"`
+	// timeoutDefaulted: Timeout was left out and is the default.
+	timeoutDefaulted bool
 	// MaxInFlight bounds this type's calls at once on each instance: a
 	// slow downstream holds its own type's slots, never another's.
 	// Defaults to 64.

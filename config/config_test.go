@@ -2,6 +2,7 @@ package config
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -29,7 +30,7 @@ func TestDefaults(t *testing.T) {
 		{"intake group", cfg.Intake.Group, "hipq-intake"},
 		{"responses group", cfg.Responses.Group, "hipq-responses"},
 		{"intake start", cfg.Intake.Start, "earliest"},
-		{"max bytes", cfg.Intake.MaxBytes, 1 << 20},
+		{"max bytes", cfg.Intake.MaxBytes, 960 << 10},
 		{"early ttl", cfg.Responses.EarlyTTL.D(), 10 * time.Minute},
 		{"interval", cfg.Dispatch.Interval.D(), time.Second},
 		{"batch", cfg.Dispatch.BatchSize, 500},
@@ -120,25 +121,30 @@ job_types:
 	if !errors.As(err, &ce) {
 		t.Fatalf("got %v, want Errors", err)
 	}
-	// Unknown keys and type errors come first; fix those and the rest is reported.
-	for _, want := range []string{
-		"database.url: environment variable MISSING is not set",
-		"job_types[2].tiemout: unknown key",
-		"job_types[2].retry.initial:",
-	} {
-		if !strings.Contains(err.Error(), want) {
-			t.Errorf("missing %q in:\n%v", want, err)
-		}
-	}
-	text = strings.Replace(strings.Replace(text, "tiemout: 5s", "timeout: 5s", 1), "initial: soon", "initial: 1s", 1)
-	_, err = Parse(text, env(map[string]string{"MISSING": "postgres://x"}))
-	for _, want := range []string{
+	// Issue 9.15: one run names every problem, the unknown key, the bad
+	// duration and the unset variable beside every semantic one.
+	semantic := []string{
 		"name:", "database.max_conns:", "kafka.brokers:", "kafka.sasl.mechanism:", "intake.start:",
 		"dispatch.interval:", "dispatch.batch_size:", "sweeper.schedule:", "api.callback_secret:", "api.tokens[0]:",
 		"log.level:", "queues[0].throttle_limit:", "queues[0].shares:", "queues[0].shares.weights.east:", "queues[1].name:",
 		"job_types[0].queue:", "job_types[0].transport:", "job_types[1].transport.kafka.topic:", "job_types[1].reply_topic:",
 		"job_types[1].retry.when[1]:", "job_types[1].retry.jitter:", "job_types[1].time_windows[0]:", "job_types[2].name:",
-	} {
+	}
+	for _, want := range append([]string{
+		"database.url: environment variable MISSING is not set",
+		"job_types[2].tiemout: unknown key",
+		"job_types[2].retry.initial:",
+	}, semantic...) {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("missing %q in:\n%v", want, err)
+		}
+	}
+	if n := strings.Count(err.Error(), "database.url:"); n != 1 {
+		t.Errorf("database.url reported %d times, want once:\n%v", n, err)
+	}
+	text = strings.Replace(strings.Replace(text, "tiemout: 5s", "timeout: 5s", 1), "initial: soon", "initial: 1s", 1)
+	_, err = Parse(text, env(map[string]string{"MISSING": "postgres://x"}))
+	for _, want := range semantic {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("missing %q in:\n%v", want, err)
 		}
@@ -234,5 +240,34 @@ job_types:
 	}
 	if th := c.Throttles()["default"]; th.Bounded() {
 		t.Fatalf("the default queue is bounded: %+v", th)
+	}
+}
+
+// Issue 9.6: intake.max_bytes is tied to what the producer can send: with a
+// Kafka transport, a job as large as it allows must fit in one record.
+func TestMaxBytesFitsARecord(t *testing.T) {
+	base := `
+database: {url: "postgres://x"}
+kafka: {brokers: [k:9092]%s}
+intake: {max_bytes: %d}
+job_types: [{name: a, transport: {kafka: {topic: t}}}]
+`
+	if _, err := Parse(fmt.Sprintf(base, "", 1<<20), env(nil)); err == nil || !strings.Contains(err.Error(), "intake.max_bytes: 1048576 plus 8192 bytes") {
+		t.Fatalf("1 MiB under the producer's default: %v", err)
+	}
+	if _, err := Parse(fmt.Sprintf(base, ", max_record_bytes: 2000000", 1<<20), env(nil)); err != nil {
+		t.Fatalf("1 MiB under a 2 MB record limit: %v", err)
+	}
+	if _, err := Parse(fmt.Sprintf(base, "", DefaultMaxBytes), env(nil)); err != nil {
+		t.Fatalf("the defaults: %v", err)
+	}
+	cfg, err := Parse(`
+database: {url: "postgres://x"}
+kafka: {brokers: [k:9092]}
+api: {callback_secret: "`+strings.Repeat("s", 32)+`"}
+job_types: [{name: h, timeout: 5s, transport: {http: {url: "http://x/y"}}}]
+`, env(nil))
+	if err == nil || !strings.Contains(err.Error(), "the default of 10s must be shorter than the type's timeout 5s: set transport.http.timeout below 5s") {
+		t.Fatalf("a defaulted HTTP timeout over the type's: %v %v", cfg, err)
 	}
 }

@@ -95,12 +95,27 @@ func Parse(text string, lookup func(string) (string, bool)) (*Config, error) {
 			}
 		}
 	}
-	if len(errs) > 0 {
-		return nil, errs
-	}
+	// The checks of what did decode run whatever went wrong above, so one
+	// run names every problem; a field already reported (a bad duration, an
+	// unset variable) is not reported again for the empty value it was left.
 	cfg.fillDefaults()
 	if err := cfg.Validate(); err != nil {
-		return nil, err
+		var more Errors
+		if !errors.As(err, &more) {
+			return nil, append(errs, Problem{Reason: err.Error()})
+		}
+		seen := map[string]bool{}
+		for _, p := range errs {
+			seen[p.Path] = true
+		}
+		for _, p := range more {
+			if !seen[p.Path] {
+				errs = append(errs, p)
+			}
+		}
+	}
+	if len(errs) > 0 {
+		return nil, errs
 	}
 	return cfg, nil
 }

@@ -15,6 +15,19 @@ import (
 // DefaultQueue exists without being declared.
 const DefaultQueue = "default"
 
+// Record sizes (intake.max_bytes, kafka.max_record_bytes).
+const (
+	// DefaultMaxRecordBytes is the producer's default largest record.
+	DefaultMaxRecordBytes = 1000012
+	// RecordOverhead is what a request record holds besides the job's
+	// data, at most: the key (job_key, up to 1 KiB), the hipq-* headers
+	// and the envelope (job_key and job_type again, the reply topic) and
+	// Kafka's own framing.
+	RecordOverhead = 8 << 10
+	// DefaultMaxBytes leaves that room under DefaultMaxRecordBytes.
+	DefaultMaxBytes = 960 << 10
+)
+
 func (c *Config) fillDefaults() {
 	def := func(s *string, v string) {
 		if *s == "" {
@@ -41,7 +54,10 @@ func (c *Config) fillDefaults() {
 	def(&c.Intake.Group, c.Name+"-intake")
 	def(&c.Intake.Start, "earliest")
 	if c.Intake.MaxBytes == 0 {
-		c.Intake.MaxBytes = 1 << 20
+		c.Intake.MaxBytes = DefaultMaxBytes
+	}
+	if c.Kafka.MaxRecordBytes == 0 {
+		c.Kafka.MaxRecordBytes = DefaultMaxRecordBytes
 	}
 	def(&c.Responses.Group, c.Name+"-responses")
 	def(&c.Responses.Start, "earliest")
@@ -86,6 +102,7 @@ func (c *Config) fillDefaults() {
 		if h := jt.Transport.HTTP; h != nil {
 			def(&h.Method, "POST")
 			def(&h.Mode, "async")
+			h.timeoutDefaulted = h.Timeout == 0
 			defD(&h.Timeout, 10*time.Second)
 			if h.MaxInFlight == 0 {
 				h.MaxInFlight = 64
@@ -165,6 +182,19 @@ func (c *Config) Validate() error {
 	oneOf("intake.start", c.Intake.Start, "earliest", "latest")
 	if c.Intake.MaxBytes < 1 {
 		bad("intake.max_bytes", "must be positive")
+	}
+	if c.Kafka.MaxRecordBytes < RecordOverhead+1024 {
+		bad("kafka.max_record_bytes", "%d is too small for a request record (at least %d)", c.Kafka.MaxRecordBytes, RecordOverhead+1024)
+	}
+	for i, jt := range c.JobTypes {
+		// A job every request of which would be refused as too large must
+		// be refused at intake, not burn its attempts.
+		if jt.Transport.Kafka != nil && c.Intake.MaxBytes+RecordOverhead > c.Kafka.MaxRecordBytes {
+			bad("intake.max_bytes", "%d plus %d bytes of key, headers and envelope does not fit in kafka.max_record_bytes (%d), "+
+				"so a job that large could never be sent to job_types[%d]'s topic: lower intake.max_bytes to %d or raise kafka.max_record_bytes",
+				c.Intake.MaxBytes, RecordOverhead, c.Kafka.MaxRecordBytes, i, c.Kafka.MaxRecordBytes-RecordOverhead)
+			break
+		}
 	}
 	oneOf("responses.start", c.Responses.Start, "earliest", "latest")
 	positive("responses.early_ttl", c.Responses.EarlyTTL)
@@ -291,7 +321,12 @@ func (c *Config) Validate() error {
 				bad(p+".transport.http.max_in_flight", "%d must be at least 1", h.MaxInFlight)
 			}
 			if h.Timeout >= jt.Timeout {
-				bad(p+".transport.http.timeout", "%v must be shorter than the type's timeout %v", h.Timeout.D(), jt.Timeout.D())
+				if h.timeoutDefaulted {
+					bad(p+".transport.http.timeout", "the default of %v must be shorter than the type's timeout %v: set transport.http.timeout below %v",
+						h.Timeout.D(), jt.Timeout.D(), jt.Timeout.D())
+				} else {
+					bad(p+".transport.http.timeout", "%v must be shorter than the type's timeout %v", h.Timeout.D(), jt.Timeout.D())
+				}
 			}
 			if h.Mode == "async" && c.API == nil {
 				bad(p+".transport.http.mode", "async HTTP needs the api section for callbacks")

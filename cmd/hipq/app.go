@@ -136,7 +136,8 @@ func newApp(ctx context.Context, cfg *config.Config, log *zap.Logger, opts appOp
 	if has("dispatcher") || has("sweeper") || has("api") {
 		// Requests, and copies of the dead letters the sweeper and the API
 		// write.
-		a.producer, err = kafkaconn.NewClient(kc, log, dispatcher.KafkaProducerOpts()...)
+		a.producer, err = kafkaconn.NewClient(kc, log, append(dispatcher.KafkaProducerOpts(),
+			kgo.ProducerBatchMaxBytes(int32(cfg.Kafka.MaxRecordBytes)))...)
 		if err != nil {
 			return fail(err)
 		}
