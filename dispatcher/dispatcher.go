@@ -140,10 +140,10 @@ type Dispatcher struct {
 	m        *metrics.Metrics
 }
 
-// outage is a neighbour refusing sends.
+// outage is a neighbour refusing sends (or whose sends could not start).
 type outage struct {
-	since    time.Time // the first refusal of this outage (monotonic)
-	failures int       // deliveries refused in a row
+	since    time.Time // the first refusal of this outage (monotonic); zero: none yet
+	failures int       // probes refused in a row
 	until    time.Time // no claims for it before then
 }
 
@@ -396,12 +396,17 @@ func (d *Dispatcher) deliver(ctx context.Context, q QueueConfig, s Sender, jobs 
 		reached  = map[string]bool{}
 		refused  = map[string]error{}
 	)
+	notSent := map[string]error{}
 	for i, r := range results {
-		if r.Status == Refused {
+		switch r.Status {
+		case Refused:
 			refused[d.route(s, jobs[i].JobType).Neighbour] = r.Err
+		case NotSent:
+			notSent[d.route(s, jobs[i].JobType).Neighbour] = r.Err
 		}
 	}
-	ages := d.refusedBy(refused) // how long each refusing neighbour has refused
+	ages := d.refusedBy(refused, true) // how long each refusing neighbour has refused
+	d.refusedBy(notSent, false)        // sends that could not start back off too, never to spin
 	for i, r := range results {
 		c := &jobs[i]
 		ref := store.AttemptRef{JobID: c.ID, Attempt: c.Attempt}
@@ -609,7 +614,10 @@ func errText(err error) string {
 
 // refusedBy records a delivery's refusals: each neighbour that refused
 // backs off, longer each time in a row, and its outage's age is returned.
-func (d *Dispatcher) refusedBy(refused map[string]error) map[string]time.Duration {
+// A send that could not start (outage false: no call slot in time, no
+// route; starts false) backs off the same way but starts no outage clock: it never turns
+// a later refusal into a dispatch error sooner.
+func (d *Dispatcher) refusedBy(refused map[string]error, starts bool) map[string]time.Duration {
 	if len(refused) == 0 {
 		return nil
 	}
@@ -620,18 +628,23 @@ func (d *Dispatcher) refusedBy(refused map[string]error) map[string]time.Duratio
 	for n, err := range refused {
 		o := d.outages[n]
 		if o == nil {
-			o = &outage{since: now}
+			o = &outage{}
 			d.outages[n] = o
 		}
-		ages[n] = now.Sub(o.since)
+		if starts && o.since.IsZero() {
+			o.since = now
+		}
+		if !o.since.IsZero() {
+			ages[n] = now.Sub(o.since)
+		}
 		if now.Before(o.until) {
 			continue // another delivery of the same probe said so already
 		}
 		o.failures++
 		wait := min(time.Second<<min(o.failures-1, 5), 30*time.Second)
 		o.until = now.Add(wait)
-		d.log.Warn("sends refused; pausing claims for it", zap.String("to", n), zap.Duration("for", wait),
-			zap.Duration("refusing_since", ages[n].Round(time.Millisecond)), zap.Error(err))
+		d.log.Warn("sends did not leave; pausing claims for it", zap.String("to", n), zap.Bool("refused", starts),
+			zap.Duration("for", wait), zap.Duration("refusing_since", ages[n].Round(time.Millisecond)), zap.Error(err))
 	}
 	return ages
 }

@@ -64,8 +64,9 @@ type HTTPSenderConfig struct {
 type HTTPSender struct {
 	cfg     HTTPSenderConfig
 	client  *http.Client
-	slots   map[string]chan struct{} // by job type
 	matcher correlator.Matcher
+	mu      sync.Mutex
+	slots   map[string]chan struct{} // by job type, made on first use
 }
 
 // NewHTTPSender builds a sender for the routed job types.
@@ -89,15 +90,27 @@ func NewHTTPSender(cfg HTTPSenderConfig) *HTTPSender {
 	}
 	m := correlator.DefaultMatcher()
 	m.MaxBytes = cfg.MaxReplyBytes
-	slots := map[string]chan struct{}{}
-	for name, r := range cfg.Routes {
-		n := r.MaxInFlight
-		if n <= 0 {
-			n = cfg.MaxInFlight
-		}
-		slots[name] = make(chan struct{}, n)
+	return &HTTPSender{cfg: cfg, client: client, slots: map[string]chan struct{}{}, matcher: m}
+}
+
+// slot is the job type's call slots; ok is false for a type with no route.
+func (s *HTTPSender) slot(jobType string) (chan struct{}, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if c, ok := s.slots[jobType]; ok {
+		return c, true
 	}
-	return &HTTPSender{cfg: cfg, client: client, slots: slots, matcher: m}
+	r, ok := s.cfg.Routes[jobType]
+	if !ok {
+		return nil, false
+	}
+	n := r.MaxInFlight
+	if n <= 0 {
+		n = s.cfg.MaxInFlight
+	}
+	c := make(chan struct{}, n)
+	s.slots[jobType] = c
+	return c, true
 }
 
 // Route says where a job type's calls go: the downstream host, backed off
@@ -107,7 +120,8 @@ func (s *HTTPSender) Route(jobType string) Route {
 	if !ok {
 		return Route{Neighbour: "http (no route for " + jobType + ")"}
 	}
-	return Route{Neighbour: "http " + r.host(), Timeout: r.timeout(), MaxInFlight: cap(s.slots[jobType])}
+	slot, _ := s.slot(jobType)
+	return Route{Neighbour: "http " + r.host(), Timeout: r.timeout(), MaxInFlight: cap(slot)}
 }
 
 // host is the scheme and host of the route's URL, placeholders filled.
@@ -137,7 +151,7 @@ func (s *HTTPSender) Send(ctx context.Context, jobs []store.Claimed) []Result {
 		go func() {
 			defer wg.Done()
 			c := &jobs[i]
-			slot, ok := s.slots[c.JobType]
+			slot, ok := s.slot(c.JobType)
 			if !ok {
 				out[i] = Result{Status: NotSent, Err: fmt.Errorf("no HTTP route for job type %q", c.JobType)}
 				return

@@ -7,7 +7,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
-	"sync/atomic"
+	"sync"
 	"testing"
 	"time"
 
@@ -21,26 +21,57 @@ import (
 	"github.com/hipq/hipq/store"
 )
 
-// restartingSender sends through next, then restarts PostgreSQL before it
-// returns: the delivery's record meets a database that just went away.
-type restartingSender struct {
-	dispatcher.Sender
-	t     *testing.T
-	pg    *localpg.Cluster
-	fired atomic.Bool
+// outage takes PostgreSQL down after the HTTP sends and brings it back a
+// moment later: the deliveries' records meet a database that is gone.
+type outage struct {
+	t    *testing.T
+	pg   *localpg.Cluster
+	down chan struct{}
+	back chan struct{}
+	once sync.Once
 }
 
-func (s *restartingSender) Send(ctx context.Context, jobs []store.Claimed) []dispatcher.Result {
+// httpThenDown sends, then takes PostgreSQL down and starts it again in
+// the background. The HTTP type is claimed last, so no claim is cut.
+type httpThenDown struct {
+	dispatcher.Sender
+	o *outage
+}
+
+func (s *httpThenDown) Send(ctx context.Context, jobs []store.Claimed) []dispatcher.Result {
 	rs := s.Sender.Send(ctx, jobs)
-	if s.fired.CompareAndSwap(false, true) {
-		if err := s.pg.Restart(ctx); err != nil {
-			s.t.Errorf("restart PostgreSQL: %v", err)
-		}
+	s.o.once.Do(func() {
+		s.o.pg.Down()
+		close(s.o.down)
+		go func() {
+			defer close(s.o.back)
+			if err := s.o.pg.Up(context.Background()); err != nil {
+				s.o.t.Errorf("restart PostgreSQL: %v", err)
+			}
+		}()
+	})
+	return rs
+}
+
+// kafkaWhileDown sends, then returns its results only once PostgreSQL is
+// down.
+type kafkaWhileDown struct {
+	dispatcher.Sender
+	o *outage
+}
+
+func (s *kafkaWhileDown) Send(ctx context.Context, jobs []store.Claimed) []dispatcher.Result {
+	rs := s.Sender.Send(ctx, jobs)
+	select {
+	case <-s.o.down:
+	case <-time.After(time.Minute):
+		s.o.t.Error("PostgreSQL was never taken down")
 	}
 	return rs
 }
 
-// Issue 9.3: PostgreSQL restarts between the sends and their record. The
+// Issue 9.3: PostgreSQL goes down between the sends and their record, and
+// comes back. The
 // record (sent_at, sync replies, dispatch errors) is one transaction tried
 // again until it lands, so every job ends as its send said: nothing looks
 // unsent to the sweeper, no sync reply is lost.
@@ -75,12 +106,13 @@ func TestDeliveryRecordSurvivesPostgresRestart(t *testing.T) {
 		"amo":  {Name: "amo", Queue: "default", Timeout: time.Hour, Delivery: correlator.AtMostOnce, Retry: correlator.NoRetry},
 		"sync": {Name: "sync", Queue: "default", Timeout: time.Hour, Delivery: correlator.AtLeastOnce, Retry: retry},
 	}
-	ks := &restartingSender{Sender: dispatcher.NewKafkaSender(cl, map[string]dispatcher.KafkaRoute{"alo": {Topic: topic}, "amo": {Topic: topic}}), t: t, pg: pg}
-	hs := dispatcher.NewHTTPSender(dispatcher.HTTPSenderConfig{Routes: map[string]dispatcher.HTTPRoute{
-		"sync": {URL: ds.URL + "/{job_key}", Sync: true, Timeout: 5 * time.Second}}})
+	o := &outage{t: t, pg: pg, down: make(chan struct{}), back: make(chan struct{})}
+	ks := &kafkaWhileDown{Sender: dispatcher.NewKafkaSender(cl, map[string]dispatcher.KafkaRoute{"alo": {Topic: topic}, "amo": {Topic: topic}}), o: o}
+	hs := &httpThenDown{Sender: dispatcher.NewHTTPSender(dispatcher.HTTPSenderConfig{Routes: map[string]dispatcher.HTTPRoute{
+		"sync": {URL: ds.URL + "/{job_key}", Sync: true, Timeout: 5 * time.Second}}}), o: o}
 	d := dispatcher.New(zaptest.NewLogger(t), st, dispatcher.Config{Instance: "test", BatchSize: 100,
 		Queues: []dispatcher.QueueConfig{{Name: "default"}}, Types: types,
-		Senders: map[string]dispatcher.Sender{"alo": ks, "amo": ks, "sync": &restartingSender{Sender: hs, t: t, pg: pg}}})
+		Senders: map[string]dispatcher.Sender{"alo": ks, "amo": ks, "sync": hs}})
 	insert(t, st, "alo", 5)
 	insert(t, st, "amo", 5)
 	insert(t, st, "sync", 3)
@@ -95,8 +127,10 @@ func TestDeliveryRecordSurvivesPostgresRestart(t *testing.T) {
 	if _, err := d.RunOnce(ctx); err != nil {
 		t.Fatalf("round: %v", err)
 	}
-	if !ks.fired.Load() {
-		t.Fatal("PostgreSQL was not restarted")
+	select {
+	case <-o.back:
+	default:
+		t.Fatal("the sends were recorded before PostgreSQL came back")
 	}
 	// Kafka sends: acknowledged, so sent_at, whatever happened after.
 	if n := scalar(t, st, `SELECT count(*) FROM hipq_attempt a JOIN hipq_job j ON j.id = a.job_id

@@ -191,9 +191,16 @@ func (c *Cluster) run(ctx context.Context) error {
 // in a failover or an operator's restart) and starts it again on the same
 // data, waiting until it accepts connections.
 func (c *Cluster) Restart(ctx context.Context) error {
-	c.shutdown(syscall.SIGINT)
-	return c.run(ctx)
+	c.Down()
+	return c.Up(ctx)
 }
+
+// Down stops the server (a fast shutdown) and keeps its data.
+func (c *Cluster) Down() { c.shutdown(syscall.SIGINT) }
+
+// Up starts a server that is Down again, waiting until it accepts
+// connections.
+func (c *Cluster) Up(ctx context.Context) error { return c.run(ctx) }
 
 func (c *Cluster) shutdown(sig syscall.Signal) {
 	if c.cmd == nil || c.cmd.Process == nil {
