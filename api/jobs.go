@@ -168,8 +168,17 @@ func (s *Server) listJobs(w http.ResponseWriter, r *http.Request) error {
 	if state != "" && !slices.Contains(correlator.States, state) {
 		return errorf(http.StatusBadRequest, "invalid_parameter", "state: %q is not one of initial, running, error, retry, final", state)
 	}
+	var queueTypes []string
+	if queue := q.Get("queue"); queue != "" {
+		for name, jt := range s.cfg.Types {
+			if jt.Queue == queue {
+				queueTypes = append(queueTypes, name)
+			}
+		}
+		slices.Sort(queueTypes)
+	}
 	jobs, err := s.st.JobList(r.Context(), store.JobListParams{JobType: q.Get("job_type"), State: state, Queue: q.Get("queue"),
-		BeforeID: cursor, Limit: limit + 1})
+		QueueTypes: queueTypes, BeforeID: cursor, Limit: limit + 1})
 	if err != nil {
 		return err
 	}

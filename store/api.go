@@ -115,6 +115,10 @@ type JobListParams struct {
 	JobType string
 	State   correlator.State
 	Queue   string
+	// QueueTypes are the job types the config puts in Queue: a queue
+	// filter reads their (job_type, job_key) index rather than walk the
+	// table for a queue with few jobs.
+	QueueTypes []string
 	// BeforeID is the keyset cursor: jobs with smaller ids (newest first);
 	// 0 starts from the newest.
 	BeforeID int64
@@ -125,6 +129,9 @@ type JobListParams struct {
 func (s *Store) JobList(ctx context.Context, p JobListParams) ([]*correlator.Job, error) {
 	if p.Limit <= 0 {
 		p.Limit = 100
+	}
+	if p.State == correlator.StateError {
+		return nil, nil // transient: a committed row is never left in error (SPEC §2)
 	}
 	q, args := jobListQuery(p)
 	rows, err := s.pool.Query(ctx, q, args...)
@@ -147,14 +154,20 @@ func (s *Store) JobList(ctx context.Context, p JobListParams) ([]*correlator.Job
 }
 
 // jobListQuery is JobList's statement: only the filters given, each a
-// parameter, so every combination is its own statement whose plan (even
-// the generic one PostgreSQL caches after a few runs) reads the index of
-// its filter in id order (migration 3) instead of walking the whole table.
+// parameter. Planned for its values (the API's connections plan each
+// statement afresh, Config.CustomPlans), each filter reads an index:
+// job_type its (job_type, job_key) index when the type is rare, else the
+// primary key newest first, where it soon finds enough; a waiting or running
+// state its partial index; a queue the index of its job types.
 func jobListQuery(p JobListParams) (string, []any) {
 	f := listFilter{}
 	f.add("job_type", p.JobType)
 	f.add("state", string(p.State))
 	f.add("queue", p.Queue)
+	if p.Queue != "" && len(p.QueueTypes) > 0 {
+		f.args = append(f.args, p.QueueTypes)
+		f.where = append(f.where, fmt.Sprintf("job_type = ANY($%d)", len(f.args)))
+	}
 	return f.query(`SELECT `+jobColumns+` FROM hipq_job`, p.BeforeID, p.Limit)
 }
 

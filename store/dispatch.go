@@ -344,21 +344,25 @@ type DeliveryResult struct {
 // (which the sweeper would undo and send again) or lose a reply. The
 // caller retries a transient failure (IsTransient) until it lands.
 //
-// The jobs' rows are locked first, in id order, as the reply paths lock
-// them, so a delivery and a reply for the same jobs queue up instead of
-// deadlocking.
+// A record that moves jobs locks their rows first, in id order, as the
+// reply paths lock them, so a delivery and a reply for the same jobs queue
+// up instead of deadlocking.
 func (s *Store) DeliveryRecord(ctx context.Context, d Delivery, types TypeInfo) (DeliveryResult, error) {
 	var res DeliveryResult
 	err := s.inTx(ctx, func(tx pgx.Tx) error {
 		res = DeliveryResult{}
-		ids := d.Jobs()
-		for _, r := range d.Replies {
-			if r.Reply.JobID != nil {
-				ids = append(ids, *r.Reply.JobID)
+		if len(d.Undo)+len(d.Resolves)+len(d.Replies) > 0 {
+			// This record moves jobs: lock them first, in id order, as the
+			// reply paths do. (Marking sends alone locks attempt rows only.)
+			ids := d.Jobs()
+			for _, r := range d.Replies {
+				if r.Reply.JobID != nil {
+					ids = append(ids, *r.Reply.JobID)
+				}
 			}
-		}
-		if _, err := tx.Exec(ctx, `SELECT 1 FROM hipq_job WHERE id = ANY($1) ORDER BY id FOR UPDATE`, ids); err != nil {
-			return fmt.Errorf("lock delivered jobs: %w", err)
+			if _, err := tx.Exec(ctx, `SELECT 1 FROM hipq_job WHERE id = ANY($1) ORDER BY id FOR UPDATE`, ids); err != nil {
+				return fmt.Errorf("lock delivered jobs: %w", err)
+			}
 		}
 		if err := attemptsMarkSent(ctx, tx, d.Sent); err != nil {
 			return err

@@ -156,31 +156,38 @@ func jobsInsert(ctx context.Context, tx pgx.Tx, jobs []IntakeJob) ([]acceptStatu
 		  INSERT INTO hipq_job (queue, job_type, job_key, job_data, max_attempts, priority, throttle_factor,
 		                        timeout_seconds, scheduled_run_time, expires_at, time_windows)
 		  SELECT queue, job_type, job_key, job_data, max_attempts, priority, throttle_factor, timeout_seconds,
-		         scheduled_run_time, expires_at, time_windows FROM n ORDER BY ord
+		         scheduled_run_time, expires_at, time_windows FROM n
 		  ON CONFLICT (job_type, job_key) WHERE state <> 'final' DO NOTHING
 		  RETURNING queue, job_type, job_key
 		), notify AS (
 		  SELECT pg_notify('hipq_job_ready', q) FROM (SELECT DISTINCT queue AS q FROM ins) d
 		)
-		SELECT CASE WHEN i.job_key IS NOT NULL THEN 1
-		            WHEN j.id IS NULL THEN 0
-		            WHEN j.job_data = n.job_data THEN 2 ELSE 3 END
+		SELECT n.ord, CASE WHEN i.job_key IS NOT NULL THEN 1
+		            -- Only a job not inserted looks for the one in its way.
+		            ELSE coalesce((SELECT CASE WHEN j.job_data = n.job_data THEN 2 ELSE 3 END FROM hipq_job j
+		                           WHERE j.job_type = n.job_type AND j.job_key = n.job_key AND j.state <> 'final'), 0) END
 		FROM n
 		LEFT JOIN ins i ON i.job_type = n.job_type AND i.job_key = n.job_key
-		LEFT JOIN hipq_job j ON i.job_key IS NULL AND j.job_type = n.job_type AND j.job_key = n.job_key AND j.state <> 'final'
-		WHERE (SELECT count(*) FROM notify) >= 0
-		ORDER BY n.ord`,
+		WHERE (SELECT count(*) FROM notify) >= 0`,
 		queues, types, keys, data, maxAtt, prio, factor, timeout, sched, expires, windows)
 	if err != nil {
 		return nil, fmt.Errorf("insert jobs: %w", err)
 	}
-	out := make([]acceptStatus, 0, n)
-	var st int
-	if _, err := pgx.ForEachRow(rows, []any{&st}, func() error { out = append(out, acceptStatus(st)); return nil }); err != nil {
+	out := make([]acceptStatus, n)
+	var ord int64
+	var st, got int
+	if _, err := pgx.ForEachRow(rows, []any{&ord, &st}, func() error {
+		if ord < 1 || ord > int64(n) {
+			return fmt.Errorf("answer for job %d of %d", ord, n)
+		}
+		out[ord-1] = acceptStatus(st)
+		got++
+		return nil
+	}); err != nil {
 		return nil, fmt.Errorf("insert jobs: %w", err)
 	}
-	if len(out) != n {
-		return nil, fmt.Errorf("insert jobs: %d answers for %d jobs", len(out), n)
+	if got != n {
+		return nil, fmt.Errorf("insert jobs: %d answers for %d jobs", got, n)
 	}
 	return out, nil
 }

@@ -11,10 +11,12 @@ import (
 	"github.com/hipq/hipq/internal/localpg"
 )
 
-// Issue 9.17: every list the API makes reads an index in its order, for
-// every filter, under the generic plan PostgreSQL caches after five runs,
-// on a table of 100k jobs where one state is rare: no sequential scan, no
-// walk of the primary key for a filter that has its own index.
+// Issue 9.17: every list the API makes reads an index for its filter, on
+// a table of 100k jobs where a state, a type and a queue are rare, also at
+// the sixth run of a prepared statement (where PostgreSQL may switch to a
+// generic plan made for the average value): no sequential scan, no walk of
+// the primary key for a rare value. state=error answers at once: a
+// committed row is never in error.
 func TestListsUseAnIndexForEachFilter(t *testing.T) {
 	t.Parallel()
 	pg, err := localpg.Start(context.Background(), localpg.Options{})
@@ -34,9 +36,11 @@ func TestListsUseAnIndexForEachFilter(t *testing.T) {
 	if _, err := st.pool.Exec(ctx, `
 		INSERT INTO hipq_job (queue, job_type, job_key, state, outcome)
 		SELECT 'q' || (i % 5), 't' || (i % 20), 'k' || i,
-		       CASE WHEN i % 1000 = 0 THEN 'retry' WHEN i % 10 = 0 THEN 'running' ELSE 'final' END,
-		       CASE WHEN i % 10 <> 0 THEN 'succeeded' END
+		       CASE WHEN i % 1000 = 0 THEN 'retry' WHEN i % 1000 = 1 THEN 'running' ELSE 'final' END,
+		       CASE WHEN i % 1000 > 1 THEN 'succeeded' END
 		FROM generate_series(1, 100000) i;
+		INSERT INTO hipq_job (queue, job_type, job_key, state, outcome)
+		SELECT 'rare', 'rt', 'r' || i, 'final', 'succeeded' FROM generate_series(1, 50) i;
 		INSERT INTO hipq_dead_letter (source, reason) SELECT CASE WHEN i % 100 = 0 THEN 'callback' ELSE 'intake' END, 'x: y'
 		FROM generate_series(1, 20000) i;
 		ANALYZE hipq_job; ANALYZE hipq_dead_letter;`); err != nil {
@@ -53,11 +57,12 @@ func TestListsUseAnIndexForEachFilter(t *testing.T) {
 		p     JobListParams
 		index string
 	}{
-		{JobListParams{State: "error", Limit: 100}, "hipq_job_list_state"},
-		{JobListParams{State: "retry", Limit: 100}, "hipq_job_list_state"},
-		{JobListParams{JobType: "nope", Limit: 100}, "hipq_job_list_type"},
-		{JobListParams{Queue: "q9", Limit: 100}, "hipq_job_list_queue"},
-		{JobListParams{JobType: "t3", State: "error", BeforeID: 50000, Limit: 100}, "hipq_job_list_state"},
+		{JobListParams{State: "retry", Limit: 100}, "hipq_job_due_"},
+		{JobListParams{State: "running", Limit: 100}, "hipq_job_running"},
+		{JobListParams{JobType: "nope", Limit: 100}, "hipq_job_key"},
+		{JobListParams{JobType: "rt", Limit: 100}, "hipq_job_key"},
+		{JobListParams{Queue: "rare", QueueTypes: []string{"rt"}, Limit: 100}, "hipq_job_key"},
+		{JobListParams{JobType: "t3", State: "retry", BeforeID: 50000, Limit: 100}, "hipq_job_"},
 		{JobListParams{Limit: 100, BeforeID: 50000}, "hipq_job_pkey"},
 	} {
 		q, args := jobListQuery(p.p)
@@ -75,17 +80,25 @@ func TestListsUseAnIndexForEachFilter(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer api.Close()
-	plan := func(st *Store, tc c) string {
+	plan := func(st *Store, tc c, settings ...string) string {
 		conn, err := st.pool.Acquire(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer conn.Release()
+		for _, set := range settings {
+			if _, err := conn.Exec(ctx, set); err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Exec(ctx, "RESET ALL") //nolint:errcheck
+		}
 		var lits []string
 		for _, a := range tc.args {
 			switch v := a.(type) {
 			case string:
 				lits = append(lits, "'"+v+"'")
+			case []string:
+				lits = append(lits, "ARRAY['"+strings.Join(v, "','")+"']")
 			default:
 				lits = append(lits, fmt.Sprint(v))
 			}
@@ -112,6 +125,19 @@ func TestListsUseAnIndexForEachFilter(t *testing.T) {
 			out = strings.Join(lines, "\n")
 		}
 		return out
+	}
+	// The control: the statement lists used to run, every filter in one
+	// text with ($n = '' OR col = $n), walks the primary key once
+	// PostgreSQL runs its generic plan, whatever the value (the defect seen
+	// on 405k rows); the API's connections never run a generic plan.
+	old := c{name: "the former list statement", q: `SELECT ` + jobColumns + ` FROM hipq_job
+		WHERE ($1 = '' OR job_type = $1) AND ($2 = '' OR state = $2) AND ($3 = '' OR queue = $3) AND ($4 = 0 OR id < $4)
+		ORDER BY id DESC LIMIT $5`, args: []any{"", "retry", "", 0, 100}}
+	if p := plan(st, old, "SET plan_cache_mode = force_generic_plan"); !strings.Contains(p, "hipq_job_pkey") || !strings.Contains(p, "Filter") {
+		t.Errorf("the control no longer shows the walk:\n%s", p)
+	}
+	if jobs, err := api.JobList(ctx, JobListParams{State: "error", Limit: 100}); err != nil || len(jobs) != 0 {
+		t.Fatalf("state=error: %d jobs, %v", len(jobs), err)
 	}
 	for _, tc := range cases {
 		p := plan(api, tc)
