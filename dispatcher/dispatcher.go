@@ -492,9 +492,36 @@ func (d *Dispatcher) route(s Sender, jobType string) Route {
 // PostgreSQL fails for a reason that may pass (IsTransient), until it lands
 // or ctx ends: a delivered request must never look unsent to the sweeper,
 // nor a reply be lost, because PostgreSQL blinked. A record PostgreSQL
-// refuses for good is split down to the job at fault, which is recorded
-// without what it refused.
+// refuses for good is recorded job by job; a job whose own record is
+// refused again is recorded without what PostgreSQL refused (a reply, a
+// text), and if even that is refused it is left to the sweeper.
 func (d *Dispatcher) record(ctx context.Context, rec store.Delivery) (store.DeliveryResult, error) {
+	res, err := d.retry(ctx, rec)
+	if err == nil || ctx.Err() != nil {
+		return res, err
+	}
+	d.log.Error("PostgreSQL refused a delivery record; recording its jobs one by one", zap.Error(err))
+	var out store.DeliveryResult
+	var errs []error
+	for _, one := range splitDelivery(rec) {
+		r, err := d.retry(ctx, one)
+		if err != nil && ctx.Err() == nil {
+			r, err = d.retry(ctx, d.stripped(one, err))
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("record the send of job %v: %w", one.Jobs(), err))
+			continue
+		}
+		out.Undone += r.Undone
+		out.Replies.Merge(r.Replies)
+		out.Early.Merge(r.Early)
+	}
+	return out, errors.Join(errs...)
+}
+
+// retry writes one record, again with backoff while PostgreSQL's failure
+// may pass; it returns the first failure that will not.
+func (d *Dispatcher) retry(ctx context.Context, rec store.Delivery) (store.DeliveryResult, error) {
 	for try := 0; ; try++ {
 		res, err := d.st.DeliveryRecord(ctx, rec, d.typeInfo)
 		switch {
@@ -503,10 +530,8 @@ func (d *Dispatcher) record(ctx context.Context, rec store.Delivery) (store.Deli
 				d.log.Info("sends recorded after PostgreSQL failures", zap.Int("tries", try+1))
 			}
 			return res, nil
-		case ctx.Err() != nil:
+		case ctx.Err() != nil || !store.IsTransient(err):
 			return res, fmt.Errorf("record sends: %w", err)
-		case !store.IsTransient(err):
-			return d.recordApart(ctx, rec, err)
 		}
 		wait := backoff(try)
 		d.log.Warn("cannot record sends; trying again", zap.Int("jobs", len(rec.Jobs())), zap.Int("try", try+1),
@@ -516,29 +541,6 @@ func (d *Dispatcher) record(ctx context.Context, rec store.Delivery) (store.Deli
 		case <-time.After(wait):
 		}
 	}
-}
-
-// recordApart records a delivery PostgreSQL refused job by job: every job
-// whose own record is refused again has its attempt ended as a dispatch
-// error that says why, without the reply or text PostgreSQL refused.
-func (d *Dispatcher) recordApart(ctx context.Context, rec store.Delivery, cause error) (store.DeliveryResult, error) {
-	d.log.Error("PostgreSQL refused a delivery record; recording its jobs one by one", zap.Error(cause))
-	var out store.DeliveryResult
-	var errs []error
-	for _, one := range splitDelivery(rec) {
-		res, err := d.st.DeliveryRecord(ctx, one, d.typeInfo)
-		if err != nil && !store.IsTransient(err) && ctx.Err() == nil {
-			res, err = d.record(ctx, d.stripped(one, err))
-		} else if err != nil {
-			res, err = d.record(ctx, one)
-		}
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		out.Undone += res.Undone
-	}
-	return out, errors.Join(errs...)
 }
 
 // splitDelivery cuts a delivery into one per job.

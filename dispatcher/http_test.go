@@ -75,7 +75,10 @@ type httpCase struct {
 // newHTTPCase serves types "async", "sync" (retry 3 attempts, fixed 1ms)
 // and "amo" (sync, at_most_once, same retry) on url.
 func newHTTPCase(t *testing.T, target string, timeout time.Duration) *httpCase {
-	st := pgtest.New(t)
+	return newHTTPCaseOn(t, pgtest.New(t), target, timeout)
+}
+
+func newHTTPCaseOn(t *testing.T, st *store.Store, target string, timeout time.Duration) *httpCase {
 	retry := &correlator.Backoff{Attempts: 3, Initial: time.Millisecond,
 		When: []correlator.AttemptOutcome{correlator.AttemptFailed, correlator.AttemptDispatchError}}
 	types := map[string]*correlator.JobType{

@@ -302,3 +302,41 @@ func TestHTTPAnsweredCallsAreSentAndURLsRedacted(t *testing.T) {
 		t.Fatalf("error %q", j.Error)
 	}
 }
+
+// A delivery record PostgreSQL refuses for good (here a trigger; in life a
+// reply or text it cannot take) is recorded job by job: the other jobs'
+// records land, a job whose reply is refused ends failed saying so, and a
+// job whose every record is refused is left to the sweeper, with no
+// endless retry.
+func TestRefusedRecordIsRecordedJobByJob(t *testing.T) {
+	t.Parallel()
+	st := pgtest.New(t)
+	ds := newDownstream(t, func(string, int) (int, string) { return http.StatusOK, `{"status": "ok"}` })
+	c := newHTTPCaseOn(t, st, ds.URL, 5*time.Second)
+	for _, k := range []string{"ok1", "ok2", "cursed", "doomed"} {
+		c.insert("sync", k)
+	}
+	if _, err := st.Pool().Exec(ctx, `
+		CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN RAISE EXCEPTION 'refused for %', NEW.job_key USING ERRCODE = 'XX000'; END $$;
+		CREATE TRIGGER refuse BEFORE UPDATE ON hipq_job FOR EACH ROW
+		WHEN ((NEW.job_key = 'cursed' AND NEW.result IS NOT NULL) OR (NEW.job_key = 'doomed' AND OLD.state = 'running'))
+		EXECUTE FUNCTION refuse();`); err != nil {
+		t.Fatal(err)
+	}
+	_, err := c.d.RunOnce(ctx)
+	if err == nil || !strings.Contains(err.Error(), "refused for doomed") {
+		t.Fatalf("round: %v, want the doomed job's record refused", err)
+	}
+	for _, k := range []string{"ok1", "ok2"} {
+		j, _ := st.JobGet(ctx, "sync", k)
+		want(t, j, correlator.StateFinal, correlator.OutcomeSucceeded, 1)
+	}
+	j, _ := st.JobGet(ctx, "sync", "cursed")
+	want(t, j, correlator.StateFinal, correlator.OutcomeFailed, 1)
+	if !strings.Contains(j.Error, "the reply could not be stored") {
+		t.Fatalf("cursed: error %q", j.Error)
+	}
+	j, _ = st.JobGet(ctx, "sync", "doomed")
+	want(t, j, correlator.StateRunning, "", 1)
+}

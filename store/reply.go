@@ -39,6 +39,20 @@ type ReplyResult struct {
 	Counts      map[correlator.Verdict]int
 }
 
+// Merge adds what another batch did to r.
+func (r *ReplyResult) Merge(o ReplyResult) {
+	r.Verdicts = append(r.Verdicts, o.Verdicts...)
+	r.Applied = append(r.Applied, o.Applied...)
+	r.RoundTrips = append(r.RoundTrips, o.RoundTrips...)
+	r.DeadLetters = append(r.DeadLetters, o.DeadLetters...)
+	if len(o.Counts) > 0 && r.Counts == nil {
+		r.Counts = map[correlator.Verdict]int{}
+	}
+	for v, n := range o.Counts {
+		r.Counts[v] += n
+	}
+}
+
 // ReplyApply applies a batch of replies (SPEC §6) in one transaction with
 // the offsets compare-and-set.
 func (s *Store) ReplyApply(ctx context.Context, b ReplyBatch, types TypeInfo) (ReplyResult, error) {

@@ -3,10 +3,14 @@ package store
 import (
 	"context"
 	"errors"
+	"io"
+	"net"
 	"strings"
+	"syscall"
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/puddle/v2"
 )
 
 // IsTransient reports whether err may go away by itself if the same write
@@ -15,7 +19,8 @@ import (
 // connections, class 57P), PostgreSQL ran out of a resource (class 53: disk
 // full, too many connections, out of memory), a system error (class 58), or
 // the transaction lost a race (class 40: serialization failure, deadlock).
-// Everything else PostgreSQL answers (a value it refuses, a constraint, a
+// Without an answer from PostgreSQL, only a failed connection, network or
+// pool is transient. Everything else PostgreSQL answers (a value it refuses, a constraint, a
 // limit such as an index row too large, a bug in a statement) will answer
 // the same way again: callers decide by this what to retry and what to set
 // aside, so an error class nobody listed is never retried for ever.
@@ -38,9 +43,14 @@ func IsTransient(err error) bool {
 		}
 		return false
 	}
-	// No answer from PostgreSQL at all: the connection, the pool, the
-	// network. Nothing was decided about the data.
-	return true
+	// No answer from PostgreSQL: transient when the connection, the
+	// network or the pool failed. Any other error (a value pgx could not
+	// encode, say) would come back the same way.
+	var ce *pgconn.ConnectError
+	var ne net.Error
+	return pgconn.SafeToRetry(err) || pgconn.Timeout(err) || errors.As(err, &ce) || errors.As(err, &ne) ||
+		errors.Is(err, pgconn.ErrConnClosed) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, puddle.ErrClosedPool) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
 }
 
 // maxErrorText bounds the error texts hipq stores.
