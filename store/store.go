@@ -110,18 +110,6 @@ func retryableTx(err error) bool {
 	return errors.As(err, &pe) && (pe.Code == "40P01" || pe.Code == "40001")
 }
 
-// IsDataError reports whether err is PostgreSQL refusing the data itself
-// (class 22, data exception, or 23, integrity constraint), as opposed to a
-// connection or server problem: a batch that fails so can be split to find
-// the record at fault.
-func IsDataError(err error) bool {
-	var pe *pgconn.PgError
-	if !errors.As(err, &pe) {
-		return false
-	}
-	return len(pe.Code) == 5 && (pe.Code[:2] == "22" || pe.Code[:2] == "23")
-}
-
 // writeWatch keeps the start times of the write transactions running, so
 // readiness can tell PostgreSQL is accepting connections but not finishing
 // writes (a full disk, a lock held for too long, a failing replica in
