@@ -5,12 +5,12 @@ import (
 	"errors"
 	"io"
 	"net"
-	"strings"
 	"syscall"
-	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/puddle/v2"
+
+	"github.com/hipq/hipq/correlator"
 )
 
 // IsTransient reports whether err may go away by itself if the same write
@@ -59,19 +59,4 @@ const maxErrorText = 4096
 // safeText makes s storable in a text column whatever it holds: PostgreSQL
 // refuses NUL bytes and invalid UTF-8, and an error text may quote a
 // downstream's answer byte for byte. It is cut to maxErrorText bytes.
-func safeText(s string) string {
-	if !utf8.ValidString(s) {
-		s = strings.ToValidUTF8(s, "\uFFFD")
-	}
-	if strings.IndexByte(s, 0) >= 0 {
-		s = strings.ReplaceAll(s, "\x00", "\uFFFD")
-	}
-	if len(s) > maxErrorText {
-		cut := maxErrorText
-		for cut > 0 && !utf8.RuneStart(s[cut]) {
-			cut--
-		}
-		s = s[:cut] + "…"
-	}
-	return s
-}
+func safeText(s string) string { return correlator.Clip(s, maxErrorText) }
