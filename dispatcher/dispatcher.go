@@ -394,9 +394,9 @@ func (d *Dispatcher) deliver(ctx context.Context, q QueueConfig, s Sender, jobs 
 		byStatus [Failed + 1]int
 		undone   = map[string]int{} // by neighbour
 		reached  = map[string]bool{}
-		refused  = map[string]error{}
+		refused  = map[string]error{} // by neighbour: one of its refusals
+		notSent  = map[string]error{}
 	)
-	notSent := map[string]error{}
 	for i, r := range results {
 		switch r.Status {
 		case Refused:
@@ -448,7 +448,9 @@ func (d *Dispatcher) deliver(ctx context.Context, q QueueConfig, s Sender, jobs 
 		}
 	}
 	for n := range reached {
-		if refused[n] == nil {
+		_, r := refused[n]
+		_, ns := notSent[n]
+		if !r && !ns {
 			d.recovered(n)
 		}
 	}
