@@ -119,13 +119,18 @@ func NewJob(req *Request, jt *JobType, now time.Time) (*Job, error) {
 	if err := jt.fits(j); err != nil {
 		return nil, err
 	}
-	start := now
-	if req.ScheduledRunTime != nil {
-		start = *req.ScheduledRunTime
-	}
 	windows := jt.Windows
 	if req.TimeWindows != nil {
 		windows = req.TimeWindows
+	}
+	if req.ScheduledRunTime == nil && len(windows) == 0 {
+		// Due at once: the zero time stands for the database's now() at
+		// the insert, the clock the claim compares it with.
+		return j, nil
+	}
+	start := now
+	if req.ScheduledRunTime != nil {
+		start = *req.ScheduledRunTime
 	}
 	j.ScheduledRunTime = NextAllowed(windows, start)
 	return j, nil

@@ -40,7 +40,7 @@ func (s *Store) JobEnqueue(ctx context.Context, j *correlator.Job) (*correlator.
 			WITH ins AS (
 			  INSERT INTO hipq_job (queue, job_type, job_key, job_data, max_attempts, priority, throttle_factor,
 			                        timeout_seconds, scheduled_run_time, expires_at, time_windows)
-			  VALUES ($1, $2, $3, $4::jsonb, $5, $6, $7, $8, $9, $10, $11::jsonb)
+			  VALUES ($1, $2, $3, $4::jsonb, $5, $6, $7, $8, coalesce($9::timestamptz, now()), $10, $11::jsonb)
 			  ON CONFLICT (job_type, job_key) WHERE state <> 'final' DO NOTHING
 			  RETURNING `+jobColumns+`
 			), notify AS (
@@ -51,7 +51,7 @@ func (s *Store) JobEnqueue(ctx context.Context, j *correlator.Job) (*correlator.
 			SELECT `+jobColumns+`, false, job_data = $4::jsonb FROM hipq_job
 			WHERE job_type = $2 AND job_key = $3 AND state <> 'final' AND NOT EXISTS (SELECT 1 FROM ins)`,
 			j.Queue, j.JobType, j.JobKey, string(j.JobData), j.MaxAttempts, j.Priority, j.ThrottleFactor, j.TimeoutSeconds,
-			j.ScheduledRunTime, j.ExpiresAt, windows), &created, &same)
+			scheduled(j), j.ExpiresAt, windows), &created, &same)
 		switch {
 		case errors.Is(err, correlator.ErrNotFound):
 			continue // the insert met a row committed after the statement's snapshot: look again
@@ -249,7 +249,7 @@ func (s *Store) JobReplay(ctx context.Context, jobType, jobKey string, jt *corre
 	}
 	j := &correlator.Job{Queue: old.Queue, JobType: old.JobType, JobKey: old.JobKey, JobData: old.JobData,
 		MaxAttempts: old.MaxAttempts, Priority: old.Priority, ThrottleFactor: old.ThrottleFactor,
-		TimeWindows: old.TimeWindows, TimeoutSeconds: old.TimeoutSeconds, ScheduledRunTime: time.Now()}
+		TimeWindows: old.TimeWindows, TimeoutSeconds: old.TimeoutSeconds}
 	if jt != nil {
 		j.Queue = jt.Queue
 		if jt.Retry != nil {
@@ -259,7 +259,9 @@ func (s *Store) JobReplay(ctx context.Context, jobType, jobKey string, jt *corre
 		if j.TimeWindows != nil {
 			windows = j.TimeWindows
 		}
-		j.ScheduledRunTime = correlator.NextAllowed(windows, j.ScheduledRunTime)
+		if len(windows) > 0 {
+			j.ScheduledRunTime = correlator.NextAllowed(windows, time.Now())
+		}
 	}
 	cur, created, err := s.JobEnqueue(ctx, j)
 	if err == nil && !created {

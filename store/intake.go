@@ -123,6 +123,17 @@ const (
 	acceptConflict  // a non-final job with other job_data
 )
 
+// scheduled is a job's scheduled_run_time; nil (due at once) when it is
+// zero, for the insert to take the database's now(): one clock, the one
+// the claim reads.
+func scheduled(j *correlator.Job) *time.Time {
+	if j.ScheduledRunTime.IsZero() {
+		return nil
+	}
+	t := j.ScheduledRunTime
+	return &t
+}
+
 // jobsInsert inserts jobs (unique per (type, key)) in one statement and
 // says, on that statement's snapshot, what became of each.
 func jobsInsert(ctx context.Context, tx pgx.Tx, jobs []IntakeJob) ([]acceptStatus, error) {
@@ -132,14 +143,14 @@ func jobsInsert(ctx context.Context, tx pgx.Tx, jobs []IntakeJob) ([]acceptStatu
 	n := len(jobs)
 	queues, types, keys, data := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
 	maxAtt, prio, factor, timeout := make([]int32, n), make([]int32, n), make([]int32, n), make([]int32, n)
-	sched := make([]time.Time, n)
+	sched := make([]*time.Time, n)
 	expires := make([]*time.Time, n)
 	windows := make([]*string, n)
 	for i, ij := range jobs {
 		j := ij.Job
 		queues[i], types[i], keys[i], data[i] = j.Queue, j.JobType, j.JobKey, string(j.JobData)
 		maxAtt[i], prio[i], factor[i], timeout[i] = int32(j.MaxAttempts), int32(j.Priority), int32(j.ThrottleFactor), int32(j.TimeoutSeconds)
-		sched[i], expires[i] = j.ScheduledRunTime, j.ExpiresAt
+		sched[i], expires[i] = scheduled(j), j.ExpiresAt
 		if j.TimeWindows != nil {
 			b, _ := json.Marshal(j.TimeWindows)
 			w := string(b)
@@ -156,7 +167,7 @@ func jobsInsert(ctx context.Context, tx pgx.Tx, jobs []IntakeJob) ([]acceptStatu
 		  INSERT INTO hipq_job (queue, job_type, job_key, job_data, max_attempts, priority, throttle_factor,
 		                        timeout_seconds, scheduled_run_time, expires_at, time_windows)
 		  SELECT queue, job_type, job_key, job_data, max_attempts, priority, throttle_factor, timeout_seconds,
-		         scheduled_run_time, expires_at, time_windows FROM n
+		         coalesce(scheduled_run_time, now()), expires_at, time_windows FROM n
 		  ON CONFLICT (job_type, job_key) WHERE state <> 'final' DO NOTHING
 		  RETURNING queue, job_type, job_key
 		), notify AS (
