@@ -3,7 +3,6 @@ package api
 import (
 	"net/http"
 	"strconv"
-	"time"
 
 	"go.uber.org/zap"
 
@@ -59,7 +58,7 @@ func (s *Server) callback(w http.ResponseWriter, r *http.Request) error {
 	}
 	res, err := s.st.ReplyApply(r.Context(), store.ReplyBatch{EarlyTTL: s.cfg.EarlyTTL, Replies: []store.ReplyIn{{
 		Reply: reply, Kind: store.SourceCallback,
-		Source: store.Source{Value: body, Received: time.Now(), Headers: callbackHeaders(reply)},
+		Source: store.Source{Value: body, Headers: callbackHeaders(reply)},
 	}}}, s.typeInfo)
 	if err != nil {
 		return err

@@ -420,5 +420,5 @@ func source(r *kgo.Record) store.Source {
 		hs[i] = correlator.Header{Key: h.Key, Value: h.Value}
 	}
 	return store.Source{Topic: r.Topic, Partition: r.Partition, Offset: r.Offset, Key: r.Key, Value: r.Value,
-		Headers: hs, Received: time.Now()}
+		Headers: hs} // received_at: the database's now()
 }

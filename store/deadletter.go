@@ -20,13 +20,13 @@ func deadLettersInsert(ctx context.Context, tx pgx.Tx, dls []DeadLetter) error {
 	kinds, topics, reasons, headers := make([]string, n), make([]*string, n), make([]string, n), make([]string, n)
 	parts, offs := make([]*int32, n), make([]*int64, n)
 	keys, vals := make([][]byte, n), make([][]byte, n)
-	recv := make([]time.Time, n)
+	recv := make([]*time.Time, n) // nil: now(), the clock retention compares with
 	for i, d := range dls {
 		kinds[i], reasons[i], headers[i] = d.Kind, safeText(d.Reason), headersJSON(d.Source.Headers)
 		keys[i], vals[i] = d.Source.Key, d.Source.Value
-		recv[i] = d.Source.Received
-		if recv[i].IsZero() {
-			recv[i] = time.Now()
+		if !d.Source.Received.IsZero() {
+			r := d.Source.Received
+			recv[i] = &r
 		}
 		if d.Source.Topic != "" {
 			t, p, o := d.Source.Topic, d.Source.Partition, d.Source.Offset
@@ -35,7 +35,9 @@ func deadLettersInsert(ctx context.Context, tx pgx.Tx, dls []DeadLetter) error {
 	}
 	_, err := tx.Exec(ctx, `
 		INSERT INTO hipq_dead_letter (source, topic, kafka_partition, kafka_offset, record_key, record_value, headers, reason, received_at)
-		SELECT * FROM unnest($1::text[], $2::text[], $3::int[], $4::bigint[], $5::bytea[], $6::bytea[], $7::jsonb[], $8::text[], $9::timestamptz[])`,
+		SELECT s, t, p, o, k, v, h, r, coalesce(rc, now())
+		FROM unnest($1::text[], $2::text[], $3::int[], $4::bigint[], $5::bytea[], $6::bytea[], $7::jsonb[], $8::text[], $9::timestamptz[])
+		  AS u(s, t, p, o, k, v, h, r, rc)`,
 		kinds, topics, parts, offs, keys, vals, headers, reasons, recv)
 	if err != nil {
 		return fmt.Errorf("insert dead letters: %w", err)
