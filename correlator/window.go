@@ -129,6 +129,25 @@ func NextAllowed(windows []TimeWindow, t time.Time) time.Time {
 	return best
 }
 
+// CompileStored compiles windows read back from storage (checked when the
+// job was taken in, so an error means this build cannot evaluate them: a
+// zone its time zone data lacks). A window that does not compile is taken
+// as open all day, as PostgreSQL's claim takes a window it cannot
+// evaluate, so the two never disagree about it; the first error is
+// returned for the caller to log.
+func CompileStored(ws []TimeWindow) error {
+	var first error
+	for i := range ws {
+		if err := ws[i].Compile(); err != nil {
+			if first == nil {
+				first = fmt.Errorf("time_windows[%d].%w", i, err)
+			}
+			ws[i].start, ws[i].end, ws[i].loc = 0, 0, time.UTC
+		}
+	}
+	return first
+}
+
 // CompileWindows compiles every window, naming the first bad one.
 func CompileWindows(ws []TimeWindow) error {
 	for i := range ws {

@@ -2,6 +2,7 @@ package correlator
 
 import (
 	"math/rand/v2"
+	"strings"
 	"testing"
 	"testing/quick"
 	"time"
@@ -129,5 +130,18 @@ func TestNextAllowedMonotonicAndFirst(t *testing.T) {
 	}
 	if err := quick.Check(prop, &quick.Config{MaxCount: 1500}); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// Windows read back from storage that this build cannot evaluate are open
+// all day, as PostgreSQL's claim takes them; the error says why.
+func TestCompileStoredOpensWhatItCannotRead(t *testing.T) {
+	ws := []TimeWindow{{Start: "05:00", End: "06:00", TZ: "Mars/Olympus_Mons"}}
+	if err := CompileStored(ws); err == nil || !strings.Contains(err.Error(), "Mars/Olympus_Mons") {
+		t.Fatalf("error %v", err)
+	}
+	now := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
+	if got := NextAllowed(ws, now); !got.Equal(now) {
+		t.Fatalf("next allowed %v, want now (open)", got)
 	}
 }

@@ -335,7 +335,7 @@ func (d *Dispatcher) claim(ctx context.Context, q QueueConfig, types []string, l
 		by := map[to][]store.Claimed{}
 		for _, c := range claim.Jobs {
 			if c.WindowsErr != nil {
-				d.log.Warn("job's time windows unreadable here; its retries ignore them", zap.Int64("job_id", c.ID),
+				d.log.Warn("job's time windows unreadable here; taken as open, as the claim takes them", zap.Int64("job_id", c.ID),
 					zap.String("job_type", c.JobType), zap.Error(c.WindowsErr))
 			}
 			s := d.cfg.Senders[c.JobType] // nil: not sendable here after all; its claim is undone

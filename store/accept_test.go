@@ -54,3 +54,21 @@ func TestIntakeConflictDecidedOnOneSnapshot(t *testing.T) {
 		t.Fatalf("inserted %d, duplicates %d, dead letters %+v: want one conflict", res.Inserted, res.Duplicates, res.DeadLetters)
 	}
 }
+
+// A reply to a job whose time windows this build cannot read (a zone its
+// time zone data lacks) is applied all the same; the retry it schedules
+// leaves the windows to the claim, which reads them in PostgreSQL.
+func TestReplyToAJobWithUnreadableWindows(t *testing.T) {
+	t.Parallel()
+	st := pgtest.New(t)
+	insert(t, st, job("w"))
+	if _, err := st.Pool().Exec(ctx, `UPDATE hipq_job SET time_windows = '[{"start":"00:00","end":"00:00","tz":"Mars/Olympus_Mons"}]'`); err != nil {
+		t.Fatal(err)
+	}
+	claim(t, st, 1)
+	res := applyReplies(t, st, reply("w", 1, false))
+	if res.Counts[correlator.Apply] != 1 {
+		t.Fatalf("counts %v", res.Counts)
+	}
+	wantState(t, get(t, st, "w"), correlator.StateRetry, "", 1)
+}

@@ -144,9 +144,9 @@ func (s *Store) JobClaim(ctx context.Context, p JobClaimParams) (Claim, error) {
 	// slots, unsent, until the sweeper's rescue.
 	_, err = pgx.ForEachRow(rows, []any{&claimed, &c.ID, &c.JobType, &c.JobKey, &c.JobData, &state, &c.Attempt,
 		&c.MaxAttempts, &c.TimeoutSeconds, &c.ExpiresAt, &windows, &started, &out.DBNow}, func() error {
-		ws, werr := decodeWindows(windows)
+		ws, werr := decodeWindows(windows) // unreadable windows are taken as open, as the claim takes them
 		if werr != nil {
-			ws, werr = nil, fmt.Errorf("job %d: time_windows: %w", c.ID, werr)
+			werr = fmt.Errorf("job %d: time_windows: %w", c.ID, werr)
 		}
 		if !claimed {
 			out.Closed = append(out.Closed, Closed{ID: c.ID, JobType: c.JobType, State: correlator.State(state),

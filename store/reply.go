@@ -221,10 +221,10 @@ func lockTargets(ctx context.Context, tx pgx.Tx, ins []ReplyIn) (map[int64]*targ
 	_, err = pgx.ForEachRow(rows, []any{&id, &jt, &jk, &state, &attempt, &maxAttempts, &expires, &windows}, func() error {
 		t := &target{Target: correlator.Target{ID: id, JobType: jt, JobKey: jk, State: correlator.State(state), Attempt: attempt},
 			run: correlator.Running{Attempt: attempt, MaxAttempts: maxAttempts, ExpiresAt: expires}}
-		var err error
-		if t.run.Windows, err = decodeWindows(windows); err != nil {
-			return fmt.Errorf("job %d: time_windows: %w", id, err)
-		}
+		// Windows this build cannot read are left out of the retry's
+		// schedule (the claim still applies them): a reply to such a job
+		// is applied, never refused for it.
+		t.run.Windows, _ = decodeWindows(windows)
 		byID[id] = t
 		if t.State != correlator.StateFinal {
 			byKey[typeKey{jt, jk}] = t

@@ -123,7 +123,8 @@ func nullable[T comparable](v T) *T {
 }
 
 // decodeWindows reads a time_windows column: nil when NULL, else the
-// compiled windows.
+// compiled windows; one this build cannot evaluate is open all day, and
+// the error says why.
 func decodeWindows(b []byte) ([]correlator.TimeWindow, error) {
 	if b == nil {
 		return nil, nil
@@ -132,5 +133,5 @@ func decodeWindows(b []byte) ([]correlator.TimeWindow, error) {
 	if err := json.Unmarshal(b, &ws); err != nil {
 		return nil, err
 	}
-	return ws, correlator.CompileWindows(ws)
+	return ws, correlator.CompileStored(ws)
 }
