@@ -64,7 +64,7 @@ func (s *Store) JobEnqueue(ctx context.Context, j *correlator.Job) (*correlator.
 		}
 		return cur, false, nil
 	}
-	return nil, false, fmt.Errorf("enqueue %s/%s: the key's job kept changing under the insert", j.JobType, j.JobKey)
+	return nil, false, fmt.Errorf("enqueue %s/%s: the key's job kept changing under the insert: %w", j.JobType, j.JobKey, errRaced)
 }
 
 // scanJobAnd scans a job followed by extra columns.

@@ -70,7 +70,7 @@ func jobsAccept(ctx context.Context, tx pgx.Tx, jobs []IntakeJob) (inserted, dup
 	pending := jobs
 	for try := 0; len(pending) > 0; try++ {
 		if try == 10 {
-			return 0, 0, nil, fmt.Errorf("insert jobs: %d jobs kept meeting rows committed under the insert", len(pending))
+			return 0, 0, nil, fmt.Errorf("insert jobs: %d jobs met rows committed under the insert ten times: %w", len(pending), errRaced)
 		}
 		st, err := jobsInsert(ctx, tx, pending)
 		if err != nil {

@@ -30,6 +30,9 @@ func IsTransient(err error) bool {
 	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return false
 	}
+	if errors.Is(err, errRaced) {
+		return true
+	}
 	var pe *pgconn.PgError
 	if errors.As(err, &pe) {
 		if len(pe.Code) != 5 {
@@ -52,6 +55,10 @@ func IsTransient(err error) bool {
 		errors.Is(err, pgconn.ErrConnClosed) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
 		errors.Is(err, puddle.ErrClosedPool) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
 }
+
+// errRaced: a statement kept losing a race with other writers (rows
+// committed under it); the same write will go through later.
+var errRaced = errors.New("kept losing a race with other writers")
 
 // maxErrorText bounds the error texts hipq stores.
 const maxErrorText = 4096
