@@ -183,9 +183,13 @@ func (s *Server) handle(h func(http.ResponseWriter, *http.Request) error) http.H
 		var ae *apiError
 		if !errors.As(err, &ae) {
 			ae = &apiError{Status: http.StatusInternalServerError, Code: "internal", Message: "internal error; see hipq's log"}
-			if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) || isStatementTimeout(err) {
+			switch {
+			case errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) || isStatementTimeout(err):
 				ae = &apiError{Status: http.StatusServiceUnavailable, Code: "unavailable",
 					Message: fmt.Sprintf("PostgreSQL did not answer within the request timeout (%v); try again", s.cfg.RequestTimeout)}
+			case store.IsTransient(err):
+				ae = &apiError{Status: http.StatusServiceUnavailable, Code: "unavailable",
+					Message: "PostgreSQL is unreachable or busy; try again"}
 			}
 			s.log.Error("api call failed", zap.String("method", r.Method), zap.String("path", correlator.Clip(r.URL.Path, 512)),
 				zap.String("error", correlator.Clip(err.Error(), 2048)))
