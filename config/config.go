@@ -54,6 +54,11 @@ type Kafka struct {
 	// 1000012, the producer's default; the brokers' and topics'
 	// message.max.bytes must allow it.
 	MaxRecordBytes int `yaml:"max_record_bytes"`
+	// Compression is the codec of the records hipq writes (requests,
+	// dead-letter copies): none (default, as Kafka's producer), gzip,
+	// snappy, lz4 or zstd. A consumer must be able to read it: kafkajs, for
+	// one, reads only none and gzip without extra codecs.
+	Compression string `yaml:"compression"`
 	// IsolationLevel is what the consumers read of transactional
 	// producers' records: read_committed (default: records of aborted
 	// transactions are never seen) or read_uncommitted.
@@ -228,6 +233,8 @@ type KafkaTransport struct {
 	Topic string `yaml:"topic"`
 	// Envelope wraps job_data with its identifiers.
 	Envelope bool `yaml:"envelope"`
+	// Compression of this type's requests; defaults to kafka.compression.
+	Compression string `yaml:"compression"`
 }
 
 // HTTPTransport calls a URL.

@@ -10,6 +10,7 @@ import (
 	"github.com/robfig/cron/v3"
 
 	"github.com/hipq/hipq/correlator"
+	"github.com/hipq/hipq/internal/kafkaconn"
 )
 
 // DefaultQueue exists without being declared.
@@ -51,6 +52,7 @@ func (c *Config) fillDefaults() {
 	def(&c.Kafka.ClientID, c.Name)
 	defD(&c.Kafka.SessionTimeout, 10*time.Second)
 	def(&c.Kafka.IsolationLevel, "read_committed")
+	def(&c.Kafka.Compression, "none")
 	def(&c.Intake.Group, c.Name+"-intake")
 	def(&c.Intake.Start, "earliest")
 	if c.Intake.MaxBytes == 0 {
@@ -164,6 +166,7 @@ func (c *Config) Validate() error {
 	}
 	positive("kafka.session_timeout", c.Kafka.SessionTimeout)
 	oneOf("kafka.isolation_level", c.Kafka.IsolationLevel, "read_committed", "read_uncommitted")
+	oneOf("kafka.compression", c.Kafka.Compression, kafkaconn.Compressions...)
 	oneOf("kafka.sasl.mechanism", c.Kafka.SASL.Mechanism, "", "PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 	if c.Kafka.SASL.Mechanism != "" && c.Kafka.SASL.Username == "" {
 		bad("kafka.sasl.username", "is required with a SASL mechanism")
@@ -305,6 +308,9 @@ func (c *Config) Validate() error {
 			bad(p+".queue", "queue %q is not declared in queues", jt.Queue)
 		}
 		tr := jt.Transport
+		if tr.Kafka != nil && tr.Kafka.Compression != "" {
+			oneOf(p+".transport.kafka.compression", tr.Kafka.Compression, kafkaconn.Compressions...)
+		}
 		switch {
 		case (tr.Kafka == nil) == (tr.HTTP == nil):
 			bad(p+".transport", "name exactly one of kafka or http")

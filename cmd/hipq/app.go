@@ -42,8 +42,9 @@ type app struct {
 	sweeper    *sweeper.Sweeper
 	api        *api.Server
 	producer   *kgo.Client
-	kafkaPing  *kgo.Client  // readiness checks of the API
-	apiStore   *store.Store // the API's own connections
+	producers  []*kgo.Client // of job types with a compression of their own
+	kafkaPing  *kgo.Client   // readiness checks of the API
+	apiStore   *store.Store  // the API's own connections
 	metrics    *metrics.Metrics
 }
 
@@ -66,7 +67,7 @@ func kafkaConfig(cfg *config.Config, minAge time.Duration) kafkaconn.Config {
 	k := cfg.Kafka
 	return kafkaconn.Config{Brokers: k.Brokers, ClientID: k.ClientID, TLS: k.TLS.Enabled, CAFile: k.TLS.CAFile,
 		CertFile: k.TLS.CertFile, KeyFile: k.TLS.KeyFile, SASLMechanism: k.SASL.Mechanism, Username: k.SASL.Username,
-		Password: k.SASL.Password, MetadataMinAge: minAge}
+		Password: k.SASL.Password, MetadataMinAge: minAge, Compression: k.Compression}
 }
 
 // newApp opens the store (migrating when configured) and builds the
@@ -153,12 +154,28 @@ func newApp(ctx context.Context, cfg *config.Config, log *zap.Logger, opts appOp
 			hc.PublicURL, hc.CallbackSecret = cfg.API.PublicURL, []byte(cfg.API.CallbackSecret)
 		}
 		web := dispatcher.NewHTTPSender(hc)
+		byCodec := map[string]*dispatcher.KafkaSender{}
 		for _, jt := range cfg.JobTypes {
 			switch {
 			case jt.Transport.Kafka != nil:
 				k := jt.Transport.Kafka
 				routes[jt.Name] = dispatcher.KafkaRoute{Topic: k.Topic, Envelope: k.Envelope, ReplyTopic: jt.ReplyTopic}
 				senders[jt.Name] = kafka
+				if c := k.Compression; c != "" && c != cfg.Kafka.Compression {
+					// Compression is a client's: a type with its own codec gets its own producer.
+					if byCodec[c] == nil {
+						pc := kc
+						pc.Compression = c
+						cl, err := kafkaconn.NewClient(pc, log, append(dispatcher.KafkaProducerOpts(),
+							kgo.ProducerBatchMaxBytes(int32(cfg.Kafka.MaxRecordBytes)))...)
+						if err != nil {
+							return fail(err)
+						}
+						a.producers = append(a.producers, cl)
+						byCodec[c] = dispatcher.NewKafkaSender(cl, routes)
+					}
+					senders[jt.Name] = byCodec[c]
+				}
 			case jt.Transport.HTTP != nil:
 				h := jt.Transport.HTTP
 				httpRoutes[jt.Name] = dispatcher.HTTPRoute{URL: h.URL, Method: h.Method, Headers: h.Headers,
@@ -238,8 +255,10 @@ func (a *app) run(ctx context.Context) error {
 	a.log.Info("hipq running", zap.String("name", a.cfg.Name), zap.Bool("intake", a.intake != nil),
 		zap.Bool("dispatcher", a.dispatcher != nil), zap.Bool("responses", a.responses != nil), zap.Bool("sweeper", a.sweeper != nil), zap.Bool("api", a.api != nil))
 	err := g.Wait()
-	if a.producer != nil {
-		a.producer.Flush(context.Background())
+	for _, p := range append([]*kgo.Client{a.producer}, a.producers...) {
+		if p != nil {
+			p.Flush(context.Background())
+		}
 	}
 	return err
 }
@@ -247,6 +266,9 @@ func (a *app) run(ctx context.Context) error {
 func (a *app) close() {
 	if a.producer != nil {
 		a.producer.Close()
+	}
+	for _, p := range a.producers {
+		p.Close()
 	}
 	if a.kafkaPing != nil {
 		a.kafkaPing.Close()

@@ -31,6 +31,30 @@ type Config struct {
 	// MetadataMinAge bounds how stale metadata may be; tests set it low so
 	// leader changes are seen at once. Zero keeps franz-go's default.
 	MetadataMinAge time.Duration
+	// Compression is the codec of every record the client writes: none
+	// (also ""), gzip, snappy, lz4 or zstd. Kafka's own producer writes
+	// none by default; so does hipq, so that any consumer can read it.
+	Compression string
+}
+
+// Compressions are the codecs hipq can write.
+var Compressions = []string{"none", "gzip", "snappy", "lz4", "zstd"}
+
+// Codec is the franz-go codec of a compression name.
+func Codec(name string) (kgo.CompressionCodec, error) {
+	switch name {
+	case "", "none":
+		return kgo.NoCompression(), nil
+	case "gzip":
+		return kgo.GzipCompression(), nil
+	case "snappy":
+		return kgo.SnappyCompression(), nil
+	case "lz4":
+		return kgo.Lz4Compression(), nil
+	case "zstd":
+		return kgo.ZstdCompression(), nil
+	}
+	return kgo.CompressionCodec{}, fmt.Errorf("compression %q is not one of none, gzip, snappy, lz4, zstd", name)
 }
 
 // NewClient returns a client with the connection options plus opts.
@@ -39,9 +63,15 @@ func NewClient(cfg Config, log *zap.Logger, opts ...kgo.Opt) (*kgo.Client, error
 	if log.Core().Enabled(zap.DebugLevel) {
 		level = kgo.LogLevelInfo // group joins, assignments, connections
 	}
+	codec, err := Codec(cfg.Compression)
+	if err != nil {
+		return nil, err
+	}
 	base := []kgo.Opt{
 		kgo.SeedBrokers(cfg.Brokers...),
 		kgo.WithLogger(kzap.New(log.Named("kafka"), kzap.Level(level))),
+		// franz-go would write snappy, which stock clients (kafkajs) cannot read.
+		kgo.ProducerBatchCompression(codec),
 	}
 	if cfg.ClientID != "" {
 		base = append(base, kgo.ClientID(cfg.ClientID))

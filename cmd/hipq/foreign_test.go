@@ -1,0 +1,103 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// runResponder starts a responder process from examples/ against e's
+// cluster, answering requests on replies, until the test ends.
+func runResponder(t *testing.T, e *env, dir string, name string, args ...string) {
+	t.Helper()
+	var out bytes.Buffer
+	cmd := exec.Command(name, args...)
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "BROKERS="+strings.Join(e.kafka.Brokers, ","), "REQUESTS="+e.kafka.Topic("requests"),
+		"REPLIES="+e.kafka.Topic("replies"), fmt.Sprintf("GROUP=responder-%d", time.Now().UnixNano()))
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		if t.Failed() {
+			t.Logf("%s output:\n%s", name, out.String())
+		}
+	})
+}
+
+// foreignRoundTrip runs jobs through hipq with the default config, answered
+// by a responder in another language.
+func foreignRoundTrip(t *testing.T, start func(e *env)) {
+	e := newEnv(t, e2eTopics...)
+	a := e.start(e.config(e2eConfig), "intake", "dispatcher", "responses")
+	start(e)
+	var jobs []string
+	for i := range 5 {
+		jobs = append(jobs, jobReq(fmt.Sprintf("foreign-%d", i)))
+	}
+	e.produce("jobs", jobs...)
+	eventually(t, 90*time.Second, "jobs answered by the responder", func() (bool, string) {
+		n := e.countJobs(a, "state = 'final' AND outcome = 'succeeded' AND result ? 'echo'")
+		return n == 5, fmt.Sprintf("%d of 5 succeeded", n)
+	})
+}
+
+// Issue 16: a stock kafkajs 2.2.4 consumer with no extra codec reads
+// hipq's requests (written uncompressed by default), and its replies,
+// which copy the hipq-* headers, finalize the jobs.
+func TestNodeResponder(t *testing.T) {
+	t.Parallel()
+	for _, tool := range []string{"node", "npm"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("%s is not installed: the Node responder (examples/responder-node) is not tried", tool)
+		}
+	}
+	dir := t.TempDir()
+	for _, f := range []string{"responder.js", "package.json"} {
+		b, err := os.ReadFile(filepath.Join("..", "..", "examples", "responder-node", f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, f), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	install := exec.CommandContext(ctx, "npm", "install", "--no-audit", "--no-fund", "--loglevel=error")
+	install.Dir = dir
+	if out, err := install.CombinedOutput(); err != nil {
+		t.Skipf("npm could not install kafkajs 2.2.4 (no registry here?), so the Node responder is not tried: %v\n%s", err, out)
+	}
+	foreignRoundTrip(t, func(e *env) { runResponder(t, e, dir, "node", "responder.js") })
+}
+
+// Issue 16: the same with a Python responder on confluent-kafka.
+func TestPythonResponder(t *testing.T) {
+	t.Parallel()
+	// The python3 on PATH, or the system's (Debian's python3-confluent-kafka).
+	python := ""
+	for _, p := range []string{"python3", "/usr/bin/python3"} {
+		if exec.Command(p, "-c", "import confluent_kafka").Run() == nil {
+			python = p
+			break
+		}
+	}
+	if python == "" {
+		t.Skip("no python3 with confluent-kafka (pip install confluent-kafka, or apt-get install python3-confluent-kafka), so the Python responder is not tried")
+	}
+	dir, err := filepath.Abs(filepath.Join("..", "..", "examples", "responder-python"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	foreignRoundTrip(t, func(e *env) { runResponder(t, e, dir, python, "responder.py") })
+}
