@@ -271,3 +271,22 @@ job_types: [{name: h, timeout: 5s, transport: {http: {url: "http://x/y"}}}]
 		t.Fatalf("a defaulted HTTP timeout over the type's: %v %v", cfg, err)
 	}
 }
+
+// Issue 16: an unknown compression is refused with its path, for the
+// cluster and for a type.
+func TestCompressionNames(t *testing.T) {
+	_, err := Parse(`
+database: {url: "postgres://x"}
+kafka: {brokers: [k:9092], compression: brotli}
+job_types: [{name: a, transport: {kafka: {topic: t, compression: LZ4}}}]
+`, env(nil))
+	for _, want := range []string{`kafka.compression: "brotli" is not one of`, `job_types[0].transport.kafka.compression: "LZ4" is not one of`} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("missing %q in %v", want, err)
+		}
+	}
+	cfg, err := Parse("database: {url: \"postgres://x\"}\nkafka: {brokers: [k:9092]}\n", env(nil))
+	if err != nil || cfg.Kafka.Compression != "none" {
+		t.Fatalf("default compression %q, %v", cfg.Kafka.Compression, err)
+	}
+}
