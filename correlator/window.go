@@ -75,10 +75,26 @@ func (w *TimeWindow) nextOpening(t time.Time) time.Time {
 		}
 		open = w.firstOccurrence(open, t)
 		if !open.Before(t) {
-			return open
+			return w.reenteredBefore(t, open)
 		}
 	}
 	return t // unreachable for a compiled window
+}
+
+// reenteredBefore returns the first change of the zone's offset in (t,
+// open) after which the window is open, else open: when clocks fall back,
+// the wall clock can go back into a window without passing its start.
+func (w *TimeWindow) reenteredBefore(t, open time.Time) time.Time {
+	for at := t; ; {
+		_, end := at.In(w.loc).ZoneBounds()
+		if end.IsZero() || !end.Before(open) {
+			return open
+		}
+		if w.Contains(end) {
+			return end
+		}
+		at = end
+	}
 }
 
 // firstOccurrence returns the earliest instant not before t whose wall clock

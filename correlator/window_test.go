@@ -145,3 +145,18 @@ func TestCompileStoredOpensWhatItCannotRead(t *testing.T) {
 		t.Fatalf("next allowed %v, want now (open)", got)
 	}
 }
+
+// Found by the property above: when clocks fall back, the wall clock goes
+// back into a window without passing its start (Lord Howe Island goes
+// back 30 minutes at 02:00 on 2026-04-05, into 01:30-01:44 again).
+func TestNextAllowedReentersOnFallBack(t *testing.T) {
+	ws := []TimeWindow{{Start: "13:42", End: "01:44", TZ: "Australia/Lord_Howe"}}
+	if err := CompileWindows(ws); err != nil {
+		t.Fatal(err)
+	}
+	at := time.Date(2026, 4, 4, 14, 50, 59, 0, time.UTC) // 01:50:59 +11, outside
+	want := time.Date(2026, 4, 4, 15, 0, 0, 0, time.UTC) // 01:30 +10:30, inside again
+	if got := NextAllowed(ws, at); !got.Equal(want) {
+		t.Fatalf("NextAllowed(%v) = %v, want %v", at, got, want)
+	}
+}
