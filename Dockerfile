@@ -3,6 +3,8 @@
 FROM golang:1.26 AS build
 WORKDIR /src
 COPY go.mod go.sum ./
+# The producers' client is a module of its own, replaced by the local copy.
+COPY client/go.mod client/go.sum* client/
 RUN go mod download
 COPY . .
 ARG PKG=./cmd/hipq

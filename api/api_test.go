@@ -44,6 +44,7 @@ type apiEnv struct {
 	url   string
 	token string
 	m     *metrics.Metrics
+	h     http.Handler
 }
 
 func newAPI(t *testing.T, tokens ...string) *apiEnv {
@@ -64,7 +65,7 @@ func newAPIWith(t *testing.T, copies *deadletter.Copier, tokens ...string) *apiE
 		Matchers: map[string]correlator.Matcher{"custom": customMatcher()}})
 	srv := httptest.NewServer(s.Handler())
 	t.Cleanup(srv.Close)
-	e := &apiEnv{t: t, st: st, url: srv.URL, m: m}
+	e := &apiEnv{t: t, st: st, url: srv.URL, m: m, h: s.Handler()}
 	if len(tokens) > 0 {
 		e.token = tokens[0]
 	}

@@ -1,6 +1,7 @@
 package api
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"net/http"
@@ -102,15 +103,47 @@ func (s *Server) enqueue(w http.ResponseWriter, r *http.Request) error {
 
 // getJob: GET /v1/jobs/{job_type}/{job_key}: the non-final job, else the
 // latest final one, with its attempts.
+//
+// With ?job_id=I it is that job (of this type and key); with &wait=30s too
+// (at most MaxWait) the answer waits until the job is final or the wait
+// passes, and shows the job as it is then.
 func (s *Server) getJob(w http.ResponseWriter, r *http.Request) error {
-	j, err := s.st.JobGet(r.Context(), r.PathValue("job_type"), r.PathValue("job_key"))
+	jobType, jobKey := r.PathValue("job_type"), r.PathValue("job_key")
+	id, wait, err := waitParams(r)
+	if err != nil {
+		return err
+	}
+	load := func(ctx context.Context) (*correlator.Job, error) {
+		if id == 0 {
+			return s.st.JobGet(ctx, jobType, jobKey)
+		}
+		j, err := s.st.JobGetByID(ctx, id)
+		if err == nil && (j.JobType != jobType || j.JobKey != jobKey) {
+			return nil, correlator.ErrNotFound
+		}
+		return j, err
+	}
+	j, err := load(r.Context())
+	if err == nil && wait > 0 {
+		j, err = s.waitFinal(r, j, wait, load)
+	}
 	if errors.Is(err, correlator.ErrNotFound) {
-		return errorf(http.StatusNotFound, "not_found", "no job %s/%s", r.PathValue("job_type"), r.PathValue("job_key"))
+		return errorf(http.StatusNotFound, "not_found", "no job %s/%s", correlator.Clip(jobType, 255), correlator.Clip(jobKey, 1024))
 	}
 	if err != nil {
 		return err
 	}
-	attempts, err := s.st.AttemptList(r.Context(), j.ID)
+	actx := r.Context()
+	if base, ok := actx.Value(requestCtxKey{}).(context.Context); ok && wait > 0 {
+		if base.Err() != nil {
+			return nil // the caller left during the wait: nobody to answer
+		}
+		// The wait may have outlasted the request timeout: a fresh one.
+		var cancel context.CancelFunc
+		actx, cancel = context.WithTimeout(base, s.cfg.RequestTimeout)
+		defer cancel()
+	}
+	attempts, err := s.st.AttemptList(actx, j.ID)
 	if err != nil {
 		return err
 	}

@@ -69,6 +69,7 @@ type Server struct {
 	st  *store.Store
 	cfg Config
 	mux *http.ServeMux
+	hub hub // long polls' wake-ups
 }
 
 // New builds the server; Handler serves it, Run listens.
@@ -175,7 +176,9 @@ func (s *Server) handle(h func(http.ResponseWriter, *http.Request) error) http.H
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), s.cfg.RequestTimeout)
 		defer cancel()
-		r = r.WithContext(ctx)
+		// A long poll waits past the request timeout: it finds the request's
+		// own context here, and bounds each statement by the timeout still.
+		r = r.WithContext(context.WithValue(ctx, requestCtxKey{}, r.Context()))
 		err := h(w, r)
 		if err == nil {
 			return
@@ -197,6 +200,8 @@ func (s *Server) handle(h func(http.ResponseWriter, *http.Request) error) http.H
 		writeJSON(w, ae.Status, map[string]any{"error": map[string]string{"code": ae.Code, "message": ae.Message}})
 	})
 }
+
+type requestCtxKey struct{}
 
 // isStatementTimeout: PostgreSQL cancelled a statement past the API
 // connections' statement_timeout.

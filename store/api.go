@@ -222,6 +222,11 @@ func (s *Store) JobCancel(ctx context.Context, jobType, jobKey string) (*correla
 			}
 			_, err = tx.Exec(ctx, `UPDATE hipq_attempt SET outcome = 'cancelled', error = $3
 				WHERE job_id = $1 AND attempt = $2 AND outcome IS NULL`, cur.ID, cur.Attempt, correlator.ErrorCancelled)
+			if err != nil {
+				return err
+			}
+			// The job ended (a throttle slot may be free; waits look now).
+			_, err = tx.Exec(ctx, `SELECT pg_notify('hipq_job_ready', $1)`, j.Queue)
 			return err
 		})
 		if errors.Is(err, correlator.ErrNotFound) {

@@ -52,6 +52,20 @@ func (s *Store) JobGetByID(ctx context.Context, id int64) (*correlator.Job, erro
 	return j, err
 }
 
+// JobsEnded returns which of the jobs ids are final or no longer exist.
+func (s *Store) JobsEnded(ctx context.Context, ids []int64) ([]int64, error) {
+	rows, err := s.pool.Query(ctx, `SELECT w.id FROM unnest($1::bigint[]) w(id)
+		LEFT JOIN hipq_job j ON j.id = w.id WHERE j.id IS NULL OR j.state = 'final'`, ids)
+	if err != nil {
+		return nil, fmt.Errorf("look for ended jobs: %w", err)
+	}
+	ended, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		return nil, fmt.Errorf("look for ended jobs: %w", err)
+	}
+	return ended, nil
+}
+
 // JobCountByState counts jobs per state.
 func (s *Store) JobCountByState(ctx context.Context) (map[correlator.State]int, error) {
 	rows, err := s.pool.Query(ctx, `SELECT state, count(*) FROM hipq_job GROUP BY state`)

@@ -122,17 +122,24 @@ func (s *Store) AttemptFindUnsent(ctx context.Context, sendTimeouts map[string]t
 
 // JobExpire ends up to limit waiting jobs past expires_at: final / expired.
 func (s *Store) JobExpire(ctx context.Context, limit int) (int, error) {
-	tag, err := s.pool.Exec(ctx, `
-		UPDATE hipq_job j
-		SET state = 'final', outcome = 'expired', error = 'expired', update_time = now()
-		FROM (SELECT id, state, attempt FROM hipq_job
-		      WHERE state IN ('initial', 'retry') AND expires_at <= now()
-		      ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED) d
-		WHERE j.id = d.id AND j.state = d.state AND j.attempt = d.attempt`, limit)
+	var n int
+	err := s.pool.QueryRow(ctx, `
+		WITH done AS (
+		  UPDATE hipq_job j
+		  SET state = 'final', outcome = 'expired', error = 'expired', update_time = now()
+		  FROM (SELECT id, state, attempt FROM hipq_job
+		        WHERE state IN ('initial', 'retry') AND expires_at <= now()
+		        ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED) d
+		  WHERE j.id = d.id AND j.state = d.state AND j.attempt = d.attempt
+		  RETURNING j.queue
+		), notify AS ( -- waits for these jobs look now
+		  SELECT pg_notify('hipq_job_ready', q) FROM (SELECT DISTINCT queue AS q FROM done) d
+		)
+		SELECT count(*) FROM done WHERE (SELECT count(*) FROM notify) >= 0`, limit).Scan(&n)
 	if err != nil {
 		return 0, fmt.Errorf("expire jobs: %w", err)
 	}
-	return int(tag.RowsAffected()), nil
+	return n, nil
 }
 
 // JobPrune deletes up to limit final jobs (and their attempts) last updated

@@ -45,6 +45,9 @@ type Metrics struct {
 	// failed_unsent, expired, early_applied, early_dead_lettered, pruned,
 	// dead_letters_pruned).
 	Sweeper *prometheus.CounterVec
+	// Waits counts the API's long polls for a job to end, by result
+	// (final, timeout, gone: the caller left).
+	Waits *prometheus.CounterVec
 
 	lag *lagCollector
 }
@@ -74,13 +77,16 @@ func New() *Metrics {
 		Sweeper: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hipq_sweeper_actions_total",
 			Help: "What the sweeper did, by action (timed_out, rescued, failed_unsent, expired, early_applied, early_dead_lettered, pruned, dead_letters_pruned)."},
 			[]string{"action"}),
+		Waits: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hipq_api_waits_total",
+			Help: "Long polls for a job to end (GET /v1/jobs/{type}/{key}?job_id=&wait=), by result (final, timeout, gone)."},
+			[]string{"result"}),
 		lag: &lagCollector{groups: map[string]func(context.Context) ([]PartitionLag, error){},
 			desc: prometheus.NewDesc("hipq_consumer_lag_records",
 				"Records between a partition's end offset and the next offset this instance applies, by consumer group; partitions assigned here only.",
 				[]string{"group", "topic", "partition"}, nil)},
 	}
 	m.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		m.IntakeRecords, m.Claimed, m.Dispatches, m.Deferred, m.Replies, m.RoundTrip, m.Sweeper, m.lag)
+		m.IntakeRecords, m.Claimed, m.Dispatches, m.Deferred, m.Replies, m.RoundTrip, m.Sweeper, m.Waits, m.lag)
 	return m
 }
 
