@@ -42,8 +42,8 @@ func (s *Server) listDeadLetters(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	src := r.URL.Query().Get("source")
-	if src != "" && !slices.Contains([]string{store.SourceIntake, store.SourceReply, store.SourceCallback}, src) {
-		return errorf(http.StatusBadRequest, "invalid_parameter", "source: %q is not one of intake, reply, callback", src)
+	if src != "" && !slices.Contains([]string{store.SourceIntake, store.SourceOutbox, store.SourceReply, store.SourceCallback}, src) {
+		return errorf(http.StatusBadRequest, "invalid_parameter", "source: %q is not one of intake, outbox, reply, callback", correlator.Clip(src, 64))
 	}
 	dls, err := s.st.DeadLetterList(r.Context(), store.DeadLetterListParams{Kind: src, AfterID: cursor, Limit: limit + 1})
 	if err != nil {
@@ -69,7 +69,7 @@ func (s *Server) listDeadLetters(w http.ResponseWriter, r *http.Request) error {
 type DeadLetterReplay struct {
 	ID     int64  `json:"id"`
 	Source string `json:"source"`
-	// Result: for intake, accepted (a new job) or duplicate (a non-final
+	// Result: for intake and outbox, accepted (a new job) or duplicate (a non-final
 	// job with the same job_data exists); for replies, the §6 verdict:
 	// applied, duplicate, stale or early.
 	Result string `json:"result"`
@@ -97,7 +97,7 @@ func (s *Server) replayDeadLetter(w http.ResponseWriter, r *http.Request) error 
 	}
 	out := DeadLetterReplay{ID: id, Source: d.Kind}
 	switch d.Kind {
-	case store.SourceIntake:
+	case store.SourceIntake, store.SourceOutbox:
 		j, err := correlator.DecodeJob(d.Source.Value, s.cfg.MaxBodyBytes, s.cfg.Types, time.Now())
 		if err != nil {
 			return stillRefused(err)

@@ -99,6 +99,9 @@ type Intake struct {
 	// Start is where a partition with no stored offset begins: earliest
 	// (default) or latest.
 	Start string `yaml:"start"`
+	// Outbox drains hipq_intake, the transactional outbox, in the intake
+	// role. Defaults to true.
+	Outbox *bool `yaml:"outbox"`
 }
 
 // Responses is the consumer of replies.

@@ -55,6 +55,10 @@ func (c *Config) fillDefaults() {
 	def(&c.Kafka.Compression, "none")
 	def(&c.Intake.Group, c.Name+"-intake")
 	def(&c.Intake.Start, "earliest")
+	if c.Intake.Outbox == nil {
+		t := true
+		c.Intake.Outbox = &t
+	}
 	if c.Intake.MaxBytes == 0 {
 		c.Intake.MaxBytes = DefaultMaxBytes
 	}

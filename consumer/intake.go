@@ -50,29 +50,12 @@ func (in *Intake) count(result string, n int) {
 func (in *Intake) apply(ctx context.Context, recs []*kgo.Record, adv []store.OffsetAdvance) (func(), error) {
 	now := time.Now()
 	b := store.IntakeBatch{Group: in.cfg.Group, Offsets: adv}
-	seen := map[[2]string]int{} // (type, key) -> index in b.Jobs
-	dups := 0
-	for _, r := range recs {
-		src := source(r)
-		job, err := decodeRecord(r, src, in.cfg.MaxBytes, in.cfg.Types, now)
-		if err != nil {
-			b.DeadLetters = append(b.DeadLetters, store.DeadLetter{Kind: store.SourceIntake, Source: src, Reason: err.Error()})
-			continue
-		}
-		k := [2]string{job.JobType, job.JobKey}
-		if i, ok := seen[k]; ok {
-			// Several records for one key in a batch: the first wins.
-			if sameJSON(b.Jobs[i].Job.JobData, job.JobData) {
-				dups++
-			} else {
-				b.DeadLetters = append(b.DeadLetters, store.DeadLetter{Kind: store.SourceIntake, Source: src,
-					Reason: correlator.CodeConflict + ": an earlier record for this job_type and job_key has other job_data"})
-			}
-			continue
-		}
-		seen[k] = len(b.Jobs)
-		b.Jobs = append(b.Jobs, store.IntakeJob{Job: job, Source: src})
-	}
+	var dups int
+	b.Jobs, b.DeadLetters, dups = reduceIntake(store.SourceIntake, len(recs), func(i int) (store.Source, *correlator.Job, error) {
+		src := source(recs[i])
+		job, err := decodeRecord(recs[i], src, in.cfg.MaxBytes, in.cfg.Types, now)
+		return src, job, err
+	})
 	res, err := in.st.IntakeApply(ctx, b)
 	if err != nil {
 		return nil, err
@@ -101,6 +84,34 @@ func (in *Intake) poison(ctx context.Context, rec *kgo.Record, adv []store.Offse
 
 func (in *Intake) copyDeadLetters(dls []store.DeadLetter) {
 	(&deadletter.Copier{Client: in.cl, Topic: in.cfg.DeadLetterTopic, Log: in.log}).Copy(dls)
+}
+
+// reduceIntake makes a batch's jobs and dead letters (of source kind) of n
+// job requests, as decode reads them: a request that does not decode is a
+// dead letter; of several requests for one (type, key) the first wins and
+// the others are duplicates when their job_data agree, else conflicts.
+func reduceIntake(kind string, n int, decode func(i int) (store.Source, *correlator.Job, error)) (jobs []store.IntakeJob, dls []store.DeadLetter, dups int) {
+	seen := map[[2]string]int{} // (type, key) -> index in jobs
+	for i := range n {
+		src, job, err := decode(i)
+		if err != nil {
+			dls = append(dls, store.DeadLetter{Kind: kind, Source: src, Reason: err.Error()})
+			continue
+		}
+		k := [2]string{job.JobType, job.JobKey}
+		if j, ok := seen[k]; ok {
+			if sameJSON(jobs[j].Job.JobData, job.JobData) {
+				dups++
+			} else {
+				dls = append(dls, store.DeadLetter{Kind: kind, Source: src,
+					Reason: correlator.CodeConflict + ": an earlier request for this job_type and job_key has other job_data"})
+			}
+			continue
+		}
+		seen[k] = len(jobs)
+		jobs = append(jobs, store.IntakeJob{Job: job, Source: src, Kind: kind})
+	}
+	return jobs, dls, dups
 }
 
 // decodeRecord checks the record's headers, then decodes its value.

@@ -15,6 +15,7 @@ import (
 type IntakeJob struct {
 	Job    *correlator.Job
 	Source Source
+	Kind   string // the dead letter's source should it conflict; empty: SourceIntake
 }
 
 // IntakeBatch is everything one poll of the intake consumer commits at once.
@@ -40,22 +41,35 @@ type IntakeResult struct {
 func (s *Store) IntakeApply(ctx context.Context, b IntakeBatch) (IntakeResult, error) {
 	var res IntakeResult
 	err := s.inTx(ctx, func(tx pgx.Tx) error {
-		res = IntakeResult{DeadLetters: append([]DeadLetter(nil), b.DeadLetters...)}
 		if err := offsetsAdvance(ctx, tx, b.Group, b.Offsets); err != nil {
 			return err
 		}
-		var conflicts []IntakeJob
 		var err error
-		if res.Inserted, res.Duplicates, conflicts, err = jobsAccept(ctx, tx, b.Jobs); err != nil {
-			return err
-		}
-		for _, ij := range conflicts {
-			res.DeadLetters = append(res.DeadLetters, DeadLetter{Kind: SourceIntake, Source: ij.Source,
-				Reason: correlator.CodeConflict + ": a non-final job with this job_type and job_key has other job_data"})
-		}
-		return deadLettersInsert(ctx, tx, res.DeadLetters)
+		res, err = intakeWrite(ctx, tx, b.Jobs, b.DeadLetters)
+		return err
 	})
 	return res, err
+}
+
+// intakeWrite writes new jobs and dead letters: a job whose (type, key)
+// has a non-final job is a duplicate, or a conflict (dead-lettered, of the
+// job's Kind) when its job_data differs.
+func intakeWrite(ctx context.Context, tx pgx.Tx, jobs []IntakeJob, dls []DeadLetter) (IntakeResult, error) {
+	res := IntakeResult{DeadLetters: append([]DeadLetter(nil), dls...)}
+	var conflicts []IntakeJob
+	var err error
+	if res.Inserted, res.Duplicates, conflicts, err = jobsAccept(ctx, tx, jobs); err != nil {
+		return res, err
+	}
+	for _, ij := range conflicts {
+		kind := ij.Kind
+		if kind == "" {
+			kind = SourceIntake
+		}
+		res.DeadLetters = append(res.DeadLetters, DeadLetter{Kind: kind, Source: ij.Source,
+			Reason: correlator.CodeConflict + ": a non-final job with this job_type and job_key has other job_data"})
+	}
+	return res, deadLettersInsert(ctx, tx, res.DeadLetters)
 }
 
 // jobsAccept inserts jobs as intake does: a job whose (type, key) has a

@@ -25,7 +25,7 @@ type Source struct {
 // DeadLetter is an input hipq could not use.
 type DeadLetter struct {
 	ID       int64
-	Kind     string // intake, reply, callback
+	Kind     string // intake, outbox, reply, callback
 	Source   Source
 	Reason   string // "code: detail"
 	Replayed *time.Time
@@ -36,6 +36,7 @@ const (
 	SourceIntake   = "intake"
 	SourceReply    = "reply"
 	SourceCallback = "callback"
+	SourceOutbox   = "outbox" // a row of hipq_intake
 )
 
 // OffsetAdvance moves one partition's stored offset from From (-1: none

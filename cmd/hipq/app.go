@@ -37,6 +37,7 @@ type app struct {
 	cfg        *config.Config
 	types      map[string]*correlator.JobType
 	intake     *consumer.Intake
+	outbox     *consumer.Outbox
 	responses  *consumer.Responses
 	dispatcher *dispatcher.Dispatcher
 	sweeper    *sweeper.Sweeper
@@ -113,8 +114,8 @@ func newApp(ctx context.Context, cfg *config.Config, log *zap.Logger, opts appOp
 		if err != nil {
 			return fail(err)
 		}
-	} else if has("intake") {
-		log.Warn("intake.topics is empty: no intake consumer runs")
+	} else if has("intake") && !*cfg.Intake.Outbox {
+		log.Warn("intake.topics is empty and intake.outbox is false: no intake runs")
 	}
 	matchers := map[string]correlator.Matcher{}
 	var topics []string
@@ -134,9 +135,10 @@ func newApp(ctx context.Context, cfg *config.Config, log *zap.Logger, opts appOp
 			return fail(err)
 		}
 	}
-	if has("dispatcher") || has("sweeper") || has("api") {
-		// Requests, and copies of the dead letters the sweeper and the API
-		// write.
+	outbox := has("intake") && *cfg.Intake.Outbox
+	if has("dispatcher") || has("sweeper") || has("api") || outbox {
+		// Requests, and copies of the dead letters the sweeper, the API
+		// and the outbox write.
 		a.producer, err = kafkaconn.NewClient(kc, log, append(dispatcher.KafkaProducerOpts(),
 			kgo.ProducerBatchMaxBytes(int32(cfg.Kafka.MaxRecordBytes)))...)
 		if err != nil {
@@ -144,6 +146,10 @@ func newApp(ctx context.Context, cfg *config.Config, log *zap.Logger, opts appOp
 		}
 	}
 	replyCopies := &deadletter.Copier{Client: a.producer, Topic: cfg.Responses.DeadLetterTopic, Log: log}
+	if outbox {
+		a.outbox = consumer.NewOutbox(log, st, consumer.OutboxConfig{MaxBytes: cfg.Intake.MaxBytes, Types: a.types,
+			Metrics: a.metrics, DeadLetters: &deadletter.Copier{Client: a.producer, Topic: cfg.Intake.DeadLetterTopic, Log: log}})
+	}
 	if has("dispatcher") {
 		routes := map[string]dispatcher.KafkaRoute{}
 		httpRoutes := map[string]dispatcher.HTTPRoute{}
@@ -233,12 +239,15 @@ func newApp(ctx context.Context, cfg *config.Config, log *zap.Logger, opts appOp
 
 // run runs every component until ctx ends; each drains what it started.
 func (a *app) run(ctx context.Context) error {
-	if a.intake == nil && a.responses == nil && a.dispatcher == nil && a.sweeper == nil && a.api == nil {
-		return errors.New("nothing to run: the roles asked for have nothing configured (intake.topics, responses.topics)")
+	if a.intake == nil && a.outbox == nil && a.responses == nil && a.dispatcher == nil && a.sweeper == nil && a.api == nil {
+		return errors.New("nothing to run: the roles asked for have nothing configured (intake.topics or intake.outbox, responses.topics)")
 	}
 	g, ctx := errgroup.WithContext(ctx)
 	if a.intake != nil {
 		g.Go(func() error { return a.intake.Run(ctx) })
+	}
+	if a.outbox != nil {
+		g.Go(func() error { return a.outbox.Run(ctx) })
 	}
 	if a.responses != nil {
 		g.Go(func() error { return a.responses.Run(ctx) })
@@ -252,7 +261,7 @@ func (a *app) run(ctx context.Context) error {
 	if a.api != nil {
 		g.Go(func() error { return a.api.Run(ctx) })
 	}
-	a.log.Info("hipq running", zap.String("name", a.cfg.Name), zap.Bool("intake", a.intake != nil),
+	a.log.Info("hipq running", zap.String("name", a.cfg.Name), zap.Bool("intake", a.intake != nil), zap.Bool("outbox", a.outbox != nil),
 		zap.Bool("dispatcher", a.dispatcher != nil), zap.Bool("responses", a.responses != nil), zap.Bool("sweeper", a.sweeper != nil), zap.Bool("api", a.api != nil))
 	err := g.Wait()
 	for _, p := range append([]*kgo.Client{a.producer}, a.producers...) {

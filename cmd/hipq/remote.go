@@ -285,7 +285,7 @@ func cmdDeadLetters(args []string, stdout io.Writer) error {
 	r.out = stdout
 	switch sub {
 	case "list":
-		source := fs.String("source", "", "only dead letters from intake, reply or callback")
+		source := fs.String("source", "", "only dead letters from intake, outbox, reply or callback")
 		limit := fs.Int("limit", 50, "dead letters per page")
 		cursor := fs.String("cursor", "", "the next_cursor of the previous page")
 		if _, err := parseArgs(fs, args, 0, "no argument"); err != nil {

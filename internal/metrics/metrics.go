@@ -173,11 +173,12 @@ func (c *jobsCollector) fill(counts []store.JobCount) []store.JobCount {
 	return counts
 }
 
-// Sources: the source label of hipq_intake_records_total (kafka, api,
-// replay) and of hipq_replies_total (kafka, callback, sync, early, replay).
+// Sources: the source label of hipq_intake_records_total (kafka, outbox,
+// api, replay) and of hipq_replies_total (kafka, callback, sync, early, replay).
 const (
 	SourceAPI      = "api"
 	SourceKafka    = "kafka"
+	SourceOutbox   = "outbox" // rows of hipq_intake, the transactional outbox
 	SourceCallback = "callback"
 	SourceSync     = "sync"
 	SourceEarly    = "early"  // kept early replies applied or expired later
