@@ -65,6 +65,19 @@ type Job struct {
 	ExpiresAt        *time.Time      `json:"expires_at,omitempty"`
 }
 
+// IntakeJSON is the job as an intake message: the JSON value of a Kafka
+// intake record or of an outbox row (hipq_intake.value), with job_type and
+// job_key. Fields left empty take the job type's defaults in hipq.
+func (j Job) IntakeJSON() ([]byte, error) {
+	type body Job // the same fields, without this method
+	type msg struct {
+		Type string `json:"job_type"`
+		Key  string `json:"job_key"`
+		body
+	}
+	return json.Marshal(msg{Type: j.Type, Key: j.Key, body: body(j)})
+}
+
 // TimeWindow is a daily window in which a job may start.
 type TimeWindow struct {
 	Start string `json:"start"` // HH:MM

@@ -1,20 +1,38 @@
 package client
 
 import (
+	"encoding/json"
 	"os/exec"
 	"strings"
 	"testing"
 )
 
-// The client module is the standard library only: a producer's build pulls
-// in none of hipq's server dependencies.
-func TestStandardLibraryOnly(t *testing.T) {
-	out, err := exec.Command("go", "list", "-deps", "-f", "{{if not .Standard}}{{.ImportPath}}{{end}}", ".").CombinedOutput()
-	if err != nil {
-		t.Fatalf("go list: %v\n%s", err, out)
-	}
-	if deps := strings.Fields(string(out)); len(deps) != 1 || deps[0] != "github.com/hipq/hipq/client" {
-		t.Fatalf("non-standard dependencies: %v", deps)
+// A producer's build pulls in none of hipq's server dependencies: client
+// and sqloutbox are the standard library only, pgxoutbox adds pgx,
+// kafkaintake franz-go.
+func TestDependencies(t *testing.T) {
+	for pkg, allowed := range map[string][]string{
+		".":             nil,
+		"./sqloutbox":   nil,
+		"./pgxoutbox":   {"github.com/jackc/", "golang.org/x/text/"},
+		"./kafkaintake": {"github.com/twmb/franz-go/", "github.com/klauspost/compress", "github.com/pierrec/lz4/"},
+	} {
+		out, err := exec.Command("go", "list", "-deps", "-f", "{{if not .Standard}}{{.ImportPath}}{{end}}", pkg).CombinedOutput()
+		if err != nil {
+			t.Fatalf("go list: %v\n%s", err, out)
+		}
+	deps:
+		for _, d := range strings.Fields(string(out)) {
+			if d == "github.com/hipq/hipq/client" || strings.HasPrefix(d, "github.com/hipq/hipq/client/") {
+				continue
+			}
+			for _, a := range allowed {
+				if strings.HasPrefix(d, a) {
+					continue deps
+				}
+			}
+			t.Errorf("%s depends on %s", pkg, d)
+		}
 	}
 }
 
@@ -28,4 +46,12 @@ func TestErrorField(t *testing.T) {
 func isInvalid(err error) bool {
 	e, ok := err.(*Error)
 	return ok && e.Is(ErrInvalid)
+}
+
+func TestIntakeJSON(t *testing.T) {
+	p := 5
+	b, err := Job{Type: "invoice.ship", Key: "shp_1", Data: json.RawMessage(`{"n":1}`), Priority: &p}.IntakeJSON()
+	if err != nil || string(b) != `{"job_type":"invoice.ship","job_key":"shp_1","job_data":{"n":1},"priority":5}` {
+		t.Fatalf("%s %v", b, err)
+	}
 }

@@ -52,8 +52,16 @@ func cmdBench(args []string, stdout io.Writer) error {
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of hipq to this file")
 	throttle := fs.Int("throttle-limit", 0, "give the queue this throttle_limit (0 = unlimited), to measure what limits cost")
 	shares := fs.Bool("shares", false, "with --throttle-limit: split the limit into three equal shares by job_data /r")
+	intake := fs.String("intake", "kafka", "how jobs come in: kafka (records to the intake topic) or outbox (rows of hipq_intake, 4 writers, --outbox-batch rows per transaction)")
+	outboxBatch := fs.Int("outbox-batch", 100, "with --intake outbox: rows per application transaction")
 	if err := fs.Parse(args); err != nil {
 		return &exitError{2, err}
+	}
+	if *intake != "kafka" && *intake != "outbox" {
+		return &exitError{2, fmt.Errorf("--intake: %q is not kafka or outbox", *intake)}
+	}
+	if *outboxBatch < 1 {
+		return &exitError{2, fmt.Errorf("--outbox-batch: must be at least 1")}
 	}
 	if *cpuProfile != "" {
 		f, err := os.Create(*cpuProfile)
@@ -111,16 +119,43 @@ func cmdBench(args []string, stdout io.Writer) error {
 			limits += " in three shares"
 		}
 	}
-	fmt.Fprintf(stdout, "hipq bench: %d jobs, intake → dispatch → responder → match → final, embedded Kafka (%d partitions), %s, %s\n",
-		*n, *partitions, sb.dbDescription(), limits)
+	from := "Kafka intake"
+	if *intake == "outbox" {
+		from = fmt.Sprintf("outbox (transactions of %d rows)", *outboxBatch)
+	}
+	fmt.Fprintf(stdout, "hipq bench: %d jobs, %s → dispatch → responder → match → final, embedded Kafka (%d partitions), %s, %s\n",
+		*n, from, *partitions, sb.dbDescription(), limits)
 	start := time.Now()
-	go func() {
-		for i := range *n {
-			v := fmt.Sprintf(`{"job_type":"bench.noop","job_key":"k%d","job_data":{"t":%d,"r":"%c"}}`, i, time.Now().UnixNano(), 'a'+i%3)
-			prod.Produce(ctx, &kgo.Record{Topic: "hipq.jobs", Key: []byte("k" + strconv.Itoa(i)), Value: []byte(v)}, nil)
+	value := func(i int) string {
+		return fmt.Sprintf(`{"job_type":"bench.noop","job_key":"k%d","job_data":{"t":%d,"r":"%c"}}`, i, time.Now().UnixNano(), 'a'+i%3)
+	}
+	writeErr := make(chan error, 4)
+	if *intake == "kafka" {
+		go func() {
+			for i := range *n {
+				prod.Produce(ctx, &kgo.Record{Topic: "hipq.jobs", Key: []byte("k" + strconv.Itoa(i)), Value: []byte(value(i))}, nil)
+			}
+			prod.Flush(ctx)
+		}()
+	} else {
+		// Applications: 4 writers, each committing transactions of
+		// outbox-batch rows.
+		const writers = 4
+		for w := range writers {
+			go func() {
+				for lo := w * *outboxBatch; lo < *n; lo += writers * *outboxBatch {
+					vals := make([]string, 0, *outboxBatch)
+					for i := lo; i < min(lo+*outboxBatch, *n); i++ {
+						vals = append(vals, value(i))
+					}
+					if _, err := a.st.Pool().Exec(ctx, `INSERT INTO hipq_intake (value) SELECT unnest($1::text[])`, vals); err != nil {
+						writeErr <- fmt.Errorf("write the outbox: %w", err)
+						return
+					}
+				}
+			}()
 		}
-		prod.Flush(ctx)
-	}()
+	}
 	var final int
 	for final < *n {
 		select {
@@ -128,6 +163,8 @@ func cmdBench(args []string, stdout io.Writer) error {
 			return fmt.Errorf("bench did not finish: %d of %d final", final, *n)
 		case err := <-runDone:
 			return fmt.Errorf("hipq stopped: %v", err)
+		case err := <-writeErr:
+			return err
 		case <-time.After(100 * time.Millisecond):
 		}
 		counts, err := a.st.JobCountByState(ctx)
