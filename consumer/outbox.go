@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"slices"
 	"syscall"
@@ -107,7 +108,7 @@ func (o *Outbox) Drain(ctx context.Context) (int, error) {
 // however unforeseen, can stall the outbox.
 func (o *Outbox) apply(ctx context.Context, ids []int64) (int, error) {
 	var dups int
-	taken, res, err := o.st.OutboxApply(ctx, ids, o.cfg.BatchSize, func(rows []store.OutboxRow) ([]store.IntakeJob, []store.DeadLetter) {
+	taken, res, err := o.st.OutboxApply(ctx, o.take(ids, o.cfg.BatchSize), func(rows []store.OutboxRow) ([]store.IntakeJob, []store.DeadLetter) {
 		var jobs []store.IntakeJob
 		var dls []store.DeadLetter
 		jobs, dls, dups = o.decide(rows)
@@ -157,10 +158,10 @@ func (o *Outbox) poison(ctx context.Context, id int64, cause error) (int, error)
 			return nil, dls
 		}
 	}
-	taken, res, err := o.st.OutboxApply(ctx, []int64{id}, 1, dead(false))
+	taken, res, err := o.st.OutboxApply(ctx, o.take([]int64{id}, 1), dead(false))
 	if err != nil && !store.IsTransient(err) && ctx.Err() == nil {
 		o.log.Error("dead letter refused too; keeping it without its headers", zap.Int64("outbox_id", id), zap.Error(err))
-		taken, res, err = o.st.OutboxApply(ctx, []int64{id}, 1, dead(true))
+		taken, res, err = o.st.OutboxApply(ctx, o.take([]int64{id}, 1), dead(true))
 	}
 	if err != nil {
 		return 0, err
@@ -169,12 +170,34 @@ func (o *Outbox) poison(ctx context.Context, id int64, cause error) (int, error)
 	return len(taken), nil
 }
 
+// maxBatchBytes bounds what one drain transaction reads of the rows.
+const maxBatchBytes = 32 << 20
+
+// take bounds a drain: a value is read up to one byte past intake's
+// max_bytes and headers one past their limit (enough to refuse them as too
+// large), and a batch stops at maxBatchBytes.
+func (o *Outbox) take(ids []int64, limit int) store.OutboxTake {
+	return store.OutboxTake{IDs: ids, Limit: limit, MaxValue: o.cfg.MaxBytes + 1,
+		MaxHeaders: correlator.MaxHeaderBytes + 1, MaxBytes: maxBatchBytes}
+}
+
 // decide makes jobs and dead letters of outbox rows, as intake does of
 // Kafka records.
 func (o *Outbox) decide(rows []store.OutboxRow) ([]store.IntakeJob, []store.DeadLetter, int) {
 	now := time.Now()
 	return reduceIntake(store.SourceOutbox, len(rows), func(i int) (store.Source, *correlator.Job, error) {
-		src, err := outboxSource(rows[i])
+		r := rows[i]
+		if r.HeadersSize > correlator.MaxHeaderBytes {
+			src := store.Source{Value: r.Value, Received: r.CreatedAt}
+			return src, nil, &correlator.InputError{Code: correlator.CodeTooLarge, Field: "headers",
+				Detail: fmt.Sprintf("headers: %d bytes is more than the limit of %d", r.HeadersSize, correlator.MaxHeaderBytes)}
+		}
+		src, err := outboxSource(r)
+		if err == nil && r.ValueSize > o.cfg.MaxBytes {
+			// The value was read only in part: its dead letter keeps that part.
+			err = &correlator.InputError{Code: correlator.CodeTooLarge,
+				Detail: fmt.Sprintf("%d bytes is more than the limit of %d (the dead letter keeps the first %d)", r.ValueSize, o.cfg.MaxBytes, len(r.Value))}
+		}
 		if err == nil {
 			err = correlator.CheckHeaders(src.Headers)
 		}

@@ -306,3 +306,51 @@ func BenchmarkOutboxLatency(b *testing.B) {
 	b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1000, "p50_ms")
 	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds())/1000, "p99_ms")
 }
+
+// A row of any size cannot take the drainer's memory: a value past
+// max_bytes is read only up to one byte more and dead-lettered as too
+// large, headers past their limit likewise; a batch stops at its byte
+// budget. The rows after them are applied.
+func TestOutboxHugeRows(t *testing.T) {
+	t.Parallel()
+	st := pgtest.New(t)
+	o, _ := newOutbox(t, st)
+	ctx := context.Background()
+	if _, err := st.Pool().Exec(ctx, `INSERT INTO hipq_intake (value, headers) VALUES
+		('{"job_type": "t", "job_key": "huge", "job_data": "' || repeat('x', 5000000) || '"}', NULL),
+		('{"job_type": "t", "job_key": "big-headers"}', jsonb_build_object('h', repeat('y', 100000))),
+		('{"job_type": "t", "job_key": "after"}', NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	// The byte budget: rows of 5 MB and 100 KB, a budget of 1 KB: one row
+	// per take (never none).
+	taken, _, err := st.OutboxApply(ctx, store.OutboxTake{Limit: 10, MaxValue: 4097, MaxHeaders: 65537, MaxBytes: 1024},
+		func(rows []store.OutboxRow) ([]store.IntakeJob, []store.DeadLetter) {
+			if len(rows) != 1 || len(rows[0].Value) != 4097 || rows[0].ValueSize < 5000000 {
+				t.Errorf("read %d rows, the first of %d bytes (of %d)", len(rows), len(rows[0].Value), rows[0].ValueSize)
+			}
+			return nil, nil
+		})
+	if err != nil || len(taken) != 1 {
+		t.Fatalf("took %v: %v", taken, err)
+	}
+	if _, err := st.Pool().Exec(ctx, `INSERT INTO hipq_intake (value) VALUES
+		('{"job_type": "t", "job_key": "huge", "job_data": "' || repeat('x', 5000000) || '"}')`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := o.Drain(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := count(t, st, `SELECT count(*) FROM hipq_job WHERE job_key = 'after'`); got != 1 {
+		t.Fatal("the row after the huge ones is not a job")
+	}
+	dls, err := st.DeadLetterList(ctx, store.DeadLetterListParams{Kind: store.SourceOutbox, Limit: 10})
+	if err != nil || len(dls) != 2 {
+		t.Fatalf("dead letters: %+v %v", dls, err)
+	}
+	for _, d := range dls {
+		if !strings.HasPrefix(d.Reason, correlator.CodeTooLarge) || len(d.Source.Value) > 4097 {
+			t.Errorf("dead letter %q with a value of %d bytes", d.Reason, len(d.Source.Value))
+		}
+	}
+}

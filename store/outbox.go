@@ -10,53 +10,87 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// OutboxRow is a row of hipq_intake, the transactional outbox.
+// OutboxRow is a row of hipq_intake, the transactional outbox, as far as
+// a drain reads it: a value or headers longer than the drain's bounds are
+// cut (ValueSize and HeadersSize are their whole lengths), so no row, however
+// large, can take a drainer's memory.
 type OutboxRow struct {
-	ID        int64
-	Value     []byte
-	Headers   []byte // the headers column as JSON; nil when NULL
-	CreatedAt time.Time
+	ID          int64
+	Value       []byte
+	ValueSize   int
+	Headers     []byte // the headers column as JSON; nil when NULL
+	HeadersSize int
+	CreatedAt   time.Time
 }
 
 // OutboxDecide makes jobs and dead letters of outbox rows (in id order).
 // It may not fail: what it cannot use is a dead letter.
 type OutboxDecide func(rows []OutboxRow) (jobs []IntakeJob, dls []DeadLetter)
 
+// OutboxTake bounds what one drain transaction takes and reads.
+type OutboxTake struct {
+	IDs        []int64 // these rows; nil: the oldest
+	Limit      int     // at most this many rows
+	MaxValue   int     // read at most this many bytes of a value (the limit plus one)
+	MaxHeaders int     // and of the headers' JSON text
+	MaxBytes   int     // stop adding rows past this many bytes read (one row at least)
+}
+
 // OutboxApply takes rows of hipq_intake and applies what decide makes of
-// them, all in one transaction: it deletes the rows (ids' when ids is not
-// nil, else the oldest, limit at most), skipping any row another
-// transaction holds (a drainer elsewhere, or the application's transaction
-// still writing it), and writes the jobs under IntakeApply's duplicate and
-// conflict rules, and the dead letters. It returns the ids it took (also
-// when it fails: the transaction rolled back, so the rows are there still,
-// for the caller to try apart). So a row becomes a job, or a dead letter,
-// exactly once: its delete commits with its effect or not at all.
-func (s *Store) OutboxApply(ctx context.Context, ids []int64, limit int, decide OutboxDecide) (taken []int64, res IntakeResult, err error) {
+// them, all in one transaction: it locks the rows (t.IDs' when given, else
+// the oldest), skipping any row another transaction holds (a drainer
+// elsewhere, or an application's transaction still writing it), deletes
+// them, and writes the jobs under IntakeApply's duplicate and conflict
+// rules, and the dead letters. It returns the ids it took (also when it
+// fails: the transaction rolled back, so the rows are there still, for the
+// caller to try apart). So a row becomes a job, or a dead letter, exactly
+// once: its delete commits with its effect or not at all.
+func (s *Store) OutboxApply(ctx context.Context, t OutboxTake, decide OutboxDecide) (taken []int64, res IntakeResult, err error) {
 	err = s.inTx(ctx, func(tx pgx.Tx) error {
 		taken, res = nil, IntakeResult{}
+		// Lock first, reading sizes only, to take no more bytes than the
+		// budget allows; rows locked and not taken are free again at commit.
 		var rows pgx.Rows
 		var err error
-		if ids != nil {
-			rows, err = tx.Query(ctx, `
-				DELETE FROM hipq_intake WHERE id IN (
-				  SELECT id FROM hipq_intake WHERE id = ANY($1) ORDER BY id FOR UPDATE SKIP LOCKED)
-				RETURNING id, convert_to(value, 'UTF8'), headers::text, created_at`, ids)
+		if t.IDs != nil {
+			rows, err = tx.Query(ctx, `SELECT id, octet_length(value) + coalesce(octet_length(headers::text), 0) FROM hipq_intake
+				WHERE id = ANY($1) ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED`, t.IDs, t.Limit)
 		} else {
-			rows, err = tx.Query(ctx, `
-				DELETE FROM hipq_intake WHERE id IN (
-				  SELECT id FROM hipq_intake ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED)
-				RETURNING id, convert_to(value, 'UTF8'), headers::text, created_at`, limit)
+			rows, err = tx.Query(ctx, `SELECT id, octet_length(value) + coalesce(octet_length(headers::text), 0) FROM hipq_intake
+				ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED`, t.Limit)
 		}
 		if err != nil {
 			return fmt.Errorf("take outbox rows: %w", err)
 		}
-		var got []OutboxRow
+		var id, size int64
+		budget := int64(t.MaxBytes)
+		if _, err := pgx.ForEachRow(rows, []any{&id, &size}, func() error {
+			if len(taken) > 0 && budget < min(size, int64(t.MaxValue+t.MaxHeaders)) {
+				return nil
+			}
+			budget -= min(size, int64(t.MaxValue+t.MaxHeaders))
+			taken = append(taken, id)
+			return nil
+		}); err != nil {
+			return fmt.Errorf("take outbox rows: %w", err)
+		}
+		if len(taken) == 0 {
+			return nil
+		}
+		got := make([]OutboxRow, 0, len(taken))
 		var r OutboxRow
 		var headers *string
-		if _, err := pgx.ForEachRow(rows, []any{&r.ID, &r.Value, &headers, &r.CreatedAt}, func() error {
-			r.Headers = nil
+		var headersSize *int
+		rows, err = tx.Query(ctx, `
+			DELETE FROM hipq_intake WHERE id = ANY($1)
+			RETURNING id, substring(convert_to(value, 'UTF8') FROM 1 FOR $2), octet_length(value),
+			          left(headers::text, $3), octet_length(headers::text), created_at`, taken, t.MaxValue, t.MaxHeaders)
+		if err != nil {
+			return fmt.Errorf("take outbox rows: %w", err)
+		}
+		if _, err := pgx.ForEachRow(rows, []any{&r.ID, &r.Value, &r.ValueSize, &headers, &headersSize, &r.CreatedAt}, func() error {
 			if headers != nil {
-				r.Headers = []byte(*headers)
+				r.Headers, r.HeadersSize = []byte(*headers), *headersSize
 			}
 			got = append(got, r)
 			r = OutboxRow{}
@@ -64,13 +98,7 @@ func (s *Store) OutboxApply(ctx context.Context, ids []int64, limit int, decide 
 		}); err != nil {
 			return fmt.Errorf("take outbox rows: %w", err)
 		}
-		if len(got) == 0 {
-			return nil
-		}
 		slices.SortFunc(got, func(a, b OutboxRow) int { return cmp.Compare(a.ID, b.ID) })
-		for _, r := range got {
-			taken = append(taken, r.ID)
-		}
 		jobs, dls := decide(got)
 		res, err = intakeWrite(ctx, tx, jobs, dls)
 		return err
