@@ -105,18 +105,20 @@ func (h *hub) join(s *Server, id int64) (ended <-chan struct{}, leave func()) {
 	defer h.mu.Unlock()
 	if h.waits == nil {
 		h.waits = map[int64][]chan struct{}{}
-		h.dirty = make(chan struct{}, 1)
 	}
 	ch := make(chan struct{})
 	h.waits[id] = append(h.waits[id], ch)
 	h.n++
 	if h.n == 1 {
+		// A listener and checker of their own, with their own pokes: the
+		// previous ones may still be stopping.
 		ctx, stop := context.WithCancel(context.Background())
 		h.stop = stop
-		go h.listen(ctx, s)
-		go h.check(ctx, s)
+		h.dirty = make(chan struct{}, 1)
+		go h.listen(ctx, s, h.dirty)
+		go h.check(ctx, s, h.dirty)
 	}
-	h.poke() // the job may have ended since it was read
+	poke(h.dirty) // the job may have ended since it was read
 	return ch, func() { h.leave(id, ch) }
 }
 
@@ -141,22 +143,23 @@ func (h *hub) leave(id int64, ch chan struct{}) {
 	}
 }
 
-func (h *hub) poke() {
+// poke asks a checker to look now.
+func poke(dirty chan struct{}) {
 	select {
-	case h.dirty <- struct{}{}:
+	case dirty <- struct{}{}:
 	default:
 	}
 }
 
 // check looks which waited jobs ended, once per poke or second.
-func (h *hub) check(ctx context.Context, s *Server) {
+func (h *hub) check(ctx context.Context, s *Server, dirty chan struct{}) {
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-h.dirty:
+		case <-dirty:
 		case <-tick.C:
 		}
 		h.mu.Lock()
@@ -193,7 +196,7 @@ func (h *hub) check(ctx context.Context, s *Server) {
 	}
 }
 
-func (h *hub) listen(ctx context.Context, s *Server) {
+func (h *hub) listen(ctx context.Context, s *Server, dirty chan struct{}) {
 	for ctx.Err() == nil {
 		err := func() error {
 			conn, err := s.st.Pool().Acquire(ctx)
@@ -205,12 +208,12 @@ func (h *hub) listen(ctx context.Context, s *Server) {
 				return err
 			}
 			defer conn.Exec(context.WithoutCancel(ctx), "UNLISTEN *") //nolint:errcheck
-			h.poke()                                                  // a job may have ended before the LISTEN
+			poke(dirty)                                               // a job may have ended before the LISTEN
 			for {
 				if _, err := conn.Conn().WaitForNotification(ctx); err != nil {
 					return err
 				}
-				h.poke()
+				poke(dirty)
 			}
 		}()
 		if ctx.Err() != nil || errors.Is(err, puddle.ErrClosedPool) {
