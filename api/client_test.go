@@ -164,3 +164,62 @@ func TestGoClientWaitAcrossRestart(t *testing.T) {
 		t.Fatal("wait did not return after the API came back")
 	}
 }
+
+// Many waits at once share the API's one listener and one look per
+// notice: each returns when its own job ends, not when another's does.
+func TestGoClientManyWaits(t *testing.T) {
+	t.Parallel()
+	e := newAPI(t, token)
+	c := client.New(e.url, client.WithToken(token))
+	const n = 20
+	refs := make([]client.Ref, n)
+	for i := range refs {
+		row, _, err := c.Enqueue(ctx, client.Job{Type: "t", Key: fmt.Sprintf("w%d", i)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		refs[i] = row.Ref()
+	}
+	var returned sync.Map
+	var wg sync.WaitGroup
+	for i, ref := range refs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			j, err := c.Wait(ctx, ref)
+			if err != nil || !j.Final() {
+				t.Errorf("wait %d: %+v %v", i, j, err)
+			}
+			returned.Store(i, true)
+		}()
+	}
+	// The even jobs end; the odd ones keep waiting.
+	for i := 0; i < n; i += 2 {
+		if _, err := e.st.JobCancel(ctx, "t", fmt.Sprintf("w%d", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for i := 0; i < n; i += 2 {
+		for _, ok := returned.Load(i); !ok; _, ok = returned.Load(i) {
+			if time.Now().After(deadline) {
+				t.Fatalf("wait %d did not return after its job ended", i)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	for i := 1; i < n; i += 2 {
+		if _, ok := returned.Load(i); ok {
+			t.Fatalf("wait %d returned while its job runs on", i)
+		}
+	}
+	for i := 1; i < n; i += 2 {
+		if _, err := e.st.JobCancel(ctx, "t", fmt.Sprintf("w%d", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wg.Wait()
+	if v, _ := e.m.Value("hipq_api_waits_total", map[string]string{"result": "final"}); v != n {
+		t.Fatalf("hipq_api_waits_total{result=final} = %v, want %d", v, n)
+	}
+}
