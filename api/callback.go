@@ -59,7 +59,7 @@ func (s *Server) callback(w http.ResponseWriter, r *http.Request) error {
 	res, err := s.st.ReplyApply(r.Context(), store.ReplyBatch{EarlyTTL: s.cfg.EarlyTTL, Replies: []store.ReplyIn{{
 		Reply: reply, Kind: store.SourceCallback,
 		Source: store.Source{Value: body, Headers: callbackHeaders(reply)},
-	}}}, s.typeInfo)
+	}}}, s.cfg.Types)
 	if err != nil {
 		return err
 	}
@@ -82,8 +82,6 @@ func (s *Server) callback(w http.ResponseWriter, r *http.Request) error {
 	}
 	return nil
 }
-
-func (s *Server) typeInfo(name string) *correlator.JobType { return s.cfg.Types[name] }
 
 // callbackHeaders are what a callback's dead letter keeps of its URL, as
 // hipq-* headers: the type, key, and the job id and attempt when given

@@ -120,7 +120,7 @@ func (s *Server) replayDeadLetter(w http.ResponseWriter, r *http.Request) error 
 			return stillRefused(err)
 		}
 		res, err := s.st.DeadLetterReplayReply(r.Context(), id, store.ReplyIn{Reply: reply, Kind: d.Kind, Source: d.Source},
-			s.typeInfo, s.cfg.EarlyTTL)
+			s.cfg.Types, s.cfg.EarlyTTL)
 		if err != nil {
 			return s.replayError(id, err)
 		}

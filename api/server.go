@@ -38,7 +38,7 @@ type Config struct {
 	MaxBodyBytes int
 	// Queues are the declared queues (pause and resume refuse others).
 	Queues []string
-	Types  map[string]*correlator.JobType
+	Types  correlator.Types
 	// Matchers read Kafka replies by topic, for dead-letter replays.
 	Matchers map[string]correlator.Matcher
 	// EarlyTTL is how long an early callback is kept (responses.early_ttl).

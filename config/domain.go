@@ -59,8 +59,8 @@ func (c *Config) Throttles() map[string]*correlator.Throttle {
 }
 
 // Domain maps the job types onto the correlator's, by name.
-func (c *Config) Domain() map[string]*correlator.JobType {
-	out := make(map[string]*correlator.JobType, len(c.JobTypes))
+func (c *Config) Domain() correlator.Types {
+	out := make(correlator.Types, len(c.JobTypes))
 	for i := range c.JobTypes {
 		jt := &c.JobTypes[i]
 		d := &correlator.JobType{
@@ -75,6 +75,9 @@ func (c *Config) Domain() map[string]*correlator.JobType {
 		}
 		_ = correlator.CompileWindows(d.Windows)
 		d.Critical, d.MaxConcurrency = jt.Critical, jt.MaxConcurrency
+		if h := jt.Transport.HTTP; h != nil {
+			d.SendTimeout = h.Timeout.D() // Kafka types: the record delivery timeout, the default
+		}
 		if q := c.Queue(jt.Queue); q != nil {
 			d.QueueLimit = q.ThrottleLimit
 			d.Shares = q.shares()

@@ -21,7 +21,7 @@ type IntakeConfig struct {
 	GroupConfig
 	DeadLetterTopic string
 	MaxBytes        int
-	Types           map[string]*correlator.JobType
+	Types           correlator.Types
 }
 
 // Intake turns job requests read from the intake topics into jobs.
@@ -115,7 +115,7 @@ func reduceIntake(kind string, n int, decode func(i int) (store.Source, *correla
 }
 
 // decodeRecord checks the record's headers, then decodes its value.
-func decodeRecord(r *kgo.Record, src store.Source, maxBytes int, types map[string]*correlator.JobType, now time.Time) (*correlator.Job, error) {
+func decodeRecord(r *kgo.Record, src store.Source, maxBytes int, types correlator.Types, now time.Time) (*correlator.Job, error) {
 	if err := correlator.CheckHeaders(src.Headers); err != nil {
 		return nil, err
 	}

@@ -22,7 +22,7 @@ import (
 // OutboxConfig configures the outbox drainer.
 type OutboxConfig struct {
 	MaxBytes  int
-	Types     map[string]*correlator.JobType
+	Types     correlator.Types
 	BatchSize int           // rows per transaction; defaults to 1000
 	Poll      time.Duration // looks this often without a notice; defaults to 1s
 	Metrics   *metrics.Metrics

@@ -20,7 +20,7 @@ type ResponsesConfig struct {
 	DeadLetterTopic string
 	EarlyTTL        time.Duration
 	Matchers        map[string]correlator.Matcher // by topic
-	Types           map[string]*correlator.JobType
+	Types           correlator.Types
 }
 
 // Responses matches replies read from the response topics to their jobs.
@@ -43,11 +43,6 @@ func NewResponses(log *zap.Logger, st *store.Store, cfg ResponsesConfig) (*Respo
 	return rs, nil
 }
 
-// TypeInfo looks job types up by name.
-func TypeInfo(types map[string]*correlator.JobType) store.TypeInfo {
-	return func(name string) *correlator.JobType { return types[name] }
-}
-
 func (rs *Responses) apply(ctx context.Context, recs []*kgo.Record, adv []store.OffsetAdvance) (func(), error) {
 	b := store.ReplyBatch{Group: rs.cfg.Group, Offsets: adv, EarlyTTL: rs.cfg.EarlyTTL}
 	for _, r := range recs {
@@ -67,7 +62,7 @@ func (rs *Responses) apply(ctx context.Context, recs []*kgo.Record, adv []store.
 		}
 		b.Replies = append(b.Replies, store.ReplyIn{Reply: reply, Kind: store.SourceReply, Source: src})
 	}
-	res, err := rs.st.ReplyApply(ctx, b, TypeInfo(rs.cfg.Types))
+	res, err := rs.st.ReplyApply(ctx, b, rs.cfg.Types)
 	if err != nil {
 		return nil, err
 	}
@@ -82,7 +77,7 @@ func (rs *Responses) apply(ctx context.Context, recs []*kgo.Record, adv []store.
 
 func (rs *Responses) poison(ctx context.Context, rec *kgo.Record, adv []store.OffsetAdvance, cause error) (func(), error) {
 	dl := store.DeadLetter{Kind: store.SourceReply, Source: source(rec), Reason: fmt.Sprintf("%s: PostgreSQL refused it: %s", correlator.CodeRejected, correlator.Clip(cause.Error(), 1024))}
-	res, err := rs.st.ReplyApply(ctx, store.ReplyBatch{Group: rs.cfg.Group, Offsets: adv, DeadLetters: []store.DeadLetter{dl}}, TypeInfo(rs.cfg.Types))
+	res, err := rs.st.ReplyApply(ctx, store.ReplyBatch{Group: rs.cfg.Group, Offsets: adv, DeadLetters: []store.DeadLetter{dl}}, rs.cfg.Types)
 	if err != nil {
 		return nil, err
 	}

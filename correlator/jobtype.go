@@ -36,7 +36,30 @@ type JobType struct {
 	Critical bool
 	// MaxConcurrency caps running jobs of the type; 0 = no cap.
 	MaxConcurrency int
+	// SendTimeout bounds one send of the type's requests (0:
+	// DefaultSendTimeout); a claim not known to be sent after it plus
+	// dispatch.grace is taken for lost by the sweeper.
+	SendTimeout time.Duration
 }
+
+// DefaultSendTimeout bounds a send whose type names no bound of its own:
+// the Kafka transport's record delivery timeout.
+const DefaultSendTimeout = 30 * time.Second
+
+// SendBound is how long one send of the type may take.
+func (jt *JobType) SendBound() time.Duration {
+	if jt == nil || jt.SendTimeout <= 0 {
+		return DefaultSendTimeout
+	}
+	return jt.SendTimeout
+}
+
+// Types is the job-type registry: built once from the config and handed
+// to every role, so each reads the same policies.
+type Types map[string]*JobType
+
+// Get returns the named type, nil when it is not configured here.
+func (t Types) Get(name string) *JobType { return t[name] }
 
 // Job is one row of hipq_job.
 type Job struct {
@@ -65,7 +88,7 @@ type Job struct {
 // DecodeJob decodes an intake record's value into the job it asks for:
 // the request is validated and its type must be one of types. Errors are
 // *InputError.
-func DecodeJob(value []byte, maxBytes int, types map[string]*JobType, now time.Time) (*Job, error) {
+func DecodeJob(value []byte, maxBytes int, types Types, now time.Time) (*Job, error) {
 	req, err := DecodeRequest(value, maxBytes)
 	if err != nil {
 		return nil, err

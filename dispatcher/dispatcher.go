@@ -112,7 +112,7 @@ type Config struct {
 	// finish, so a slow downstream holds its own jobs, not the next claim.
 	MaxInFlight int
 	Queues      []QueueConfig
-	Types       map[string]*correlator.JobType
+	Types       correlator.Types
 	// Senders by job type.
 	Senders map[string]Sender
 	// Metrics receives the dispatcher's counts; nil = not served.
@@ -525,7 +525,7 @@ func (d *Dispatcher) record(ctx context.Context, rec store.Delivery) (store.Deli
 // may pass; it returns the first failure that will not.
 func (d *Dispatcher) retry(ctx context.Context, rec store.Delivery) (store.DeliveryResult, error) {
 	for try := 0; ; try++ {
-		res, err := d.st.DeliveryRecord(ctx, rec, d.typeInfo)
+		res, err := d.st.DeliveryRecord(ctx, rec, d.cfg.Types)
 		switch {
 		case err == nil:
 			if try > 0 {
@@ -590,8 +590,6 @@ func (d *Dispatcher) stripped(one store.Delivery, cause error) store.Delivery {
 	}
 	return out
 }
-
-func (d *Dispatcher) typeInfo(name string) *correlator.JobType { return d.cfg.Types[name] }
 
 // dispatchError resolves a failed send through the retry policy (not
 // retried at all unless retryable); reached says the request arrived.

@@ -15,10 +15,10 @@ import (
 	"github.com/hipq/hipq/store"
 )
 
-// KafkaSendTimeout is how long a produce may take before it is given up;
-// the sweeper waits this plus dispatch.grace before taking an unsent claim
-// for dead.
-const KafkaSendTimeout = 30 * time.Second
+// KafkaSendTimeout is how long a produce may take before it is given up:
+// the job types' default send bound, which the sweeper waits, plus
+// dispatch.grace, before taking an unsent claim for dead.
+const KafkaSendTimeout = correlator.DefaultSendTimeout
 
 // KafkaProducerOpts are the producer settings the Kafka transport needs:
 // idempotent writes (franz-go's default) acknowledged by all in-sync

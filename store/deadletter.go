@@ -168,7 +168,7 @@ func (s *Store) DeadLetterReplayIntake(ctx context.Context, id int64, j *correla
 // through the reply table (SPEC §6) as if it had just arrived. When it
 // would be dead-lettered again nothing changes (no second dead letter,
 // replayed_at stays null) and the result says why.
-func (s *Store) DeadLetterReplayReply(ctx context.Context, id int64, in ReplyIn, types TypeInfo, earlyTTL time.Duration) (ReplyResult, error) {
+func (s *Store) DeadLetterReplayReply(ctx context.Context, id int64, in ReplyIn, types correlator.Types, earlyTTL time.Duration) (ReplyResult, error) {
 	var res ReplyResult
 	err := s.deadLetterReplay(ctx, id, func(tx pgx.Tx) error {
 		var err error

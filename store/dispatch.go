@@ -347,7 +347,7 @@ type DeliveryResult struct {
 // A record that moves jobs locks their rows first, in id order, as the
 // reply paths lock them, so a delivery and a reply for the same jobs queue
 // up instead of deadlocking.
-func (s *Store) DeliveryRecord(ctx context.Context, d Delivery, types TypeInfo) (DeliveryResult, error) {
+func (s *Store) DeliveryRecord(ctx context.Context, d Delivery, types correlator.Types) (DeliveryResult, error) {
 	var res DeliveryResult
 	err := s.inTx(ctx, func(tx pgx.Tx) error {
 		res = DeliveryResult{}

@@ -21,7 +21,7 @@ var types = map[string]*correlator.JobType{
 		Retry: &correlator.Backoff{Attempts: 3, Initial: time.Minute, When: []correlator.AttemptOutcome{correlator.AttemptFailed, correlator.AttemptTimedOut, correlator.AttemptDispatchError}}},
 }
 
-func typeInfo(name string) *correlator.JobType { return types[name] }
+var typeInfo = correlator.Types(types)
 
 // job is the test factory: a new job of type t with optional changes.
 func job(key string, opts ...func(*correlator.Job)) *correlator.Job {

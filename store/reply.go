@@ -55,7 +55,7 @@ func (r *ReplyResult) Merge(o ReplyResult) {
 
 // ReplyApply applies a batch of replies (SPEC §6) in one transaction with
 // the offsets compare-and-set.
-func (s *Store) ReplyApply(ctx context.Context, b ReplyBatch, types TypeInfo) (ReplyResult, error) {
+func (s *Store) ReplyApply(ctx context.Context, b ReplyBatch, types correlator.Types) (ReplyResult, error) {
 	var res ReplyResult
 	err := s.inTx(ctx, func(tx pgx.Tx) error {
 		if err := offsetsAdvance(ctx, tx, b.Group, b.Offsets); err != nil {
@@ -80,7 +80,7 @@ type target struct {
 // applyReplies classifies replies against their rows, locked in id order,
 // reduces several replies for one job to the first, and writes outcomes,
 // early replies and (returned, not written) dead letters.
-func applyReplies(ctx context.Context, tx pgx.Tx, ins []ReplyIn, types TypeInfo, earlyTTL time.Duration) (ReplyResult, error) {
+func applyReplies(ctx context.Context, tx pgx.Tx, ins []ReplyIn, types correlator.Types, earlyTTL time.Duration) (ReplyResult, error) {
 	res := ReplyResult{Verdicts: make([]correlator.Verdict, len(ins)), Counts: map[correlator.Verdict]int{}}
 	if len(ins) == 0 {
 		return res, nil
@@ -113,7 +113,7 @@ func applyReplies(ctx context.Context, tx pgx.Tx, ins []ReplyIn, types TypeInfo,
 			jt = t.JobType
 		}
 		var d correlator.Decision
-		if types(jt) == nil {
+		if types.Get(jt) == nil {
 			d = correlator.Decision{Verdict: correlator.DeadLetter, Reason: &correlator.InputError{
 				Code: correlator.CodeUnknownJobType, Detail: fmt.Sprintf("job type %q is not configured", jt)}}
 		} else {
@@ -131,7 +131,7 @@ func applyReplies(ctx context.Context, tx pgx.Tx, ins []ReplyIn, types TypeInfo,
 		switch d.Verdict {
 		case correlator.Apply:
 			applied[t.ID] = true
-			resolves = append(resolves, resolveReply(r, t, types(jt), now))
+			resolves = append(resolves, resolveReply(r, t, types.Get(jt), now))
 		case correlator.Early:
 			if in.earlyID == 0 {
 				in.expires = now.Add(earlyTTL)
@@ -306,7 +306,7 @@ func earlyInsert(ctx context.Context, tx pgx.Tx, early []ReplyIn) error {
 // EarlyReplyApply re-checks the kept early replies for the given jobs
 // (just sent): by (type, key) or by job id. Replies now applicable are
 // applied; those past their TTL are dead-lettered.
-func (s *Store) EarlyReplyApply(ctx context.Context, jobIDs []int64, types TypeInfo) (ReplyResult, error) {
+func (s *Store) EarlyReplyApply(ctx context.Context, jobIDs []int64, types correlator.Types) (ReplyResult, error) {
 	var res ReplyResult
 	err := s.inTx(ctx, func(tx pgx.Tx) error {
 		var err error
@@ -320,7 +320,7 @@ func (s *Store) EarlyReplyApply(ctx context.Context, jobIDs []int64, types TypeI
 // of those with an id above after, in id order, in one transaction. It
 // returns what became of them and the last id it looked at (0: the page
 // was empty), so a sweep pages through every one of them.
-func (s *Store) EarlyReplySweep(ctx context.Context, after int64, limit int, types TypeInfo) (ReplyResult, int64, error) {
+func (s *Store) EarlyReplySweep(ctx context.Context, after int64, limit int, types correlator.Types) (ReplyResult, int64, error) {
 	var res ReplyResult
 	var last int64
 	err := s.inTx(ctx, func(tx pgx.Tx) error {
@@ -331,7 +331,7 @@ func (s *Store) EarlyReplySweep(ctx context.Context, after int64, limit int, typ
 	return res, last, err
 }
 
-func earlyReplyApply(ctx context.Context, tx pgx.Tx, jobIDs []int64, after int64, limit int, types TypeInfo) (ReplyResult, int64, error) {
+func earlyReplyApply(ctx context.Context, tx pgx.Tx, jobIDs []int64, after int64, limit int, types correlator.Types) (ReplyResult, int64, error) {
 	var res ReplyResult
 	var last int64
 	q := `SELECT e.id, e.job_type, e.job_key, e.job_id, e.attempt, e.success, e.retryable, e.error_text, e.reply,

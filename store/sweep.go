@@ -42,7 +42,7 @@ func (s *Store) SweeperLock(ctx context.Context) (release func(), ok bool, err e
 // timeout_seconds has passed: error "timeout", then the retry policy. Rows
 // another transaction holds (a reply being applied) are skipped and the
 // writes are guarded, so a reply racing a timeout is never overwritten.
-func (s *Store) JobTimeOutStuck(ctx context.Context, limit int, types TypeInfo) ([]AttemptRef, error) {
+func (s *Store) JobTimeOutStuck(ctx context.Context, limit int, types correlator.Types) ([]AttemptRef, error) {
 	var done []AttemptRef
 	err := s.inTx(ctx, func(tx pgx.Tx) error {
 		rows, err := tx.Query(ctx, `
@@ -67,7 +67,7 @@ func (s *Store) JobTimeOutStuck(ctx context.Context, limit int, types TypeInfo) 
 			r.Windows, _ = decodeWindows(windows)
 			rs = append(rs, Resolve{JobID: id, Attempt: r.Attempt, AttemptOutcome: correlator.AttemptTimedOut,
 				AttemptError: correlator.ErrorTimeout,
-				Res:          correlator.ResolveFor(types(jt), r, correlator.AttemptTimedOut, true, correlator.ErrorTimeout, now)})
+				Res:          correlator.ResolveFor(types.Get(jt), r, correlator.AttemptTimedOut, true, correlator.ErrorTimeout, now)})
 			return nil
 		})
 		if err != nil {
@@ -88,16 +88,15 @@ type Unsent struct {
 }
 
 // AttemptFindUnsent lists running jobs whose current attempt has no
-// sent_at though it was claimed longer ago than its type's send timeout
-// (sendTimeouts, else defaultTimeout) plus grace. The deadline is
-// PostgreSQL's, on the clock that stamped dispatched_at: no other clock
-// enters it.
-func (s *Store) AttemptFindUnsent(ctx context.Context, sendTimeouts map[string]time.Duration, defaultTimeout, grace time.Duration,
-	limit int) ([]Unsent, error) {
-	var types []string
+// sent_at though it was claimed longer ago than its type's send bound
+// (JobType.SendBound; a type not configured here gets the default) plus
+// grace. The deadline is PostgreSQL's, on the clock that stamped
+// dispatched_at: no other clock enters it.
+func (s *Store) AttemptFindUnsent(ctx context.Context, types correlator.Types, grace time.Duration, limit int) ([]Unsent, error) {
+	var names []string
 	var secs []float64
-	for t, d := range sendTimeouts {
-		types, secs = append(types, t), append(secs, d.Seconds())
+	for name, jt := range types {
+		names, secs = append(names, name), append(secs, jt.SendBound().Seconds())
 	}
 	rows, err := s.pool.Query(ctx, `
 		SELECT a.job_id, a.attempt, j.job_type, a.dispatched_at
@@ -105,7 +104,7 @@ func (s *Store) AttemptFindUnsent(ctx context.Context, sendTimeouts map[string]t
 		LEFT JOIN unnest($1::text[], $2::float8[]) AS t(job_type, secs) ON t.job_type = j.job_type
 		WHERE a.sent_at IS NULL AND a.outcome IS NULL AND a.dispatched_at < now() - $4::interval
 		  AND a.dispatched_at < now() - make_interval(secs => coalesce(t.secs, $3)) - $4::interval
-		ORDER BY a.dispatched_at LIMIT $5`, types, secs, defaultTimeout.Seconds(), grace, limit)
+		ORDER BY a.dispatched_at LIMIT $5`, names, secs, correlator.DefaultSendTimeout.Seconds(), grace, limit)
 	if err != nil {
 		return nil, fmt.Errorf("find unsent claims: %w", err)
 	}

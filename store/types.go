@@ -110,11 +110,6 @@ func decodeHeaders(b []byte) []correlator.Header {
 	return out
 }
 
-// TypeInfo is what the store needs to know of job types to resolve
-// attempts: the type's policy and windows. It returns nil for an unknown
-// type.
-type TypeInfo func(jobType string) *correlator.JobType
-
 func nullable[T comparable](v T) *T {
 	var zero T
 	if v == zero {

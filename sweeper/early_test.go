@@ -22,7 +22,7 @@ import (
 
 var alo = map[string]*correlator.JobType{"alo": {Name: "alo", Queue: "default", Delivery: correlator.AtLeastOnce, Retry: correlator.NoRetry}}
 
-func typeInfo(name string) *correlator.JobType { return alo[name] }
+var typeInfo = correlator.Types(alo)
 
 func count(t *testing.T, st *store.Store, q string) int {
 	t.Helper()
@@ -165,9 +165,8 @@ func TestSweeperDeadlinesOnTheDatabaseClock(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	types := map[string]*correlator.JobType{"alo": alo["alo"], "web": {Name: "web", Queue: "default", Retry: correlator.NoRetry}}
-	sw := sweeper.New(zaptest.NewLogger(t), st, sweeper.Config{Types: types, Grace: 10 * time.Second,
-		DefaultSendTimeout: 30 * time.Second, SendTimeouts: map[string]time.Duration{"web": 5 * time.Second}, Retention: time.Hour})
+	types := map[string]*correlator.JobType{"alo": alo["alo"], "web": {Name: "web", Queue: "default", Retry: correlator.NoRetry, SendTimeout: 5 * time.Second}}
+	sw := sweeper.New(zaptest.NewLogger(t), st, sweeper.Config{Types: types, Grace: 10 * time.Second, Retention: time.Hour})
 	if _, err := st.Pool().Exec(ctx, `INSERT INTO hipq_job (queue, job_type, job_key, state, outcome, update_time)
 		VALUES ('default', 'alo', 'old', 'final', 'succeeded', now() - interval '61 minutes'),
 		       ('default', 'alo', 'recent', 'final', 'succeeded', now() - interval '59 minutes')`); err != nil {

@@ -28,11 +28,8 @@ type Config struct {
 	Retention           time.Duration // of final jobs; defaults to 720h
 	DeadLetterRetention time.Duration // defaults to 720h
 	Grace               time.Duration // dispatch.grace; defaults to 1m
-	// SendTimeouts are job types' transport send timeouts, where they are
-	// not DefaultSendTimeout (30s, Kafka's).
-	SendTimeouts       map[string]time.Duration
-	DefaultSendTimeout time.Duration
-	Types              map[string]*correlator.JobType
+	// Types are the job types, with their send bounds (SendTimeout).
+	Types correlator.Types
 	BatchSize          int // rows per statement; defaults to 1000
 	// Metrics receives what sweeps did; nil = not served.
 	Metrics *metrics.Metrics
@@ -66,9 +63,6 @@ func New(log *zap.Logger, st *store.Store, cfg Config) *Sweeper {
 	}
 	if cfg.BatchSize <= 0 {
 		cfg.BatchSize = 1000
-	}
-	if cfg.DefaultSendTimeout <= 0 {
-		cfg.DefaultSendTimeout = 30 * time.Second
 	}
 	cfg.Metrics = metrics.Or(cfg.Metrics)
 	return &Sweeper{log: log.Named("sweeper"), st: st, cfg: cfg}
@@ -111,7 +105,7 @@ func (s *Sweeper) Run(ctx context.Context) error {
 func (s *Sweeper) RunOnce(ctx context.Context) (Report, error) {
 	var rep Report
 	var errs []error
-	types := func(name string) *correlator.JobType { return s.cfg.Types[name] }
+	types := s.cfg.Types
 	add := func(err error) {
 		if err != nil {
 			errs = append(errs, err)
@@ -138,7 +132,7 @@ func (s *Sweeper) RunOnce(ctx context.Context) (Report, error) {
 // transaction in id order: each is applied if its job now runs, or
 // dead-lettered (and copied to the dead-letter topic) past its TTL. So a
 // flood of unmatched replies is worked off whole, never only its oldest.
-func (s *Sweeper) earlyReplies(ctx context.Context, rep *Report, types store.TypeInfo) error {
+func (s *Sweeper) earlyReplies(ctx context.Context, rep *Report, types correlator.Types) error {
 	var after int64
 	for ctx.Err() == nil {
 		res, last, err := s.st.EarlyReplySweep(ctx, after, s.cfg.BatchSize, types)
@@ -187,7 +181,7 @@ func (s *Sweeper) drain(ctx context.Context, total *int, step func() (int, error
 // claims are undone; at_most_once claims may have been sent, so they end
 // final / failed.
 func (s *Sweeper) rescue(ctx context.Context, rep *Report) error {
-	unsent, err := s.st.AttemptFindUnsent(ctx, s.cfg.SendTimeouts, s.cfg.DefaultSendTimeout, s.cfg.Grace, s.cfg.BatchSize)
+	unsent, err := s.st.AttemptFindUnsent(ctx, s.cfg.Types, s.cfg.Grace, s.cfg.BatchSize)
 	if err != nil {
 		return err
 	}

@@ -54,8 +54,7 @@ func TestSweep(t *testing.T) {
 		t.Fatal(err)
 	}
 	m := metrics.New()
-	sw := sweeper.New(zaptest.NewLogger(t), st, sweeper.Config{Grace: time.Minute, Types: types, Metrics: m,
-		DefaultSendTimeout: 30 * time.Second})
+	sw := sweeper.New(zaptest.NewLogger(t), st, sweeper.Config{Grace: time.Minute, Types: types, Metrics: m})
 	release, ok, err := st.SweeperLock(ctx)
 	if err != nil || !ok {
 		t.Fatalf("lock: %v %v", ok, err)

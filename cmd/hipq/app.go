@@ -35,7 +35,7 @@ type app struct {
 	log        *zap.Logger
 	st         *store.Store
 	cfg        *config.Config
-	types      map[string]*correlator.JobType
+	types      correlator.Types
 	intake     *consumer.Intake
 	outbox     *consumer.Outbox
 	responses  *consumer.Responses
@@ -203,15 +203,9 @@ func newApp(ctx context.Context, cfg *config.Config, log *zap.Logger, opts appOp
 			DeadLetters: replyCopies})
 	}
 	if has("sweeper") {
-		timeouts := map[string]time.Duration{}
-		for _, jt := range cfg.JobTypes {
-			if jt.Transport.HTTP != nil {
-				timeouts[jt.Name] = jt.Transport.HTTP.Timeout.D()
-			}
-		}
 		a.sweeper = sweeper.New(log, st, sweeper.Config{Schedule: cfg.Sweeper.Schedule, Retention: cfg.Sweeper.Retention.D(),
 			DeadLetterRetention: cfg.Sweeper.DeadLetterRetention.D(), Grace: cfg.Dispatch.Grace.D(), Types: a.types,
-			SendTimeouts: timeouts, DefaultSendTimeout: dispatcher.KafkaSendTimeout, Metrics: a.metrics, DeadLetters: replyCopies})
+			Metrics: a.metrics, DeadLetters: replyCopies})
 	}
 	if has("api") && cfg.API != nil {
 		a.kafkaPing, err = kafkaconn.NewClient(kc, log)
