@@ -29,8 +29,8 @@ type Config struct {
 	DeadLetterRetention time.Duration // defaults to 720h
 	Grace               time.Duration // dispatch.grace; defaults to 1m
 	// Types are the job types, with their send bounds (SendTimeout).
-	Types correlator.Types
-	BatchSize          int // rows per statement; defaults to 1000
+	Types     correlator.Types
+	BatchSize int // rows per statement; defaults to 1000
 	// Metrics receives what sweeps did; nil = not served.
 	Metrics *metrics.Metrics
 	// DeadLetters copies the early replies dead-lettered past their TTL to
