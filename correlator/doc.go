@@ -17,7 +17,9 @@
 //	   └──────────── expire / cancel ──────────────────────────┘
 //
 // error is transient: the retry policy resolves it in the transaction that
-// records it, so a committed row is never left in error. Every write that
-// moves a job is guarded by the job's expected state and attempt; the store
-// package turns the transitions below into SQL guards.
+// records it, so a committed row is never left in error. Every end of a
+// running attempt has a name here (Replied, TimedOut, DispatchFailed,
+// SendUnknown, ReplyUnstorable), as every deferral (Defer); the store
+// writes what they decide, each write guarded by the job's expected state
+// and attempt.
 package correlator

@@ -142,10 +142,7 @@ func NewJob(req *Request, jt *JobType, now time.Time) (*Job, error) {
 	if err := jt.fits(j); err != nil {
 		return nil, err
 	}
-	windows := jt.Windows
-	if req.TimeWindows != nil {
-		windows = req.TimeWindows
-	}
+	windows := WindowsFor(jt, req.TimeWindows)
 	if req.ScheduledRunTime == nil && len(windows) == 0 {
 		// Due at once: the zero time stands for the database's now() at
 		// the insert, the clock the claim compares it with.
@@ -157,14 +154,6 @@ func NewJob(req *Request, jt *JobType, now time.Time) (*Job, error) {
 	}
 	j.ScheduledRunTime = NextAllowed(windows, start)
 	return j, nil
-}
-
-// Windows returns the windows that apply to the job: its own, else the type's.
-func (j *Job) Windows(jt *JobType) []TimeWindow {
-	if j.TimeWindows != nil {
-		return j.TimeWindows
-	}
-	return jt.Windows
 }
 
 // fits refuses a job too heavy ever to run: a throttle_factor above its

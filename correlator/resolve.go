@@ -7,35 +7,92 @@ type Running struct {
 	Attempt     int
 	MaxAttempts int
 	ExpiresAt   *time.Time
-	Windows     []TimeWindow
+	Windows     []TimeWindow // the job's own; nil: its type's
 }
 
-// Resolution is the committed result of resolving an attempt: the job either
-// ends (StateFinal) or waits for another attempt (StateRetry).
+// Resolution is the committed result of ending a running attempt: the job
+// either ends (StateFinal) or waits for another attempt (StateRetry), and
+// the attempt records how it ended.
+//
+// Every legal end has a name below (Replied, TimedOut, DispatchFailed,
+// SendUnknown, ReplyUnstorable): the store writes what they return, guarded
+// by state running and the attempt, and builds none of its own.
 type Resolution struct {
 	State   State
 	Outcome Outcome   // set when State is StateFinal
 	Error   string    // the job's error column
 	NextRun time.Time // set when State is StateRetry
+	// Attempt is how the attempt ended (hipq_attempt.outcome) and
+	// AttemptError its error (empty on success); set by the named ends.
+	Attempt      AttemptOutcome
+	AttemptError string
 }
 
-// ResolveFor is Resolve under job type jt's policy, its windows standing
-// in when the job has none of its own. A nil jt (a type no longer
-// configured) gets no retry.
-func ResolveFor(jt *JobType, job Running, outcome AttemptOutcome, retryable bool, errText string, now time.Time) Resolution {
+// Replied ends an attempt with its reply: success ends the job; a failure
+// goes through jt's retry policy unless the reply says it is not
+// retryable.
+func Replied(jt *JobType, run Running, r *Reply, now time.Time) Resolution {
+	outcome := AttemptSucceeded
+	if !r.Success {
+		outcome = AttemptFailed
+	}
+	return ended(jt, run, outcome, r.Retryable, r.Error, now)
+}
+
+// TimedOut ends an attempt whose reply did not come within the job's
+// timeout, through jt's retry policy.
+func TimedOut(jt *JobType, run Running, now time.Time) Resolution {
+	return ended(jt, run, AttemptTimedOut, true, ErrorTimeout, now)
+}
+
+// DispatchFailed ends an attempt whose send failed (cause says how),
+// through jt's retry policy when retryable, else for good.
+func DispatchFailed(jt *JobType, run Running, cause string, retryable bool, now time.Time) Resolution {
+	return ended(jt, run, AttemptDispatchError, retryable, cause, now)
+}
+
+// SendUnknown decides a send that may or may not have reached its
+// service (a connection lost mid-send, an instance that died between claim
+// and send). An at_least_once type sends it again: resend, and the claim is
+// to be undone. An at_most_once type never re-sends what may have arrived:
+// the attempt ends final / failed.
+func SendUnknown(jt *JobType, cause string) (resend bool, res Resolution) {
+	if jt == nil || jt.Delivery != AtMostOnce {
+		return true, Resolution{}
+	}
+	msg := "request may have been delivered (at_most_once, not re-sent): " + cause
+	return false, Resolution{State: StateFinal, Outcome: OutcomeFailed, Error: msg, Attempt: AttemptDispatchError, AttemptError: cause}
+}
+
+// ReplyUnstorable ends an attempt whose reply came but could not be kept
+// (PostgreSQL refused it, cause says why): final / failed, never retried,
+// since the request did arrive.
+func ReplyUnstorable(cause string) Resolution {
+	msg := "the reply could not be stored: " + cause
+	return Resolution{State: StateFinal, Outcome: OutcomeFailed, Error: msg, Attempt: AttemptFailed, AttemptError: msg}
+}
+
+// ended is Resolve under job type jt's policy, its windows standing in
+// when the job has none of its own, with the attempt's outcome recorded.
+// A nil jt (a type no longer configured) gets no retry.
+func ended(jt *JobType, run Running, outcome AttemptOutcome, retryable bool, errText string, now time.Time) Resolution {
 	var policy RetryPolicy
 	if jt != nil {
 		policy = jt.Retry
-		if job.Windows == nil {
-			job.Windows = jt.Windows
-		}
 	}
-	return Resolve(job, outcome, retryable, errText, policy, now)
+	run.Windows = WindowsFor(jt, run.Windows)
+	res := Resolve(run, outcome, retryable, errText, policy, now)
+	res.Attempt = outcome
+	if outcome != AttemptSucceeded {
+		res.AttemptError = errText
+	}
+	return res
 }
 
-// Resolve decides what follows an attempt that ended with outcome.
-// retryable=false (an explicit reply saying so) ends the job whatever the
-// policy says. errText is the attempt's error (ignored on success).
+// Resolve is the retry policy's decision of what follows an attempt that
+// ended with outcome. retryable=false (an explicit reply saying so) ends
+// the job whatever the policy says. errText is the attempt's error
+// (ignored on success).
 func Resolve(job Running, outcome AttemptOutcome, retryable bool, errText string, policy RetryPolicy, now time.Time) Resolution {
 	if outcome == AttemptSucceeded {
 		return Resolution{State: StateFinal, Outcome: OutcomeSucceeded, Error: ErrorNone}
@@ -51,9 +108,53 @@ func Resolve(job Running, outcome AttemptOutcome, retryable bool, errText string
 	if !ok {
 		return final
 	}
-	next := NextAllowed(job.Windows, now.Add(delay))
-	if job.ExpiresAt != nil && !next.Before(*job.ExpiresAt) {
+	next, expired := NextOpening(job.Windows, now.Add(delay), job.ExpiresAt)
+	if expired {
 		return Resolution{State: StateFinal, Outcome: OutcomeExpired, Error: ErrorExpired}
 	}
 	return Resolution{State: StateRetry, Error: errText, NextRun: next}
+}
+
+// WindowsFor is the time windows that apply to a job: its own when it has
+// any (own is not nil), else its type's.
+func WindowsFor(jt *JobType, own []TimeWindow) []TimeWindow {
+	if own != nil || jt == nil {
+		return own
+	}
+	return jt.Windows
+}
+
+// NextOpening is the first instant from from on that windows allow, and
+// whether it comes too late: at or past expiresAt, when the job has one.
+func NextOpening(windows []TimeWindow, from time.Time, expiresAt *time.Time) (time.Time, bool) {
+	next := NextAllowed(windows, from)
+	return next, pastExpiry(next, expiresAt)
+}
+
+// pastExpiry: a job that would run at t, expiring at expiresAt (nil:
+// never), would run too late.
+func pastExpiry(t time.Time, expiresAt *time.Time) bool { return expiresAt != nil && !t.Before(*expiresAt) }
+
+// Deferred is a waiting job the claim found due but outside its windows:
+// it moves to its next opening without using an attempt, or ends final /
+// expired when that opening is past its expiry.
+type Deferred struct {
+	RunAt  time.Time
+	Expire bool
+	// Disagree: PostgreSQL found the job closed but these windows find it
+	// open now (time zone data differ, or its windows are unreadable
+	// here): it is looked at again in a minute rather than spun on.
+	Disagree bool
+}
+
+// Defer decides a deferral on now, the clock the claim found the job
+// closed by.
+func Defer(windows []TimeWindow, expiresAt *time.Time, now time.Time) Deferred {
+	next, _ := NextOpening(windows, now, nil)
+	var d Deferred
+	if !next.After(now) {
+		next, d.Disagree = now.Add(time.Minute), true
+	}
+	d.RunAt, d.Expire = next, pastExpiry(next, expiresAt)
+	return d
 }

@@ -59,37 +59,8 @@ const (
 	ErrorCancelled = "cancelled"
 )
 
-// transitions is the single source of truth for which moves are allowed.
-var transitions = map[State][]State{
-	StateInitial: {StateRunning, StateFinal},
-	StateRunning: {StateError, StateFinal},
-	StateError:   {StateRetry, StateFinal},
-	StateRetry:   {StateRunning, StateFinal},
-	StateFinal:   nil,
-}
-
-// CanTransition reports whether a job may move from one state to another.
-func CanTransition(from, to State) bool {
-	for _, s := range transitions[from] {
-		if s == to {
-			return true
-		}
-	}
-	return false
-}
-
-// Valid reports whether s is one of the five states.
-func (s State) Valid() bool {
-	_, ok := transitions[s]
-	return ok
-}
-
 // ErrNotFound is returned when a job, dead letter or queue does not exist.
 var ErrNotFound = errors.New("not found")
-
-// ErrStaleAttempt is returned when a guarded write found the job no longer in
-// the expected state or attempt: someone else moved it first.
-var ErrStaleAttempt = errors.New("stale attempt")
 
 // Outcome of an attempt mapped to the outcome a job ends with when no retry
 // follows.

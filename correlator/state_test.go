@@ -5,26 +5,6 @@ import (
 	"time"
 )
 
-func TestTransitions(t *testing.T) {
-	all := []State{StateInitial, StateRunning, StateError, StateRetry, StateFinal}
-	allowed := map[[2]State]bool{
-		{StateInitial, StateRunning}: true, {StateInitial, StateFinal}: true,
-		{StateRunning, StateError}: true, {StateRunning, StateFinal}: true,
-		{StateError, StateRetry}: true, {StateError, StateFinal}: true,
-		{StateRetry, StateRunning}: true, {StateRetry, StateFinal}: true,
-	}
-	for _, from := range all {
-		for _, to := range all {
-			if got, want := CanTransition(from, to), allowed[[2]State{from, to}]; got != want {
-				t.Errorf("CanTransition(%s, %s) = %v, want %v", from, to, got, want)
-			}
-		}
-	}
-	if State("bogus").Valid() {
-		t.Error("bogus state is valid")
-	}
-}
-
 func TestBackoffSchedule(t *testing.T) {
 	half := func() float64 { return 0.5 } // no jitter effect
 	tests := []struct {

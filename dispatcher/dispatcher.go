@@ -434,8 +434,8 @@ func (d *Dispatcher) deliver(ctx context.Context, q QueueConfig, s Sender, jobs 
 				undone[route.Neighbour]++
 			}
 		case Unknown:
-			if jt != nil && jt.Delivery == correlator.AtMostOnce {
-				rec.Resolves = append(rec.Resolves, mayHaveArrived(c, r.Err))
+			if resend, res := correlator.SendUnknown(jt, errText(r.Err)); !resend {
+				rec.Resolves = append(rec.Resolves, store.Resolve{JobID: c.ID, Attempt: c.Attempt, Res: res})
 			} else {
 				rec.Undo = append(rec.Undo, ref)
 				undone[route.Neighbour]++
@@ -573,19 +573,17 @@ func splitDelivery(rec store.Delivery) []store.Delivery {
 // stripped is one job's delivery without anything PostgreSQL could refuse:
 // a reply it refused ends the attempt failed, saying why.
 func (d *Dispatcher) stripped(one store.Delivery, cause error) store.Delivery {
-	msg := "the reply could not be stored: " + cause.Error()
+	unstorable := correlator.ReplyUnstorable(cause.Error())
 	out := store.Delivery{Sent: one.Sent, Undo: one.Undo}
 	for _, r := range one.Replies {
 		if r.Reply.JobID == nil || r.Reply.Attempt == nil {
 			continue
 		}
-		out.Resolves = append(out.Resolves, store.Resolve{JobID: *r.Reply.JobID, Attempt: *r.Reply.Attempt, Sent: true,
-			AttemptOutcome: correlator.AttemptFailed, AttemptError: msg,
-			Res: correlator.Resolution{State: correlator.StateFinal, Outcome: correlator.OutcomeFailed, Error: msg}})
+		out.Resolves = append(out.Resolves, store.Resolve{JobID: *r.Reply.JobID, Attempt: *r.Reply.Attempt, Sent: true, Res: unstorable})
 	}
 	for _, r := range one.Resolves {
 		r.Reply, r.Result = nil, nil
-		r.AttemptError = r.AttemptError + " (" + msg + ")"
+		r.Res.AttemptError += " (" + unstorable.AttemptError + ")"
 		out.Resolves = append(out.Resolves, r)
 	}
 	return out
@@ -594,17 +592,8 @@ func (d *Dispatcher) stripped(one store.Delivery, cause error) store.Delivery {
 // dispatchError resolves a failed send through the retry policy (not
 // retried at all unless retryable); reached says the request arrived.
 func dispatchError(c *store.Claimed, jt *correlator.JobType, err error, retryable, reached bool) store.Resolve {
-	return store.Resolve{JobID: c.ID, Attempt: c.Attempt, AttemptOutcome: correlator.AttemptDispatchError,
-		AttemptError: errText(err), Sent: reached,
-		Res: correlator.ResolveFor(jt, c.Running(), correlator.AttemptDispatchError, retryable, errText(err), c.DBNow())}
-}
-
-// mayHaveArrived ends the attempt of an at_most_once job whose request
-// may have been delivered: it is never sent again.
-func mayHaveArrived(c *store.Claimed, err error) store.Resolve {
-	return store.Resolve{JobID: c.ID, Attempt: c.Attempt, AttemptOutcome: correlator.AttemptDispatchError, AttemptError: errText(err),
-		Res: correlator.Resolution{State: correlator.StateFinal, Outcome: correlator.OutcomeFailed,
-			Error: "request may have been delivered (at_most_once, not re-sent): " + errText(err)}}
+	return store.Resolve{JobID: c.ID, Attempt: c.Attempt, Sent: reached,
+		Res: correlator.DispatchFailed(jt, c.Running(), errText(err), retryable, c.DBNow())}
 }
 
 func errText(err error) string {
@@ -703,26 +692,15 @@ func (d *Dispatcher) deferClosed(ctx context.Context, q QueueConfig, claim *stor
 	ds := make([]store.Deferral, 0, len(claim.Closed))
 	expired := 0
 	for _, c := range claim.Closed {
-		ws := c.TimeWindows
-		if ws == nil && c.WindowsErr == nil {
-			if jt := d.cfg.Types[c.JobType]; jt != nil {
-				ws = jt.Windows
-			}
-		}
-		next := correlator.NextAllowed(ws, now)
-		if !next.After(now) {
-			// PostgreSQL found it closed, Go finds it open (time zone data
-			// differ, or its windows are unreadable here): look again in a
-			// minute rather than spin on it.
+		def := correlator.Defer(correlator.WindowsFor(d.cfg.Types.Get(c.JobType), c.TimeWindows), c.ExpiresAt, now)
+		if def.Disagree {
 			d.log.Warn("time window open here but closed in PostgreSQL; retrying in a minute",
 				zap.Int64("job_id", c.ID), zap.String("job_type", c.JobType), zap.NamedError("windows_error", c.WindowsErr))
-			next = now.Add(time.Minute)
 		}
-		expire := c.ExpiresAt != nil && !next.Before(*c.ExpiresAt)
-		if expire {
+		if def.Expire {
 			expired++
 		}
-		ds = append(ds, store.Deferral{ID: c.ID, State: c.State, Attempt: c.Attempt, RunAt: next, Expire: expire})
+		ds = append(ds, store.Deferral{ID: c.ID, State: c.State, Attempt: c.Attempt, RunAt: def.RunAt, Expire: def.Expire})
 	}
 	n, err := d.st.JobDefer(ctx, ds)
 	if err != nil {

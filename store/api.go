@@ -260,11 +260,7 @@ func (s *Store) JobReplay(ctx context.Context, jobType, jobKey string, jt *corre
 		if jt.Retry != nil {
 			j.MaxAttempts = jt.Retry.MaxAttempts()
 		}
-		windows := jt.Windows
-		if j.TimeWindows != nil {
-			windows = j.TimeWindows
-		}
-		if len(windows) > 0 {
+		if windows := correlator.WindowsFor(jt, j.TimeWindows); len(windows) > 0 {
 			j.ScheduledRunTime = correlator.NextAllowed(windows, time.Now())
 		}
 	}

@@ -56,8 +56,8 @@ func finish(t *testing.T, st *store.Store, cs ...store.Claimed) {
 	t.Helper()
 	var rs []store.Resolve
 	for _, c := range cs {
-		rs = append(rs, store.Resolve{JobID: c.ID, Attempt: c.Attempt, AttemptOutcome: correlator.AttemptSucceeded,
-			Res: correlator.Resolution{State: correlator.StateFinal, Outcome: correlator.OutcomeSucceeded, Error: correlator.ErrorNone}})
+		rs = append(rs, store.Resolve{JobID: c.ID, Attempt: c.Attempt,
+			Res: correlator.Replied(nil, c.Running(), &correlator.Reply{Success: true}, time.Now())})
 	}
 	if _, err := st.JobResolveMany(ctx, rs); err != nil {
 		t.Fatal(err)

@@ -131,7 +131,8 @@ func applyReplies(ctx context.Context, tx pgx.Tx, ins []ReplyIn, types correlato
 		switch d.Verdict {
 		case correlator.Apply:
 			applied[t.ID] = true
-			resolves = append(resolves, resolveReply(r, t, types.Get(jt), now))
+			resolves = append(resolves, Resolve{JobID: t.ID, Attempt: t.Attempt, Reply: r.Result, Result: r.Result,
+				Res: correlator.Replied(types.Get(jt), t.run, r, now)})
 		case correlator.Early:
 			if in.earlyID == 0 {
 				in.expires = now.Add(earlyTTL)
@@ -173,16 +174,6 @@ func applyReplies(ctx context.Context, tx pgx.Tx, ins []ReplyIn, types correlato
 		}
 	}
 	return res, nil
-}
-
-func resolveReply(r *correlator.Reply, t *target, jt *correlator.JobType, now time.Time) Resolve {
-	outcome := correlator.AttemptSucceeded
-	if !r.Success {
-		outcome = correlator.AttemptFailed
-	}
-	return Resolve{JobID: t.ID, Attempt: t.Attempt, AttemptOutcome: outcome, AttemptError: r.Error,
-		Reply: r.Result, Result: r.Result,
-		Res: correlator.ResolveFor(jt, t.run, outcome, r.Retryable, r.Error, now)}
 }
 
 // lockTargets reads and locks, in id order, the rows the replies name: by

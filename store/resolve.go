@@ -11,16 +11,14 @@ import (
 	"github.com/hipq/hipq/correlator"
 )
 
-// Resolve ends one running attempt: the job moves as Res says, and the
-// attempt row records its outcome.
+// Resolve ends one running attempt: the job moves as Res (one of the
+// domain's named ends) says, and the attempt row records its outcome.
 type Resolve struct {
-	JobID          int64
-	Attempt        int
-	Res            correlator.Resolution
-	Result         json.RawMessage // stored in hipq_job.result on success
-	AttemptOutcome correlator.AttemptOutcome
-	AttemptError   string
-	Reply          json.RawMessage // the reply, when one came
+	JobID   int64
+	Attempt int
+	Res     correlator.Resolution
+	Result  json.RawMessage // stored in hipq_job.result on success
+	Reply   json.RawMessage // the reply, when one came
 	// Sent: the request reached the service (an HTTP answer of any
 	// status): sent_at is set if it is not yet.
 	Sent bool
@@ -76,7 +74,7 @@ func jobResolveMany(ctx context.Context, tx pgx.Tx, rs []Resolve) ([]resolved, e
 	sent := make([]bool, n)
 	for i, r := range rs {
 		ids[i], atts[i], sent[i] = r.JobID, int32(r.Attempt), r.Sent
-		states[i], errs[i], attOutcomes[i] = string(r.Res.State), safeText(r.Res.Error), string(r.AttemptOutcome)
+		states[i], errs[i], attOutcomes[i] = string(r.Res.State), safeText(r.Res.Error), string(r.Res.Attempt)
 		outcomes[i] = nullable(string(r.Res.Outcome))
 		if !r.Res.NextRun.IsZero() {
 			t := r.Res.NextRun
@@ -85,8 +83,8 @@ func jobResolveMany(ctx context.Context, tx pgx.Tx, rs []Resolve) ([]resolved, e
 		if r.Res.Outcome == correlator.OutcomeSucceeded && r.Result != nil {
 			results[i] = nullable(string(r.Result))
 		}
-		if r.AttemptOutcome != correlator.AttemptSucceeded {
-			attErrs[i] = nullable(safeText(r.AttemptError))
+		if r.Res.Attempt != correlator.AttemptSucceeded {
+			attErrs[i] = nullable(safeText(r.Res.AttemptError))
 		}
 		if r.Reply != nil {
 			replies[i] = nullable(string(r.Reply))

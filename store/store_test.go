@@ -250,18 +250,18 @@ func TestResolveIsGuarded(t *testing.T) {
 	st := pgtest.New(t)
 	insert(t, st, job("a"))
 	c := claim(t, st, 1)[0]
-	final := correlator.Resolution{State: correlator.StateFinal, Outcome: correlator.OutcomeSucceeded, Error: correlator.ErrorNone}
-	done, err := st.JobResolveMany(ctx, []store.Resolve{{JobID: c.ID, Attempt: 2, Res: final, AttemptOutcome: correlator.AttemptSucceeded}})
+	final := correlator.Replied(nil, c.Running(), &correlator.Reply{Success: true}, time.Now())
+	done, err := st.JobResolveMany(ctx, []store.Resolve{{JobID: c.ID, Attempt: 2, Res: final}})
 	if err != nil || len(done) != 0 {
 		t.Fatalf("a write for attempt 2 took effect on attempt 1: %v %v", done, err)
 	}
-	done, _ = st.JobResolveMany(ctx, []store.Resolve{{JobID: c.ID, Attempt: 1, Res: final, AttemptOutcome: correlator.AttemptSucceeded}})
+	done, _ = st.JobResolveMany(ctx, []store.Resolve{{JobID: c.ID, Attempt: 1, Res: final}})
 	if len(done) != 1 {
 		t.Fatal("the right write did not take effect")
 	}
 	before := get(t, st, "a")
-	failed := correlator.Resolution{State: correlator.StateFinal, Outcome: correlator.OutcomeFailed, Error: "x"}
-	done, _ = st.JobResolveMany(ctx, []store.Resolve{{JobID: c.ID, Attempt: 1, Res: failed, AttemptOutcome: correlator.AttemptFailed}})
+	failed := correlator.Replied(nil, c.Running(), &correlator.Reply{Error: "x"}, time.Now())
+	done, _ = st.JobResolveMany(ctx, []store.Resolve{{JobID: c.ID, Attempt: 1, Res: failed}})
 	after := get(t, st, "a")
 	if len(done) != 0 || after.Outcome != correlator.OutcomeSucceeded || !after.UpdateTime.Equal(before.UpdateTime) {
 		t.Fatalf("a final job changed: %+v", after)

@@ -65,9 +65,7 @@ func (s *Store) JobTimeOutStuck(ctx context.Context, limit int, types correlator
 			// schedule (the claim still applies them): never a reason to
 			// leave the job running for ever.
 			r.Windows, _ = decodeWindows(windows)
-			rs = append(rs, Resolve{JobID: id, Attempt: r.Attempt, AttemptOutcome: correlator.AttemptTimedOut,
-				AttemptError: correlator.ErrorTimeout,
-				Res:          correlator.ResolveFor(types.Get(jt), r, correlator.AttemptTimedOut, true, correlator.ErrorTimeout, now)})
+			rs = append(rs, Resolve{JobID: id, Attempt: r.Attempt, Res: correlator.TimedOut(types.Get(jt), r, now)})
 			return nil
 		})
 		if err != nil {

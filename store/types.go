@@ -118,16 +118,18 @@ func nullable[T comparable](v T) *T {
 	return &v
 }
 
-// decodeWindows reads a time_windows column: nil when NULL, else the
-// compiled windows; one this build cannot evaluate is open all day, and
-// the error says why.
+// decodeWindows reads a time_windows column: nil when NULL (the type's
+// apply), else the compiled windows; one this build cannot evaluate is
+// open all day, and the error says why.
 func decodeWindows(b []byte) ([]correlator.TimeWindow, error) {
 	if b == nil {
 		return nil, nil
 	}
 	var ws []correlator.TimeWindow
 	if err := json.Unmarshal(b, &ws); err != nil {
-		return nil, err
+		// Its own windows, unreadable: open all day, as the claim takes
+		// them; never the type's instead.
+		return []correlator.TimeWindow{}, err
 	}
 	return ws, correlator.CompileStored(ws)
 }

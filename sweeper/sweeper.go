@@ -188,10 +188,8 @@ func (s *Sweeper) rescue(ctx context.Context, rep *Report) error {
 	var undo []store.AttemptRef
 	var fail []store.Resolve
 	for _, u := range unsent {
-		if jt := s.cfg.Types[u.JobType]; jt != nil && jt.Delivery == correlator.AtMostOnce {
-			msg := "claimed but not known to be sent (instance lost); at_most_once, so not re-sent"
-			fail = append(fail, store.Resolve{JobID: u.JobID, Attempt: u.Attempt, AttemptOutcome: correlator.AttemptDispatchError,
-				AttemptError: msg, Res: correlator.Resolution{State: correlator.StateFinal, Outcome: correlator.OutcomeFailed, Error: msg}})
+		if resend, res := correlator.SendUnknown(s.cfg.Types.Get(u.JobType), "claimed but not known to be sent (instance lost)"); !resend {
+			fail = append(fail, store.Resolve{JobID: u.JobID, Attempt: u.Attempt, Res: res})
 			continue
 		}
 		undo = append(undo, u.AttemptRef)
