@@ -133,7 +133,9 @@ func NextOpening(windows []TimeWindow, from time.Time, expiresAt *time.Time) (ti
 
 // pastExpiry: a job that would run at t, expiring at expiresAt (nil:
 // never), would run too late.
-func pastExpiry(t time.Time, expiresAt *time.Time) bool { return expiresAt != nil && !t.Before(*expiresAt) }
+func pastExpiry(t time.Time, expiresAt *time.Time) bool {
+	return expiresAt != nil && !t.Before(*expiresAt)
+}
 
 // Deferred is a waiting job the claim found due but outside its windows:
 // it moves to its next opening without using an attempt, or ends final /
