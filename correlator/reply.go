@@ -1,6 +1,10 @@
 package correlator
 
-import "encoding/json"
+import (
+	"encoding/json"
+	"fmt"
+	"time"
+)
 
 // Reply is a response read from a response topic or an HTTP callback, its
 // fields extracted by a matcher.
@@ -22,6 +26,103 @@ type Target struct {
 	JobKey  string
 	State   State
 	Attempt int
+	// What the retry decision needs besides the attempt.
+	MaxAttempts int
+	ExpiresAt   *time.Time
+	Windows     []TimeWindow // the job's own; nil: its type's
+}
+
+// Running is what the retry decision needs of the target.
+func (t *Target) Running() Running {
+	return Running{Attempt: t.Attempt, MaxAttempts: t.MaxAttempts, ExpiresAt: t.ExpiresAt, Windows: t.Windows}
+}
+
+// TypeKey names the jobs of one (job_type, job_key).
+type TypeKey struct{ Type, Key string }
+
+// Targets are the rows a batch of replies names, read (and locked) by the
+// store before the batch is decided.
+type Targets struct {
+	ByID   map[int64]*Target   // every row named by a reply's job id
+	ByKey  map[TypeKey]*Target // the non-final job of each (type, key) named
+	Finals map[TypeKey]bool    // (type, key) named without a non-final job, that have a final one
+}
+
+// Pending is one reply of a batch: fresh (from a response topic, a
+// callback, a sync send) or kept earlier as an early reply until KeptUntil.
+type Pending struct {
+	Reply     *Reply
+	Kept      bool
+	KeptUntil time.Time
+}
+
+// ReplyDecision is what becomes of one reply of a batch.
+type ReplyDecision struct {
+	Decision
+	// Target and Res, with Apply: the job's running attempt ends so.
+	Target *Target
+	Res    Resolution
+	// KeepUntil, with Early for a fresh reply: it is kept until then.
+	KeepUntil time.Time
+	// Drop: a kept reply that is now used up (applied, ignored, or
+	// dead-lettered once its TTL passed).
+	Drop bool
+}
+
+// DecideReplies decides a whole batch of replies against their targets
+// (SPEC §6) on now, the database's clock: each is applied, a duplicate,
+// stale, early (a fresh one kept for earlyTTL) or dead-lettered with its
+// reason. A reply to a job type not configured here is dead-lettered; of
+// several replies applying to one job in the batch the first applies and
+// the others are duplicates; a kept reply past its TTL is dead-lettered.
+// It does no I/O: the store reads the targets, calls it once, and writes
+// what it returns.
+func DecideReplies(batch []Pending, t Targets, types Types, now time.Time, earlyTTL time.Duration) []ReplyDecision {
+	out := make([]ReplyDecision, len(batch))
+	applied := map[int64]bool{}
+	for i, p := range batch {
+		r := p.Reply
+		var target *Target
+		if r.JobID != nil {
+			target = t.ByID[*r.JobID]
+		} else {
+			target = t.ByKey[TypeKey{r.JobType, r.JobKey}]
+		}
+		name := r.JobType
+		if target != nil {
+			name = target.JobType
+		}
+		d := ReplyDecision{Target: target}
+		jt := types.Get(name)
+		switch {
+		case jt == nil && name != "":
+			// (A reply by job id alone to a pruned row names no type: it
+			// is stale, as Classify says.)
+			d.Decision = Decision{Verdict: DeadLetter, Reason: &InputError{Code: CodeUnknownJobType,
+				Detail: fmt.Sprintf("job type %q is not configured", name)}}
+		default:
+			d.Decision = Classify(r, target, t.Finals[TypeKey{r.JobType, r.JobKey}])
+		}
+		if d.Verdict == Apply && applied[target.ID] {
+			d.Decision = Decision{Verdict: Duplicate}
+		}
+		switch d.Verdict {
+		case Apply:
+			applied[target.ID] = true
+			d.Res = Replied(jt, target.Running(), r, now)
+		case Early:
+			switch {
+			case !p.Kept:
+				d.KeepUntil = now.Add(earlyTTL)
+			case now.After(p.KeptUntil):
+				d.Decision = Decision{Verdict: DeadLetter, Reason: &InputError{Code: CodeNoJob,
+					Detail: "no job was dispatched for this reply within responses.early_ttl"}}
+			}
+		}
+		d.Drop = p.Kept && d.Verdict != Early
+		out[i] = d
+	}
+	return out
 }
 
 // Verdict is what becomes of a reply.

@@ -127,10 +127,18 @@ func TestDeliveryRecordSurvivesPostgresRestart(t *testing.T) {
 	if _, err := d.RunOnce(ctx); err != nil {
 		t.Fatalf("round: %v", err)
 	}
+	// PostgreSQL went down under the sends; the records below landed
+	// once it was back (Up returns a moment after it accepts connections,
+	// so wait for it rather than race it).
+	select {
+	case <-o.down:
+	default:
+		t.Fatal("PostgreSQL never went down under the sends")
+	}
 	select {
 	case <-o.back:
-	default:
-		t.Fatal("the sends were recorded before PostgreSQL came back")
+	case <-time.After(time.Minute):
+		t.Fatal("PostgreSQL did not come back")
 	}
 	// Kafka sends: acknowledged, so sent_at, whatever happened after.
 	if n := scalar(t, st, `SELECT count(*) FROM hipq_attempt a JOIN hipq_job j ON j.id = a.job_id

@@ -72,20 +72,17 @@ func (s *Store) ReplyApply(ctx context.Context, b ReplyBatch, types correlator.T
 	return res, err
 }
 
-type target struct {
-	correlator.Target
-	run correlator.Running
-}
-
-// applyReplies classifies replies against their rows, locked in id order,
-// reduces several replies for one job to the first, and writes outcomes,
-// early replies and (returned, not written) dead letters.
+// applyReplies decides a batch of replies in one call to the domain
+// (correlator.DecideReplies) against their rows, read and locked in id
+// order, on the database's clock, and writes every decision: outcomes,
+// early replies kept and used up, and (returned, not written) dead
+// letters.
 func applyReplies(ctx context.Context, tx pgx.Tx, ins []ReplyIn, types correlator.Types, earlyTTL time.Duration) (ReplyResult, error) {
 	res := ReplyResult{Verdicts: make([]correlator.Verdict, len(ins)), Counts: map[correlator.Verdict]int{}}
 	if len(ins) == 0 {
 		return res, nil
 	}
-	byID, byKey, finals, err := lockTargets(ctx, tx, ins)
+	targets, err := lockTargets(ctx, tx, ins)
 	if err != nil {
 		return res, err
 	}
@@ -95,61 +92,28 @@ func applyReplies(ctx context.Context, tx pgx.Tx, ins []ReplyIn, types correlato
 	if err := tx.QueryRow(ctx, `SELECT now()`).Scan(&now); err != nil {
 		return res, fmt.Errorf("read the database clock: %w", err)
 	}
-	applied := map[int64]bool{}
+	batch := make([]correlator.Pending, len(ins))
+	for i, in := range ins {
+		batch[i] = correlator.Pending{Reply: in.Reply, Kept: in.earlyID != 0, KeptUntil: in.expires}
+	}
 	var resolves []Resolve
 	var early []ReplyIn
 	var drop []int64 // early rows used up
-	for i := range ins {
-		in := &ins[i]
-		r := in.Reply
-		var t *target
-		if r.JobID != nil {
-			t = byID[*r.JobID]
-		} else {
-			t = byKey[typeKey{r.JobType, r.JobKey}]
-		}
-		jt := r.JobType
-		if t != nil {
-			jt = t.JobType
-		}
-		var d correlator.Decision
-		if types.Get(jt) == nil {
-			d = correlator.Decision{Verdict: correlator.DeadLetter, Reason: &correlator.InputError{
-				Code: correlator.CodeUnknownJobType, Detail: fmt.Sprintf("job type %q is not configured", jt)}}
-		} else {
-			var tt *correlator.Target
-			if t != nil {
-				tt = &t.Target
-			}
-			d = correlator.Classify(r, tt, finals[typeKey{r.JobType, r.JobKey}])
-		}
-		if d.Verdict == correlator.Apply && applied[t.ID] {
-			d = correlator.Decision{Verdict: correlator.Duplicate}
-		}
+	for i, d := range correlator.DecideReplies(batch, targets, types, now, earlyTTL) {
+		in := ins[i]
 		res.Verdicts[i] = d.Verdict
 		res.Counts[d.Verdict]++
-		switch d.Verdict {
-		case correlator.Apply:
-			applied[t.ID] = true
-			resolves = append(resolves, Resolve{JobID: t.ID, Attempt: t.Attempt, Reply: r.Result, Result: r.Result,
-				Res: correlator.Replied(types.Get(jt), t.run, r, now)})
-		case correlator.Early:
-			if in.earlyID == 0 {
-				in.expires = now.Add(earlyTTL)
-				early = append(early, *in)
-			} else if now.After(in.expires) {
-				res.Counts[correlator.Early]--
-				res.Counts[correlator.DeadLetter]++
-				res.Verdicts[i] = correlator.DeadLetter
-				res.DeadLetters = append(res.DeadLetters, DeadLetter{Kind: in.Kind, Source: in.Source,
-					Reason: correlator.CodeNoJob + ": no job was dispatched for this reply within responses.early_ttl"})
-				drop = append(drop, in.earlyID)
-			}
-			continue
-		case correlator.DeadLetter:
+		switch {
+		case d.Verdict == correlator.Apply:
+			resolves = append(resolves, Resolve{JobID: d.Target.ID, Attempt: d.Target.Attempt, Reply: in.Reply.Result,
+				Result: in.Reply.Result, Res: d.Res})
+		case d.Verdict == correlator.DeadLetter:
 			res.DeadLetters = append(res.DeadLetters, DeadLetter{Kind: in.Kind, Source: in.Source, Reason: d.Reason.Error()})
+		case !d.KeepUntil.IsZero():
+			in.expires = d.KeepUntil
+			early = append(early, in)
 		}
-		if in.earlyID != 0 {
+		if d.Drop {
 			drop = append(drop, in.earlyID)
 		}
 	}
@@ -177,9 +141,9 @@ func applyReplies(ctx context.Context, tx pgx.Tx, ins []ReplyIn, types correlato
 }
 
 // lockTargets reads and locks, in id order, the rows the replies name: by
-// job id, else the non-final job of (type, key). finals says which (type,
+// job id, else the non-final job of (type, key); and finds which (type,
 // key) without a non-final job have a final one.
-func lockTargets(ctx context.Context, tx pgx.Tx, ins []ReplyIn) (map[int64]*target, map[typeKey]*target, map[typeKey]bool, error) {
+func lockTargets(ctx context.Context, tx pgx.Tx, ins []ReplyIn) (correlator.Targets, error) {
 	var ids []int64
 	var types, keys []string
 	for _, in := range ins {
@@ -199,53 +163,51 @@ func lockTargets(ctx context.Context, tx pgx.Tx, ins []ReplyIn) (map[int64]*targ
 		ORDER BY id
 		FOR UPDATE`, ids, types, keys)
 	if err != nil {
-		return nil, nil, nil, fmt.Errorf("lock reply targets: %w", err)
+		return correlator.Targets{}, fmt.Errorf("lock reply targets: %w", err)
 	}
-	byID, byKey := map[int64]*target{}, map[typeKey]*target{}
+	t := correlator.Targets{ByID: map[int64]*correlator.Target{}, ByKey: map[correlator.TypeKey]*correlator.Target{},
+		Finals: map[correlator.TypeKey]bool{}}
 	var (
-		id                   int64
-		jt, jk, state        string
-		attempt, maxAttempts int
-		expires              *time.Time
-		windows              []byte
+		row     correlator.Target
+		state   string
+		windows []byte
 	)
-	_, err = pgx.ForEachRow(rows, []any{&id, &jt, &jk, &state, &attempt, &maxAttempts, &expires, &windows}, func() error {
-		t := &target{Target: correlator.Target{ID: id, JobType: jt, JobKey: jk, State: correlator.State(state), Attempt: attempt},
-			run: correlator.Running{Attempt: attempt, MaxAttempts: maxAttempts, ExpiresAt: expires}}
+	_, err = pgx.ForEachRow(rows, []any{&row.ID, &row.JobType, &row.JobKey, &state, &row.Attempt, &row.MaxAttempts, &row.ExpiresAt, &windows}, func() error {
+		tg := row
+		tg.State = correlator.State(state)
 		// Windows this build cannot read are left out of the retry's
 		// schedule (the claim still applies them): a reply to such a job
 		// is applied, never refused for it.
-		t.run.Windows, _ = decodeWindows(windows)
-		byID[id] = t
-		if t.State != correlator.StateFinal {
-			byKey[typeKey{jt, jk}] = t
+		tg.Windows, _ = decodeWindows(windows)
+		t.ByID[tg.ID] = &tg
+		if tg.State != correlator.StateFinal {
+			t.ByKey[correlator.TypeKey{Type: tg.JobType, Key: tg.JobKey}] = &tg
 		}
 		return nil
 	})
 	if err != nil {
-		return nil, nil, nil, fmt.Errorf("lock reply targets: %w", err)
+		return correlator.Targets{}, fmt.Errorf("lock reply targets: %w", err)
 	}
 	var ft, fk []string
 	for i := range types {
-		if byKey[typeKey{types[i], keys[i]}] == nil {
+		if t.ByKey[correlator.TypeKey{Type: types[i], Key: keys[i]}] == nil {
 			ft, fk = append(ft, types[i]), append(fk, keys[i])
 		}
 	}
-	finals := map[typeKey]bool{}
 	if len(ft) > 0 {
 		rows, err := tx.Query(ctx, `
 			SELECT DISTINCT j.job_type, j.job_key FROM hipq_job j
 			JOIN unnest($1::text[], $2::text[]) AS k(t, k) ON j.job_type = k.t AND j.job_key = k.k
 			WHERE j.state = 'final'`, ft, fk)
 		if err != nil {
-			return nil, nil, nil, fmt.Errorf("find final jobs: %w", err)
+			return correlator.Targets{}, fmt.Errorf("find final jobs: %w", err)
 		}
-		var tk typeKey
-		if _, err := pgx.ForEachRow(rows, []any{&tk.Type, &tk.Key}, func() error { finals[tk] = true; return nil }); err != nil {
-			return nil, nil, nil, fmt.Errorf("find final jobs: %w", err)
+		var tk correlator.TypeKey
+		if _, err := pgx.ForEachRow(rows, []any{&tk.Type, &tk.Key}, func() error { t.Finals[tk] = true; return nil }); err != nil {
+			return correlator.Targets{}, fmt.Errorf("find final jobs: %w", err)
 		}
 	}
-	return byID, byKey, finals, nil
+	return t, nil
 }
 
 func earlyInsert(ctx context.Context, tx pgx.Tx, early []ReplyIn) error {
