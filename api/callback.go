@@ -63,7 +63,7 @@ func (s *Server) callback(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	s.cfg.Metrics.ObserveReplies(metrics.SourceCallback, res)
+	s.cfg.Metrics.ObserveReplies(metrics.SourceCallback, res.Counts, res.RoundTrips)
 	s.cfg.DeadLetters.Copy(res.DeadLetters)
 	switch v := res.Verdicts[0]; v {
 	case correlator.Apply:

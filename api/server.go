@@ -288,7 +288,7 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) error {
 		}
 		checks[name] = "ok"
 	}
-	check("postgres", s.st.Pool().Ping(ctx))
+	check("postgres", s.st.Ping(ctx))
 	hot := s.cfg.HotPath
 	if hot == nil {
 		hot = s.st

@@ -2,13 +2,11 @@ package api
 
 import (
 	"context"
-	"errors"
 	"net/http"
 	"strconv"
 	"sync"
 	"time"
 
-	"github.com/jackc/puddle/v2"
 	"go.uber.org/zap"
 
 	"github.com/hipq/hipq/correlator"
@@ -197,32 +195,7 @@ func (h *hub) check(ctx context.Context, s *Server, dirty chan struct{}) {
 }
 
 func (h *hub) listen(ctx context.Context, s *Server, dirty chan struct{}) {
-	for ctx.Err() == nil {
-		err := func() error {
-			conn, err := s.st.Pool().Acquire(ctx)
-			if err != nil {
-				return err
-			}
-			defer conn.Release()
-			if _, err := conn.Exec(ctx, "LISTEN hipq_job_ready"); err != nil {
-				return err
-			}
-			defer conn.Exec(context.WithoutCancel(ctx), "UNLISTEN *") //nolint:errcheck
-			poke(dirty)                                               // a job may have ended before the LISTEN
-			for {
-				if _, err := conn.Conn().WaitForNotification(ctx); err != nil {
-					return err
-				}
-				poke(dirty)
-			}
-		}()
-		if ctx.Err() != nil || errors.Is(err, puddle.ErrClosedPool) {
-			return
-		}
+	s.st.WaitJobReady(ctx, func() { poke(dirty) }, func(err error) {
 		s.log.Debug("listen for finished jobs failed; waits look every second meanwhile", zap.Error(err))
-		select {
-		case <-ctx.Done():
-		case <-time.After(time.Second):
-		}
-	}
+	})
 }

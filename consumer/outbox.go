@@ -3,14 +3,12 @@ package consumer
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
 	"slices"
 	"syscall"
 	"time"
 
-	"github.com/jackc/puddle/v2"
 	"go.uber.org/zap"
 
 	"github.com/hipq/hipq/correlator"
@@ -257,37 +255,12 @@ func outboxSource(r store.OutboxRow) (store.Source, error) {
 	return src, nil
 }
 
-// listen turns NOTIFY hipq_intake (sent at the commit of a transaction
-// that wrote the outbox) into wake-ups; polling stays the fallback.
+// listen turns the notices of rows committed to the outbox into
+// wake-ups; polling stays the fallback.
 func (o *Outbox) listen(ctx context.Context) {
-	for ctx.Err() == nil {
-		err := func() error {
-			conn, err := o.st.Pool().Acquire(ctx)
-			if err != nil {
-				return err
-			}
-			defer conn.Release()
-			if _, err := conn.Exec(ctx, "LISTEN hipq_intake"); err != nil {
-				return err
-			}
-			defer conn.Exec(context.WithoutCancel(ctx), "UNLISTEN *") //nolint:errcheck
-			o.poke()                                                  // rows may have come before the LISTEN
-			for {
-				if _, err := conn.Conn().WaitForNotification(ctx); err != nil {
-					return err
-				}
-				o.poke()
-			}
-		}()
-		if ctx.Err() != nil || errors.Is(err, puddle.ErrClosedPool) {
-			return
-		}
+	o.st.WaitIntake(ctx, o.poke, func(err error) {
 		o.log.Debug("listen for outbox rows failed; polling meanwhile", zap.Error(err))
-		select {
-		case <-ctx.Done():
-		case <-time.After(time.Second):
-		}
-	}
+	})
 }
 
 func (o *Outbox) poke() {

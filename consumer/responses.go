@@ -68,7 +68,7 @@ func (rs *Responses) apply(ctx context.Context, recs []*kgo.Record, adv []store.
 	}
 	return func() {
 		rs.countUnreadable(len(b.DeadLetters))
-		rs.group.cfg.Metrics.ObserveReplies(metrics.SourceKafka, res)
+		rs.group.cfg.Metrics.ObserveReplies(metrics.SourceKafka, res.Counts, res.RoundTrips)
 		rs.log.Debug("reply batch applied", zap.Int("records", len(recs)), zap.Int("applied", res.Counts[correlator.Apply]),
 			zap.Int("dead_lettered", len(res.DeadLetters)))
 		(&deadletter.Copier{Client: rs.cl, Topic: rs.cfg.DeadLetterTopic, Log: rs.log}).Copy(res.DeadLetters)

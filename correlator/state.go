@@ -3,6 +3,7 @@ package correlator
 import (
 	"errors"
 	"fmt"
+	"time"
 )
 
 // State is where a job is in its life. The values are stored as text in
@@ -58,6 +59,20 @@ const (
 	ErrorExpired   = "expired"
 	ErrorCancelled = "cancelled"
 )
+
+// JobCount is how many jobs of one queue are in one state.
+type JobCount struct {
+	Queue string
+	State State
+	N     int64
+}
+
+// RoundTrip is how long one attempt of a job of JobType ran, from its
+// claim to its end.
+type RoundTrip struct {
+	JobType string
+	Elapsed time.Duration
+}
 
 // ErrNotFound is returned when a job, dead letter or queue does not exist.
 var ErrNotFound = errors.New("not found")

@@ -210,36 +210,12 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	}
 }
 
-// listen turns NOTIFY hipq_job_ready into wake-ups. It is only a hint:
-// polling stays the fallback, so errors are logged and retried.
+// listen turns the store's notices of due work into wake-ups. They are
+// only hints: polling stays the fallback.
 func (d *Dispatcher) listen(ctx context.Context) {
-	for ctx.Err() == nil {
-		err := func() error {
-			conn, err := d.st.Pool().Acquire(ctx)
-			if err != nil {
-				return err
-			}
-			defer conn.Release()
-			if _, err := conn.Exec(ctx, "LISTEN hipq_job_ready"); err != nil {
-				return err
-			}
-			defer conn.Exec(context.Background(), "UNLISTEN *") //nolint:errcheck
-			for {
-				if _, err := conn.Conn().WaitForNotification(ctx); err != nil {
-					return err
-				}
-				d.Wake()
-			}
-		}()
-		if ctx.Err() != nil {
-			return
-		}
+	d.st.WaitJobReady(ctx, d.Wake, func(err error) {
 		d.log.Debug("listen for new jobs failed; polling meanwhile", zap.Error(err))
-		select {
-		case <-ctx.Done():
-		case <-time.After(time.Second):
-		}
-	}
+	})
 }
 
 // RunOnce claims and sends until no queue has due work left (or every
@@ -466,9 +442,9 @@ func (d *Dispatcher) deliver(ctx context.Context, q QueueConfig, s Sender, jobs 
 			zap.Int("jobs", k), zap.Int("undone", res.Undone))
 	}
 	if len(rec.Replies) > 0 {
-		d.m.ObserveReplies(metrics.SourceSync, res.Replies)
+		d.m.ObserveReplies(metrics.SourceSync, res.Replies.Counts, res.Replies.RoundTrips)
 	}
-	d.m.ObserveReplies(metrics.SourceEarly, res.Early)
+	d.m.ObserveReplies(metrics.SourceEarly, res.Early.Counts, res.Early.RoundTrips)
 	d.cfg.DeadLetters.Copy(append(res.Replies.DeadLetters, res.Early.DeadLetters...))
 	if n := res.Early.Counts[correlator.Apply]; n > 0 {
 		d.log.Info("early replies applied", zap.Int("replies", n))

@@ -44,7 +44,7 @@ func (s *Store) JobEnqueue(ctx context.Context, j *correlator.Job) (*correlator.
 			  ON CONFLICT (job_type, job_key) WHERE state <> 'final' DO NOTHING
 			  RETURNING `+jobColumns+`
 			), notify AS (
-			  SELECT pg_notify('hipq_job_ready', $1) FROM ins
+			  SELECT pg_notify('`+channelJobReady+`', $1) FROM ins
 			)
 			SELECT ins.*, true, true FROM ins WHERE (SELECT count(*) FROM notify) >= 0
 			UNION ALL
@@ -226,7 +226,7 @@ func (s *Store) JobCancel(ctx context.Context, jobType, jobKey string) (*correla
 				return err
 			}
 			// The job ended (a throttle slot may be free; waits look now).
-			_, err = tx.Exec(ctx, `SELECT pg_notify('hipq_job_ready', $1)`, j.Queue)
+			_, err = tx.Exec(ctx, `SELECT pg_notify('`+channelJobReady+`', $1)`, j.Queue)
 			return err
 		})
 		if errors.Is(err, correlator.ErrNotFound) {
@@ -279,7 +279,7 @@ func (s *Store) QueueSetPaused(ctx context.Context, queue string, paused bool) e
 		return fmt.Errorf("set queue %q paused=%v: %w", queue, paused, err)
 	}
 	if !paused {
-		_, _ = s.pool.Exec(ctx, `SELECT pg_notify('hipq_job_ready', $1)`, queue)
+		_, _ = s.pool.Exec(ctx, `SELECT pg_notify('`+channelJobReady+`', $1)`, queue)
 	}
 	return nil
 }

@@ -185,7 +185,7 @@ func jobsInsert(ctx context.Context, tx pgx.Tx, jobs []IntakeJob) ([]acceptStatu
 		  ON CONFLICT (job_type, job_key) WHERE state <> 'final' DO NOTHING
 		  RETURNING queue, job_type, job_key
 		), notify AS (
-		  SELECT pg_notify('hipq_job_ready', q) FROM (SELECT DISTINCT queue AS q FROM ins) d
+		  SELECT pg_notify('`+channelJobReady+`', q) FROM (SELECT DISTINCT queue AS q FROM ins) d
 		)
 		SELECT n.ord, CASE WHEN i.job_key IS NOT NULL THEN 1
 		            -- Only a job not inserted looks for the one in its way.

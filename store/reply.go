@@ -34,7 +34,7 @@ type ReplyBatch struct {
 type ReplyResult struct {
 	Verdicts    []correlator.Verdict
 	Applied     []AttemptRef
-	RoundTrips  []RoundTrip // of Applied
+	RoundTrips  []correlator.RoundTrip // of Applied
 	DeadLetters []DeadLetter
 	Counts      map[correlator.Verdict]int
 }

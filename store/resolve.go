@@ -41,14 +41,7 @@ func (s *Store) JobResolveMany(ctx context.Context, rs []Resolve) ([]AttemptRef,
 // resolved is a resolution that took effect, with how long its attempt ran.
 type resolved struct {
 	AttemptRef
-	RoundTrip
-}
-
-// RoundTrip is how long one attempt of a job of JobType ran, from its
-// claim to its resolution.
-type RoundTrip struct {
-	JobType string
-	Elapsed time.Duration
+	correlator.RoundTrip
 }
 
 func refsOf(rs []resolved) []AttemptRef {
@@ -106,7 +99,7 @@ func jobResolveMany(ctx context.Context, tx pgx.Tx, rs []Resolve) ([]resolved, e
 		), notify AS (
 		  -- A job left running: a throttle slot is free, so dispatchers
 		  -- may claim now rather than at their next poll.
-		  SELECT pg_notify('hipq_job_ready', q) FROM (SELECT DISTINCT queue AS q FROM done) d
+		  SELECT pg_notify('`+channelJobReady+`', q) FROM (SELECT DISTINCT queue AS q FROM done) d
 		), att AS (
 		  -- done carries u's values: joining two CTEs (no statistics) could
 		  -- plan as a nested loop, quadratic in the batch.

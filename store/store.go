@@ -79,7 +79,8 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 // Close closes every connection.
 func (s *Store) Close() { s.pool.Close() }
 
-// Pool gives tests and the LISTEN loop a raw pool.
+// Pool gives tests a raw pool. Nothing outside this package uses it:
+// LISTEN is WaitJobReady and WaitIntake, a ping Ping.
 func (s *Store) Pool() *pgxpool.Pool { return s.pool }
 
 // Ping checks that the database answers.

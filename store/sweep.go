@@ -130,7 +130,7 @@ func (s *Store) JobExpire(ctx context.Context, limit int) (int, error) {
 		  WHERE j.id = d.id AND j.state = d.state AND j.attempt = d.attempt
 		  RETURNING j.queue
 		), notify AS ( -- waits for these jobs look now
-		  SELECT pg_notify('hipq_job_ready', q) FROM (SELECT DISTINCT queue AS q FROM done) d
+		  SELECT pg_notify('`+channelJobReady+`', q) FROM (SELECT DISTINCT queue AS q FROM done) d
 		)
 		SELECT count(*) FROM done WHERE (SELECT count(*) FROM notify) >= 0`, limit).Scan(&n)
 	if err != nil {

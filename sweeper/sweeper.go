@@ -141,7 +141,7 @@ func (s *Sweeper) earlyReplies(ctx context.Context, rep *Report, types correlato
 		}
 		rep.EarlyApplied += res.Counts[correlator.Apply]
 		rep.EarlyDeadLettered += len(res.DeadLetters)
-		s.cfg.Metrics.ObserveReplies(metrics.SourceEarly, res)
+		s.cfg.Metrics.ObserveReplies(metrics.SourceEarly, res.Counts, res.RoundTrips)
 		s.cfg.DeadLetters.Copy(res.DeadLetters)
 		if last == 0 || len(res.Verdicts) < s.cfg.BatchSize {
 			return nil

@@ -148,8 +148,8 @@ func cmdBench(args []string, stdout io.Writer) error {
 					for i := lo; i < min(lo+*outboxBatch, *n); i++ {
 						vals = append(vals, value(i))
 					}
-					if _, err := a.st.Pool().Exec(ctx, `INSERT INTO hipq_intake (value) SELECT unnest($1::text[])`, vals); err != nil {
-						writeErr <- fmt.Errorf("write the outbox: %w", err)
+					if err := a.st.OutboxWrite(ctx, vals); err != nil {
+						writeErr <- err
 						return
 					}
 				}
@@ -173,28 +173,12 @@ func cmdBench(args []string, stdout io.Writer) error {
 		}
 		final = counts[correlator.StateFinal]
 	}
-	var last time.Time
-	res := benchResult{Jobs: *n}
-	err = a.st.Pool().QueryRow(ctx, `
-		SELECT max(update_time),
-		       percentile_cont(0.5) WITHIN GROUP (ORDER BY lat), percentile_cont(0.99) WITHIN GROUP (ORDER BY lat)
-		FROM (SELECT update_time, (extract(epoch FROM update_time) * 1e9 - (job_data->>'t')::float8) / 1e6 AS lat
-		      FROM hipq_job WHERE outcome = 'succeeded') l`).Scan(&last, &res.P50ms, &res.P99ms)
+	lat, err := a.st.BenchLatencies(ctx)
 	if err != nil {
 		return err
 	}
-	var stages [3][2]float64
-	err = a.st.Pool().QueryRow(ctx, `
-		SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY intake), percentile_cont(0.99) WITHIN GROUP (ORDER BY intake),
-		       percentile_cont(0.5) WITHIN GROUP (ORDER BY claim), percentile_cont(0.99) WITHIN GROUP (ORDER BY claim),
-		       percentile_cont(0.5) WITHIN GROUP (ORDER BY reply), percentile_cont(0.99) WITHIN GROUP (ORDER BY reply)
-		FROM (SELECT (extract(epoch FROM created_at) * 1e9 - (job_data->>'t')::float8) / 1e6 AS intake,
-		             extract(epoch FROM started_at - created_at) * 1e3 AS claim,
-		             extract(epoch FROM update_time - started_at) * 1e3 AS reply
-		      FROM hipq_job WHERE outcome = 'succeeded') l`).Scan(&stages[0][0], &stages[0][1], &stages[1][0], &stages[1][1], &stages[2][0], &stages[2][1])
-	if err != nil {
-		return err
-	}
+	res := benchResult{Jobs: *n, P50ms: lat.P50, P99ms: lat.P99}
+	last, stages := lat.Last, [3][2]float64{lat.Intake, lat.Claim, lat.Reply}
 	stopRun()
 	<-runDone
 	res.Seconds = last.Sub(start).Seconds()

@@ -133,16 +133,11 @@ func cmdDemo(args []string, stdout io.Writer) error {
 }
 
 func demoSummary(ctx context.Context, st *store.Store, w io.Writer, took time.Duration) error {
-	var succeeded, failed, timedOut, retried, attempts, dead int
-	err := st.Pool().QueryRow(ctx, `
-		SELECT count(*) FILTER (WHERE outcome = 'succeeded'), count(*) FILTER (WHERE outcome = 'failed'),
-		       (SELECT count(*) FROM hipq_attempt WHERE outcome = 'timed_out'),
-		       count(*) FILTER (WHERE attempt > 1), coalesce(sum(attempt), 0),
-		       (SELECT count(*) FROM hipq_dead_letter)
-		FROM hipq_job`).Scan(&succeeded, &failed, &timedOut, &retried, &attempts, &dead)
+	sum, err := st.RunSummary(ctx)
 	if err != nil {
 		return err
 	}
+	succeeded, failed, timedOut, retried, attempts, dead := sum.Succeeded, sum.Failed, sum.TimedOutAttempts, sum.Retried, sum.Attempts, sum.DeadLetters
 	fmt.Fprintf(w, "\ndone in %.1fs\n", took.Seconds())
 	fmt.Fprintf(w, "  succeeded %d, failed %d (retries exhausted)\n", succeeded, failed)
 	fmt.Fprintf(w, "  %d jobs needed a retry; %d attempts timed out waiting for a reply; %d attempts in all\n", retried, timedOut, attempts)

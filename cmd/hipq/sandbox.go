@@ -84,7 +84,7 @@ func (sb *sandbox) newApp(ctx context.Context, yaml, schemaPrefix, level string)
 	}
 	return a, func() {
 		if sb.pg == nil {
-			_, _ = a.st.Pool().Exec(context.Background(), "DROP SCHEMA "+schema+" CASCADE")
+			_ = a.st.DropSchema(context.Background())
 		}
 		a.close()
 	}, nil

@@ -16,7 +16,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/hipq/hipq/correlator"
-	"github.com/hipq/hipq/store"
 )
 
 // Metrics is one process's metrics, in their own registry.
@@ -113,7 +112,7 @@ func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
 // hipq_job, so a result is reused for minAge; a scrape that cannot count
 // reports no hipq_jobs and bumps hipq_jobs_count_errors_total rather than
 // show stale figures.
-func (m *Metrics) CountJobs(count func(context.Context) ([]store.JobCount, error), queues []string, minAge time.Duration) {
+func (m *Metrics) CountJobs(count func(context.Context) ([]correlator.JobCount, error), queues []string, minAge time.Duration) {
 	c := &jobsCollector{count: count, queues: queues, minAge: minAge,
 		desc: prometheus.NewDesc("hipq_jobs", "Jobs in PostgreSQL by queue and state.", []string{"queue", "state"}, nil),
 		errs: prometheus.NewCounter(prometheus.CounterOpts{Name: "hipq_jobs_count_errors_total",
@@ -122,14 +121,14 @@ func (m *Metrics) CountJobs(count func(context.Context) ([]store.JobCount, error
 }
 
 type jobsCollector struct {
-	count  func(context.Context) ([]store.JobCount, error)
+	count  func(context.Context) ([]correlator.JobCount, error)
 	queues []string
 	minAge time.Duration
 	desc   *prometheus.Desc
 	errs   prometheus.Counter
 
 	mu   sync.Mutex
-	last []store.JobCount
+	last []correlator.JobCount
 	at   time.Time
 }
 
@@ -150,23 +149,23 @@ func (c *jobsCollector) Collect(ch chan<- prometheus.Metric) {
 		c.last, c.at = c.fill(counts), time.Now()
 	}
 	for _, jc := range c.last {
-		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(jc.N), jc.Queue, jc.State)
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(jc.N), jc.Queue, string(jc.State))
 	}
 }
 
 // fill adds a 0 for every state of every known queue the count missed.
-func (c *jobsCollector) fill(counts []store.JobCount) []store.JobCount {
+func (c *jobsCollector) fill(counts []correlator.JobCount) []correlator.JobCount {
 	seen := map[[2]string]bool{}
 	queues := append([]string(nil), c.queues...)
 	for _, jc := range counts {
-		seen[[2]string{jc.Queue, jc.State}] = true
+		seen[[2]string{jc.Queue, string(jc.State)}] = true
 		queues = append(queues, jc.Queue)
 	}
 	for _, q := range queues {
 		for _, st := range correlator.States {
 			if !seen[[2]string{q, string(st)}] {
 				seen[[2]string{q, string(st)}] = true
-				counts = append(counts, store.JobCount{Queue: q, State: string(st)})
+				counts = append(counts, correlator.JobCount{Queue: q, State: st})
 			}
 		}
 	}
@@ -187,13 +186,13 @@ const (
 
 // ObserveReplies counts what a reply batch did and the round trips of the
 // attempts it ended.
-func (m *Metrics) ObserveReplies(source string, res store.ReplyResult) {
-	for v, n := range res.Counts {
+func (m *Metrics) ObserveReplies(source string, counts map[correlator.Verdict]int, trips []correlator.RoundTrip) {
+	for v, n := range counts {
 		if n > 0 {
 			m.Replies.WithLabelValues(source, verdict(v)).Add(float64(n))
 		}
 	}
-	for _, rt := range res.RoundTrips {
+	for _, rt := range trips {
 		m.RoundTrip.WithLabelValues(rt.JobType).Observe(rt.Elapsed.Seconds())
 	}
 }

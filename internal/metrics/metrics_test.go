@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hipq/hipq/store"
+	"github.com/hipq/hipq/correlator"
 )
 
 // hipq_jobs reports every state of every known queue (0 included), reuses
@@ -16,8 +16,8 @@ func TestCountJobs(t *testing.T) {
 	m := New()
 	calls := 0
 	var fail error
-	counts := []store.JobCount{{Queue: "default", State: "running", N: 3}, {Queue: "other", State: "final", N: 2}}
-	m.CountJobs(func(context.Context) ([]store.JobCount, error) {
+	counts := []correlator.JobCount{{Queue: "default", State: "running", N: 3}, {Queue: "other", State: "final", N: 2}}
+	m.CountJobs(func(context.Context) ([]correlator.JobCount, error) {
 		calls++
 		return counts, fail
 	}, []string{"default", "empty"}, time.Hour)
@@ -37,7 +37,7 @@ func TestCountJobs(t *testing.T) {
 		t.Fatalf("count not reused within minAge: %d calls", calls)
 	}
 	m2 := New()
-	m2.CountJobs(func(context.Context) ([]store.JobCount, error) { return nil, errors.New("down") }, []string{"default"}, 0)
+	m2.CountJobs(func(context.Context) ([]correlator.JobCount, error) { return nil, errors.New("down") }, []string{"default"}, 0)
 	if _, ok := m2.Value("hipq_jobs", nil); ok {
 		t.Fatal("a failed count reported figures")
 	}

@@ -1,0 +1,67 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/jackc/puddle/v2"
+)
+
+// The channels hipq NOTIFYs on. Their names are written here and in the
+// migration that installs the outbox's trigger, nowhere else.
+const (
+	// channelJobReady: a job became due or left running (a new job, a
+	// throttle slot freed, an end); the payload is its queue.
+	channelJobReady = "hipq_job_ready"
+	// channelIntake: rows were committed to the outbox hipq_intake (by
+	// its trigger, 0004_outbox.sql).
+	channelIntake = "hipq_intake"
+)
+
+// WaitJobReady calls wake at each notice that a job became due or left
+// running, and each time it starts listening (notices sent before are
+// lost, so look then too), until ctx ends or the store closes. A notice is
+// a hint: callers poll too. A lost connection is reported to failed and
+// listened again a second later.
+func (s *Store) WaitJobReady(ctx context.Context, wake func(), failed func(error)) {
+	s.listen(ctx, channelJobReady, wake, failed)
+}
+
+// WaitIntake is WaitJobReady for rows committed to the outbox.
+func (s *Store) WaitIntake(ctx context.Context, wake func(), failed func(error)) {
+	s.listen(ctx, channelIntake, wake, failed)
+}
+
+// listen holds one connection of the pool LISTENing on channel while ctx
+// lasts.
+func (s *Store) listen(ctx context.Context, channel string, wake func(), failed func(error)) {
+	for ctx.Err() == nil {
+		err := func() error {
+			conn, err := s.pool.Acquire(ctx)
+			if err != nil {
+				return err
+			}
+			defer conn.Release()
+			if _, err := conn.Exec(ctx, "LISTEN "+channel); err != nil {
+				return err
+			}
+			defer conn.Exec(context.WithoutCancel(ctx), "UNLISTEN *") //nolint:errcheck
+			wake()
+			for {
+				if _, err := conn.Conn().WaitForNotification(ctx); err != nil {
+					return err
+				}
+				wake()
+			}
+		}()
+		if ctx.Err() != nil || errors.Is(err, puddle.ErrClosedPool) {
+			return
+		}
+		failed(err)
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Second):
+		}
+	}
+}
