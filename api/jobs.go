@@ -164,13 +164,14 @@ func page[T any](items []T, limit int, id func(T) int64) ([]T, any) {
 	return items, strconv.FormatInt(id(items[limit-1]), 10)
 }
 
-// listLimit reads limit (default 100, at most 1000) and cursor (an id).
+// listLimit reads limit (default store.DefaultListLimit, at most
+// store.MaxListLimit) and cursor (an id).
 func listLimit(r *http.Request) (limit int, cursor int64, err error) {
-	limit = 100
+	limit = store.DefaultListLimit
 	if v := r.URL.Query().Get("limit"); v != "" {
 		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 || n > 1000 {
-			return 0, 0, errorf(http.StatusBadRequest, "invalid_parameter", "limit: %q is not a number from 1 to 1000", v)
+		if err != nil || n < 1 || n > store.MaxListLimit {
+			return 0, 0, errorf(http.StatusBadRequest, "invalid_parameter", "limit: %q is not a number from 1 to %d", v, store.MaxListLimit)
 		}
 		limit = n
 	}

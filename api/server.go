@@ -9,6 +9,7 @@
 package api
 
 import (
+	"cmp"
 	"context"
 	"crypto/subtle"
 	"encoding/json"
@@ -29,12 +30,30 @@ import (
 	"github.com/hipq/hipq/store"
 )
 
+// Defaults of the API.
+const (
+	DefaultListen         = "127.0.0.1:8080"
+	DefaultMaxConns       = 4
+	DefaultRequestTimeout = 10 * time.Second
+	DefaultMaxBodyBytes   = 1 << 20
+	DefaultWriteDeadline  = 10 * time.Second
+)
+
+// WithDefaults returns c with every unset field at its default.
+func (c Config) WithDefaults() Config {
+	c.Listen = cmp.Or(c.Listen, DefaultListen)
+	c.MaxBodyBytes = cmp.Or(c.MaxBodyBytes, DefaultMaxBodyBytes)
+	c.WriteDeadline = cmp.Or(c.WriteDeadline, DefaultWriteDeadline)
+	c.RequestTimeout = cmp.Or(c.RequestTimeout, DefaultRequestTimeout)
+	return c
+}
+
 // Config configures a Server.
 type Config struct {
 	Listen         string
 	Tokens         []string
 	CallbackSecret []byte
-	// MaxBodyBytes bounds request bodies; defaults to 1 MiB.
+	// MaxBodyBytes bounds request bodies; defaults to DefaultMaxBodyBytes.
 	MaxBodyBytes int
 	// Queues are the declared queues (pause and resume refuse others).
 	Queues []string
@@ -44,7 +63,7 @@ type Config struct {
 	// EarlyTTL is how long an early callback is kept (responses.early_ttl).
 	EarlyTTL time.Duration
 	// WriteDeadline: readiness fails while a PostgreSQL write transaction
-	// has run longer; defaults to 10s.
+	// has run longer; defaults to DefaultWriteDeadline.
 	WriteDeadline time.Duration
 	// Ready reports what besides PostgreSQL readiness needs (Kafka); nil =
 	// nothing.
@@ -56,7 +75,7 @@ type Config struct {
 	// nil = logged only.
 	DeadLetters *deadletter.Copier
 	// RequestTimeout bounds each request's work, its queries included;
-	// defaults to 10s. A request past it is answered 503.
+	// defaults to DefaultRequestTimeout. A request past it is answered 503.
 	RequestTimeout time.Duration
 	// HotPath is the store of intake, dispatch and replies, whose writes
 	// readiness watches; nil = the API's own.
@@ -74,15 +93,7 @@ type Server struct {
 
 // New builds the server; Handler serves it, Run listens.
 func New(log *zap.Logger, st *store.Store, cfg Config) *Server {
-	if cfg.MaxBodyBytes <= 0 {
-		cfg.MaxBodyBytes = 1 << 20
-	}
-	if cfg.WriteDeadline <= 0 {
-		cfg.WriteDeadline = 10 * time.Second
-	}
-	if cfg.RequestTimeout <= 0 {
-		cfg.RequestTimeout = 10 * time.Second
-	}
+	cfg = cfg.WithDefaults()
 	serveMetrics := cfg.Metrics != nil
 	cfg.Metrics = metrics.Or(cfg.Metrics)
 	s := &Server{log: log.Named("api"), st: st, cfg: cfg, mux: http.NewServeMux()}

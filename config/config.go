@@ -6,7 +6,10 @@ package config
 import (
 	"time"
 
+	"github.com/hipq/hipq/consumer"
 	"github.com/hipq/hipq/correlator"
+	"github.com/hipq/hipq/dispatcher"
+	"github.com/hipq/hipq/store"
 )
 
 // Config is the whole file.
@@ -98,7 +101,7 @@ type Intake struct {
 	MaxBytes int `yaml:"max_bytes"`
 	// Start is where a partition with no stored offset begins: earliest
 	// (default) or latest.
-	Start string `yaml:"start"`
+	Start consumer.Start `yaml:"start"`
 	// Outbox drains hipq_intake, the transactional outbox, in the intake
 	// role. Defaults to true.
 	Outbox *bool `yaml:"outbox"`
@@ -109,7 +112,7 @@ type Responses struct {
 	// Group defaults to {name}-responses.
 	Group string `yaml:"group"`
 	// Start: earliest (default) or latest.
-	Start string `yaml:"start"`
+	Start consumer.Start `yaml:"start"`
 	// EarlyTTL is how long a reply for a job not yet dispatched is kept. Defaults to 10m.
 	EarlyTTL Duration `yaml:"early_ttl"`
 	// DeadLetterTopic gets a copy of each unusable reply; optional.
@@ -190,7 +193,7 @@ type Log struct {
 type Queue struct {
 	Name string `yaml:"name"`
 	// Order: scheduled_first (default) or priority_first.
-	Order string `yaml:"order"`
+	Order store.Order `yaml:"order"`
 	// ThrottleLimit is the most total throttle_factor of running jobs; 0 = unlimited.
 	ThrottleLimit int     `yaml:"throttle_limit"`
 	Shares        *Shares `yaml:"shares,omitempty"`
@@ -220,7 +223,7 @@ type JobType struct {
 	MaxConcurrency int  `yaml:"max_concurrency"`
 	Critical       bool `yaml:"critical"`
 	// Delivery: at_least_once (default) or at_most_once.
-	Delivery    string                  `yaml:"delivery"`
+	Delivery    correlator.Delivery     `yaml:"delivery"`
 	Retry       *Retry                  `yaml:"retry,omitempty"`
 	TimeWindows []correlator.TimeWindow `yaml:"time_windows,omitempty"`
 }
@@ -248,7 +251,7 @@ type HTTPTransport struct {
 	// Timeout of one call. Defaults to 10s.
 	Timeout Duration `yaml:"timeout"`
 	// Mode: async (default) or sync.
-	Mode string `yaml:"mode"`
+	Mode dispatcher.HTTPMode `yaml:"mode"`
 	// timeoutDefaulted: Timeout was left out and is the default.
 	timeoutDefaulted bool
 	// MaxInFlight bounds this type's calls at once on each instance: a

@@ -29,7 +29,7 @@ func TestDefaults(t *testing.T) {
 		{"name", cfg.Name, "hipq"},
 		{"intake group", cfg.Intake.Group, "hipq-intake"},
 		{"responses group", cfg.Responses.Group, "hipq-responses"},
-		{"intake start", cfg.Intake.Start, "earliest"},
+		{"intake start", string(cfg.Intake.Start), "earliest"},
 		{"max bytes", cfg.Intake.MaxBytes, 960 << 10},
 		{"early ttl", cfg.Responses.EarlyTTL.D(), 10 * time.Minute},
 		{"interval", cfg.Dispatch.Interval.D(), time.Second},

@@ -69,7 +69,7 @@ func (c *Config) Domain() correlator.Types {
 			Timeout:        jt.Timeout.D(),
 			Priority:       *jt.Priority,
 			ThrottleFactor: jt.ThrottleFactor,
-			Delivery:       correlator.Delivery(jt.Delivery),
+			Delivery:       jt.Delivery,
 			Retry:          correlator.NoRetry,
 			Windows:        append([]correlator.TimeWindow(nil), jt.TimeWindows...),
 		}

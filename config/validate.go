@@ -1,6 +1,7 @@
 package config
 
 import (
+	"cmp"
 	"fmt"
 	"net/url"
 	"regexp"
@@ -9,12 +10,29 @@ import (
 
 	"github.com/robfig/cron/v3"
 
+	"github.com/hipq/hipq/api"
+	"github.com/hipq/hipq/consumer"
 	"github.com/hipq/hipq/correlator"
+	"github.com/hipq/hipq/dispatcher"
 	"github.com/hipq/hipq/internal/kafkaconn"
+	"github.com/hipq/hipq/store"
+	"github.com/hipq/hipq/sweeper"
 )
 
 // DefaultQueue exists without being declared.
-const DefaultQueue = "default"
+const DefaultQueue = correlator.DefaultQueue
+
+// Defaults owned by the config itself; every other default is the
+// constant of the package that owns the setting.
+const (
+	DefaultName            = "hipq"
+	DefaultShutdownTimeout = 15 * time.Second
+	DefaultCompression     = "none"
+	DefaultIsolationLevel  = "read_committed"
+	DefaultLogLevel        = "info"
+	DefaultLogFormat       = "json"
+	DefaultBackoff         = "exponential"
+)
 
 // Record sizes (intake.max_bytes, kafka.max_record_bytes).
 const (
@@ -30,108 +48,81 @@ const (
 )
 
 func (c *Config) fillDefaults() {
-	def := func(s *string, v string) {
-		if *s == "" {
-			*s = v
+	def := func(s *string, v string) { *s = cmp.Or(*s, v) }
+	defD := func(d *Duration, v time.Duration) { *d = cmp.Or(*d, Duration(v)) }
+	yes := func(b **bool) {
+		if *b == nil {
+			t := true
+			*b = &t
 		}
 	}
-	defD := func(d *Duration, v time.Duration) {
-		if *d == 0 {
-			*d = Duration(v)
-		}
-	}
-	def(&c.Name, "hipq")
-	def(&c.Database.Schema, "public")
-	if c.Database.MaxConns == 0 {
-		c.Database.MaxConns = 10
-	}
-	if c.Database.Migrate == nil {
-		t := true
-		c.Database.Migrate = &t
-	}
+	def(&c.Name, DefaultName)
+	def(&c.Database.Schema, store.DefaultSchema)
+	c.Database.MaxConns = cmp.Or(c.Database.MaxConns, store.DefaultMaxConns)
+	yes(&c.Database.Migrate)
 	def(&c.Kafka.ClientID, c.Name)
-	defD(&c.Kafka.SessionTimeout, 10*time.Second)
-	def(&c.Kafka.IsolationLevel, "read_committed")
-	def(&c.Kafka.Compression, "none")
+	defD(&c.Kafka.SessionTimeout, consumer.DefaultSessionTimeout)
+	def(&c.Kafka.IsolationLevel, DefaultIsolationLevel)
+	def(&c.Kafka.Compression, DefaultCompression)
 	def(&c.Intake.Group, c.Name+"-intake")
-	def(&c.Intake.Start, "earliest")
-	if c.Intake.Outbox == nil {
-		t := true
-		c.Intake.Outbox = &t
-	}
-	if c.Intake.MaxBytes == 0 {
-		c.Intake.MaxBytes = DefaultMaxBytes
-	}
-	if c.Kafka.MaxRecordBytes == 0 {
-		c.Kafka.MaxRecordBytes = DefaultMaxRecordBytes
-	}
+	c.Intake.Start = cmp.Or(c.Intake.Start, consumer.DefaultStart)
+	yes(&c.Intake.Outbox)
+	c.Intake.MaxBytes = cmp.Or(c.Intake.MaxBytes, DefaultMaxBytes)
+	c.Kafka.MaxRecordBytes = cmp.Or(c.Kafka.MaxRecordBytes, DefaultMaxRecordBytes)
 	def(&c.Responses.Group, c.Name+"-responses")
-	def(&c.Responses.Start, "earliest")
-	defD(&c.Responses.EarlyTTL, 10*time.Minute)
-	defD(&c.Dispatch.Interval, time.Second)
-	if c.Dispatch.BatchSize == 0 {
-		c.Dispatch.BatchSize = 500
-	}
-	defD(&c.Dispatch.Grace, time.Minute)
-	def(&c.Sweeper.Schedule, "@every 15s")
-	defD(&c.Sweeper.Retention, 720*time.Hour)
-	defD(&c.Sweeper.DeadLetterRetention, 720*time.Hour)
+	c.Responses.Start = cmp.Or(c.Responses.Start, consumer.DefaultStart)
+	defD(&c.Responses.EarlyTTL, consumer.DefaultEarlyTTL)
+	defD(&c.Dispatch.Interval, dispatcher.DefaultInterval)
+	c.Dispatch.BatchSize = cmp.Or(c.Dispatch.BatchSize, dispatcher.DefaultBatchSize)
+	defD(&c.Dispatch.Grace, sweeper.DefaultGrace)
+	def(&c.Sweeper.Schedule, sweeper.DefaultSchedule)
+	defD(&c.Sweeper.Retention, sweeper.DefaultRetention)
+	defD(&c.Sweeper.DeadLetterRetention, sweeper.DefaultDeadLetterRetention)
 	if c.API != nil {
-		def(&c.API.Listen, "127.0.0.1:8080")
+		def(&c.API.Listen, api.DefaultListen)
 		def(&c.API.PublicURL, "http://"+c.API.Listen)
-		if c.API.MaxConns == 0 {
-			c.API.MaxConns = 4
-		}
-		defD(&c.API.RequestTimeout, 10*time.Second)
+		c.API.MaxConns = cmp.Or(c.API.MaxConns, api.DefaultMaxConns)
+		defD(&c.API.RequestTimeout, api.DefaultRequestTimeout)
 	}
-	defD(&c.ShutdownTimeout, 15*time.Second)
-	def(&c.Log.Level, "info")
-	def(&c.Log.Format, "json")
+	defD(&c.ShutdownTimeout, DefaultShutdownTimeout)
+	def(&c.Log.Level, DefaultLogLevel)
+	def(&c.Log.Format, DefaultLogFormat)
 	if !slices.ContainsFunc(c.Queues, func(q Queue) bool { return q.Name == DefaultQueue }) {
 		c.Queues = append(c.Queues, Queue{Name: DefaultQueue})
 	}
 	for i := range c.Queues {
-		def(&c.Queues[i].Order, "scheduled_first")
+		c.Queues[i].Order = cmp.Or(c.Queues[i].Order, store.OrderScheduledFirst)
 	}
 	for i := range c.JobTypes {
 		jt := &c.JobTypes[i]
 		def(&jt.Queue, DefaultQueue)
-		defD(&jt.Timeout, 24*time.Hour)
+		defD(&jt.Timeout, correlator.DefaultJobTimeout)
 		if jt.Priority == nil {
-			p := 100
+			p := correlator.DefaultPriority
 			jt.Priority = &p
 		}
-		if jt.ThrottleFactor == 0 {
-			jt.ThrottleFactor = 1
-		}
-		def(&jt.Delivery, string(correlator.AtLeastOnce))
+		jt.ThrottleFactor = cmp.Or(jt.ThrottleFactor, correlator.DefaultThrottleFactor)
+		jt.Delivery = cmp.Or(jt.Delivery, correlator.DefaultDelivery)
 		if h := jt.Transport.HTTP; h != nil {
-			def(&h.Method, "POST")
-			def(&h.Mode, "async")
+			def(&h.Method, dispatcher.DefaultHTTPMethod)
+			h.Mode = cmp.Or(h.Mode, dispatcher.HTTPAsync)
 			h.timeoutDefaulted = h.Timeout == 0
-			defD(&h.Timeout, 10*time.Second)
-			if h.MaxInFlight == 0 {
-				h.MaxInFlight = 64
-			}
+			defD(&h.Timeout, dispatcher.DefaultHTTPTimeout)
+			h.MaxInFlight = cmp.Or(h.MaxInFlight, dispatcher.DefaultHTTPMaxInFlight)
 		}
 		if r := jt.Retry; r != nil {
-			if r.MaxAttempts == 0 {
-				r.MaxAttempts = 5
-			}
-			def(&r.Backoff, "exponential")
-			defD(&r.Initial, 10*time.Second)
-			if r.Multiplier == 0 {
-				r.Multiplier = 2
-			}
-			defD(&r.Max, time.Hour)
+			r.MaxAttempts = cmp.Or(r.MaxAttempts, correlator.DefaultRetryAttempts)
+			def(&r.Backoff, DefaultBackoff)
+			defD(&r.Initial, correlator.DefaultRetryInitial)
+			r.Multiplier = cmp.Or(r.Multiplier, correlator.DefaultRetryMultiplier)
+			defD(&r.Max, correlator.DefaultRetryMax)
 			if r.Jitter == nil {
-				j := 0.1
+				j := correlator.DefaultRetryJitter
 				r.Jitter = &j
 			}
 			if r.When == nil {
-				r.When = []string{"failed", "timed_out", "dispatch_error"}
-				if jt.Delivery == string(correlator.AtMostOnce) {
-					r.When = []string{"failed", "dispatch_error"}
+				for _, o := range correlator.DefaultRetryWhen(jt.Delivery) {
+					r.When = append(r.When, string(o))
 				}
 			}
 		}
@@ -169,7 +160,7 @@ func (c *Config) Validate() error {
 		bad("kafka.brokers", "at least one broker is required")
 	}
 	positive("kafka.session_timeout", c.Kafka.SessionTimeout)
-	oneOf("kafka.isolation_level", c.Kafka.IsolationLevel, "read_committed", "read_uncommitted")
+	oneOf("kafka.isolation_level", c.Kafka.IsolationLevel, DefaultIsolationLevel, "read_uncommitted")
 	oneOf("kafka.compression", c.Kafka.Compression, kafkaconn.Compressions...)
 	oneOf("kafka.sasl.mechanism", c.Kafka.SASL.Mechanism, "", "PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 	if c.Kafka.SASL.Mechanism != "" && c.Kafka.SASL.Username == "" {
@@ -186,7 +177,7 @@ func (c *Config) Validate() error {
 			bad(fmt.Sprintf("intake.topics[%d]", i), "must not be empty")
 		}
 	}
-	oneOf("intake.start", c.Intake.Start, "earliest", "latest")
+	oneOf("intake.start", string(c.Intake.Start), string(consumer.StartEarliest), string(consumer.StartLatest))
 	if c.Intake.MaxBytes < 1 {
 		bad("intake.max_bytes", "must be positive")
 	}
@@ -203,7 +194,7 @@ func (c *Config) Validate() error {
 			break
 		}
 	}
-	oneOf("responses.start", c.Responses.Start, "earliest", "latest")
+	oneOf("responses.start", string(c.Responses.Start), string(consumer.StartEarliest), string(consumer.StartLatest))
 	positive("responses.early_ttl", c.Responses.EarlyTTL)
 	if c.Intake.Group == c.Responses.Group {
 		bad("responses.group", "must differ from intake.group (%q)", c.Intake.Group)
@@ -275,7 +266,7 @@ func (c *Config) Validate() error {
 			bad(p+".name", "queue %q is declared twice", q.Name)
 		}
 		queues[q.Name] = q
-		oneOf(p+".order", q.Order, "scheduled_first", "priority_first")
+		oneOf(p+".order", string(q.Order), string(store.OrderScheduledFirst), string(store.OrderPriorityFirst))
 		if q.ThrottleLimit < 0 {
 			bad(p+".throttle_limit", "must not be negative")
 		}
@@ -325,7 +316,7 @@ func (c *Config) Validate() error {
 			if u, err := url.Parse(h.URL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 				bad(p+".transport.http.url", "%q is not an http(s) URL", h.URL)
 			}
-			oneOf(p+".transport.http.mode", h.Mode, "async", "sync")
+			oneOf(p+".transport.http.mode", string(h.Mode), string(dispatcher.HTTPAsync), string(dispatcher.HTTPSync))
 			positive(p+".transport.http.timeout", h.Timeout)
 			if h.MaxInFlight < 1 {
 				bad(p+".transport.http.max_in_flight", "%d must be at least 1", h.MaxInFlight)
@@ -338,7 +329,7 @@ func (c *Config) Validate() error {
 					bad(p+".transport.http.timeout", "%v must be shorter than the type's timeout %v", h.Timeout.D(), jt.Timeout.D())
 				}
 			}
-			if h.Mode == "async" && c.API == nil {
+			if h.Mode == dispatcher.HTTPAsync && c.API == nil {
 				bad(p+".transport.http.mode", "async HTTP needs the api section for callbacks")
 			}
 		}
@@ -356,12 +347,12 @@ func (c *Config) Validate() error {
 		if jt.MaxConcurrency < 0 {
 			bad(p+".max_concurrency", "must not be negative")
 		}
-		oneOf(p+".delivery", jt.Delivery, string(correlator.AtLeastOnce), string(correlator.AtMostOnce))
+		oneOf(p+".delivery", string(jt.Delivery), string(correlator.AtLeastOnce), string(correlator.AtMostOnce))
 		if r := jt.Retry; r != nil {
 			if r.MaxAttempts < 1 {
 				bad(p+".retry.max_attempts", "must be at least 1")
 			}
-			oneOf(p+".retry.backoff", r.Backoff, "fixed", "exponential")
+			oneOf(p+".retry.backoff", r.Backoff, "fixed", DefaultBackoff)
 			if r.Initial < 0 {
 				bad(p+".retry.initial", "must not be negative")
 			}
@@ -378,7 +369,7 @@ func (c *Config) Validate() error {
 				o, err := correlator.ParseAttemptOutcome(w)
 				if err != nil {
 					bad(fmt.Sprintf("%s.retry.when[%d]", p, k), "%v", err)
-				} else if o == correlator.AttemptTimedOut && jt.Delivery == string(correlator.AtMostOnce) {
+				} else if o == correlator.AttemptTimedOut && jt.Delivery == correlator.AtMostOnce {
 					bad(fmt.Sprintf("%s.retry.when[%d]", p, k), "at_most_once types may not retry timed_out: the request may have arrived")
 				}
 			}

@@ -14,6 +14,7 @@
 package consumer
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -34,19 +35,46 @@ import (
 	"github.com/hipq/hipq/store"
 )
 
+// Start is where a partition with no stored offset begins.
+type Start string
+
+// Starts.
+const (
+	StartEarliest Start = "earliest" // the default
+	StartLatest   Start = "latest"
+)
+
+// Defaults of the consumers' configs.
+const (
+	DefaultStart          = StartEarliest
+	DefaultSessionTimeout = 10 * time.Second
+	DefaultMaxPollRecords = 5000
+	DefaultEarlyTTL       = 10 * time.Minute
+	DefaultOutboxBatch    = 1000
+	DefaultOutboxPoll     = time.Second
+)
+
 // GroupConfig is one consumer group.
 type GroupConfig struct {
 	Kafka          kafkaconn.Config
 	Group          string
 	Topics         []string
-	Start          string // earliest or latest: where a partition with no stored offset begins
-	SessionTimeout time.Duration
+	Start          Start         // defaults to DefaultStart
+	SessionTimeout time.Duration // defaults to DefaultSessionTimeout
 	// ReadUncommitted reads the records of aborted transactions too; by
 	// default only committed records are read.
 	ReadUncommitted bool
-	MaxPollRecords  int // defaults to 5000
+	MaxPollRecords  int // defaults to DefaultMaxPollRecords
 	// Metrics receives the consumer's counts and lag; nil = not served.
 	Metrics *metrics.Metrics
+}
+
+// WithDefaults returns c with every unset field at its default.
+func (c GroupConfig) WithDefaults() GroupConfig {
+	c.Start = cmp.Or(c.Start, DefaultStart)
+	c.SessionTimeout = cmp.Or(c.SessionTimeout, DefaultSessionTimeout)
+	c.MaxPollRecords = cmp.Or(c.MaxPollRecords, DefaultMaxPollRecords)
+	return c
 }
 
 // applier writes one batch of records, with their offset advances, in one
@@ -71,13 +99,11 @@ type group struct {
 }
 
 func newGroup(log *zap.Logger, st *store.Store, cfg GroupConfig, app applier) (*group, error) {
-	if cfg.MaxPollRecords == 0 {
-		cfg.MaxPollRecords = 5000
-	}
+	cfg = cfg.WithDefaults()
 	cfg.Metrics = metrics.Or(cfg.Metrics)
 	g := &group{log: log, st: st, cfg: cfg, app: app, pos: map[store.TopicPartition]int64{}, crash: os.Getenv("HIPQ_CRASHPOINT")}
 	reset := kgo.NewOffset().AtStart()
-	if cfg.Start == "latest" {
+	if cfg.Start == StartLatest {
 		reset = kgo.NewOffset().AtEnd()
 	}
 	opts := []kgo.Opt{
@@ -95,18 +121,16 @@ func newGroup(log *zap.Logger, st *store.Store, cfg GroupConfig, app applier) (*
 	if !cfg.ReadUncommitted {
 		opts = append(opts, kgo.FetchIsolationLevel(kgo.ReadCommitted()))
 	}
-	if cfg.SessionTimeout > 0 {
-		// The rebalance timeout bounds how long members may take to rejoin:
-		// one batch's transaction, seconds at most. A short one lets a group
-		// get past members that died without leaving (SIGKILL) soon after
-		// their sessions expire, instead of waiting kgo's default minute.
-		//
-		// Heartbeats go at most a third of the session timeout apart, as
-		// Kafka's own consumer documents: at the client's default 3s a
-		// session of 3s would expire between two of them.
-		opts = append(opts, kgo.SessionTimeout(cfg.SessionTimeout), kgo.RebalanceTimeout(max(3*cfg.SessionTimeout, 10*time.Second)),
-			kgo.HeartbeatInterval(min(cfg.SessionTimeout/3, 3*time.Second)))
-	}
+	// The rebalance timeout bounds how long members may take to rejoin:
+	// one batch's transaction, seconds at most. A short one lets a group
+	// get past members that died without leaving (SIGKILL) soon after
+	// their sessions expire, instead of waiting kgo's default minute.
+	//
+	// Heartbeats go at most a third of the session timeout apart, as
+	// Kafka's own consumer documents: at the client's default 3s a
+	// session of 3s would expire between two of them.
+	opts = append(opts, kgo.SessionTimeout(cfg.SessionTimeout), kgo.RebalanceTimeout(max(3*cfg.SessionTimeout, 10*time.Second)),
+		kgo.HeartbeatInterval(min(cfg.SessionTimeout/3, 3*time.Second)))
 	cl, err := kafkaconn.NewClient(cfg.Kafka, log, opts...)
 	if err != nil {
 		return nil, err
@@ -139,7 +163,7 @@ func (g *group) adjust(ctx context.Context, offsets map[string]map[int32]kgo.Off
 		return nil, err
 	}
 	reset := kgo.NewOffset().AtStart()
-	if g.cfg.Start == "latest" {
+	if g.cfg.Start == StartLatest {
 		reset = kgo.NewOffset().AtEnd()
 	}
 	g.mu.Lock()
@@ -184,7 +208,7 @@ func (g *group) lag(ctx context.Context) ([]metrics.PartitionLag, error) {
 		if !slices.Contains(topics, tp.Topic) {
 			topics = append(topics, tp.Topic)
 		}
-		fromStart = fromStart || (next < 0 && g.cfg.Start != "latest")
+		fromStart = fromStart || (next < 0 && g.cfg.Start != StartLatest)
 	}
 	adm := kadm.NewClient(g.cl)
 	ends, err := adm.ListEndOffsets(ctx, topics...)
@@ -203,7 +227,7 @@ func (g *group) lag(ctx context.Context) ([]metrics.PartitionLag, error) {
 		if !ok || end.Err != nil {
 			continue
 		}
-		if next < 0 && g.cfg.Start == "latest" {
+		if next < 0 && g.cfg.Start == StartLatest {
 			next = end.Offset
 		} else if next < 0 {
 			start, ok := starts.Lookup(tp.Topic, tp.Partition)

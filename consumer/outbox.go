@@ -1,6 +1,7 @@
 package consumer
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -21,8 +22,8 @@ import (
 type OutboxConfig struct {
 	MaxBytes  int
 	Types     correlator.Types
-	BatchSize int           // rows per transaction; defaults to 1000
-	Poll      time.Duration // looks this often without a notice; defaults to 1s
+	BatchSize int           // rows per transaction; defaults to DefaultOutboxBatch
+	Poll      time.Duration // looks this often without a notice; defaults to DefaultOutboxPoll
 	Metrics   *metrics.Metrics
 	// DeadLetters copies dead letters to the intake dead-letter topic.
 	DeadLetters *deadletter.Copier
@@ -45,12 +46,8 @@ type Outbox struct {
 
 // NewOutbox builds the drainer; Run starts it.
 func NewOutbox(log *zap.Logger, st *store.Store, cfg OutboxConfig) *Outbox {
-	if cfg.BatchSize <= 0 {
-		cfg.BatchSize = 1000
-	}
-	if cfg.Poll <= 0 {
-		cfg.Poll = time.Second
-	}
+	cfg.BatchSize = cmp.Or(cfg.BatchSize, DefaultOutboxBatch)
+	cfg.Poll = cmp.Or(cfg.Poll, DefaultOutboxPoll)
 	cfg.Metrics = metrics.Or(cfg.Metrics)
 	return &Outbox{log: log.Named("outbox"), st: st, cfg: cfg, wake: make(chan struct{}, 1), crash: os.Getenv("HIPQ_CRASHPOINT")}
 }

@@ -1,6 +1,7 @@
 package consumer
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"time"
@@ -32,9 +33,7 @@ type Responses struct {
 // NewResponses builds the response consumer; Run starts it.
 func NewResponses(log *zap.Logger, st *store.Store, cfg ResponsesConfig) (*Responses, error) {
 	rs := &Responses{cfg: cfg}
-	if cfg.EarlyTTL <= 0 {
-		rs.cfg.EarlyTTL = 10 * time.Minute
-	}
+	rs.cfg.EarlyTTL = cmp.Or(cfg.EarlyTTL, DefaultEarlyTTL)
 	g, err := newGroup(log.Named("responses"), st, cfg.GroupConfig, rs)
 	if err != nil {
 		return nil, err

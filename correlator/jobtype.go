@@ -6,6 +6,15 @@ import (
 	"time"
 )
 
+// Defaults of a job type.
+const (
+	DefaultQueue          = "default" // exists without being declared
+	DefaultJobTimeout     = 24 * time.Hour
+	DefaultPriority       = 100
+	DefaultThrottleFactor = 1
+	DefaultDelivery       = AtLeastOnce
+)
+
 // Delivery is a job type's dispatch guarantee.
 type Delivery string
 
@@ -20,7 +29,7 @@ const (
 type JobType struct {
 	Name           string
 	Queue          string
-	Timeout        time.Duration // how long a running job waits for its reply
+	Timeout        time.Duration // how long a running job waits for its reply (0: DefaultJobTimeout)
 	Priority       int
 	ThrottleFactor int
 	Delivery       Delivery
@@ -134,10 +143,10 @@ func NewJob(req *Request, jt *JobType, now time.Time) (*Job, error) {
 		j.TimeoutSeconds = *req.TimeoutSeconds
 	}
 	if j.TimeoutSeconds <= 0 {
-		j.TimeoutSeconds = 86400
+		j.TimeoutSeconds = int(DefaultJobTimeout / time.Second)
 	}
 	if j.ThrottleFactor < 1 {
-		j.ThrottleFactor = 1
+		j.ThrottleFactor = DefaultThrottleFactor
 	}
 	if err := jt.fits(j); err != nil {
 		return nil, err

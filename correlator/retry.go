@@ -33,6 +33,25 @@ type Backoff struct {
 	Rand func() float64
 }
 
+// Defaults of a configured retry policy (retry: with keys left out).
+const (
+	DefaultRetryAttempts   = 5
+	DefaultRetryInitial    = 10 * time.Second
+	DefaultRetryMultiplier = 2.0
+	DefaultRetryMax        = time.Hour
+	DefaultRetryJitter     = 0.1
+)
+
+// DefaultRetryWhen are the outcomes retried when a policy names none: all
+// of them, but an at_most_once type never retries a timeout (its request
+// may have arrived).
+func DefaultRetryWhen(d Delivery) []AttemptOutcome {
+	if d == AtMostOnce {
+		return []AttemptOutcome{AttemptFailed, AttemptDispatchError}
+	}
+	return []AttemptOutcome{AttemptFailed, AttemptTimedOut, AttemptDispatchError}
+}
+
 // NoRetry is the default policy: one attempt.
 var NoRetry RetryPolicy = &Backoff{Attempts: 1}
 
@@ -53,7 +72,7 @@ func (b *Backoff) Delay(attempt int) time.Duration {
 	if b.Exponential && attempt > 1 {
 		m := b.Multiplier
 		if m <= 0 {
-			m = 2
+			m = DefaultRetryMultiplier
 		}
 		d *= math.Pow(m, float64(attempt-1))
 	}

@@ -12,6 +12,7 @@
 package dispatcher
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -98,17 +99,17 @@ type Result struct {
 // QueueConfig is one queue the dispatcher serves.
 type QueueConfig struct {
 	Name     string
-	Order    string
+	Order    store.Order
 	Throttle correlator.Throttle
 }
 
 // Config configures a dispatcher.
 type Config struct {
 	Instance  string
-	Interval  time.Duration // poll interval; defaults to 1s
-	BatchSize int           // defaults to 500
+	Interval  time.Duration // poll interval; defaults to DefaultInterval
+	BatchSize int           // defaults to DefaultBatchSize
 	// MaxInFlight bounds the claimed jobs whose sends are not yet
-	// recorded; defaults to 4 × BatchSize. Sends are recorded as they
+	// recorded; defaults to DefaultInFlightBatches × BatchSize. Sends are recorded as they
 	// finish, so a slow downstream holds its own jobs, not the next claim.
 	MaxInFlight int
 	Queues      []QueueConfig
@@ -120,6 +121,21 @@ type Config struct {
 	// DeadLetters copies the replies it dead-letters (a sync reply, an
 	// early reply past its TTL) to responses.dead_letter_topic.
 	DeadLetters *deadletter.Copier
+}
+
+// Defaults of Config.
+const (
+	DefaultInterval        = time.Second
+	DefaultBatchSize       = 500
+	DefaultInFlightBatches = 4
+)
+
+// WithDefaults returns c with every unset field at its default.
+func (c Config) WithDefaults() Config {
+	c.Interval = cmp.Or(c.Interval, DefaultInterval)
+	c.BatchSize = cmp.Or(c.BatchSize, DefaultBatchSize)
+	c.MaxInFlight = cmp.Or(c.MaxInFlight, DefaultInFlightBatches*c.BatchSize)
+	return c
 }
 
 // Dispatcher claims and sends.
@@ -149,15 +165,7 @@ type outage struct {
 
 // New builds a dispatcher; Run starts it.
 func New(log *zap.Logger, st *store.Store, cfg Config) *Dispatcher {
-	if cfg.Interval <= 0 {
-		cfg.Interval = time.Second
-	}
-	if cfg.BatchSize <= 0 {
-		cfg.BatchSize = 500
-	}
-	if cfg.MaxInFlight <= 0 {
-		cfg.MaxInFlight = 4 * cfg.BatchSize
-	}
+	cfg = cfg.WithDefaults()
 	tw := map[string][]correlator.TimeWindow{}
 	for name, jt := range cfg.Types {
 		if len(jt.Windows) > 0 {

@@ -2,6 +2,7 @@ package dispatcher
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -24,15 +25,41 @@ import (
 type HTTPRoute struct {
 	// URL may hold {job_type} and {job_key}, replaced path-escaped.
 	URL      string
-	Method   string // defaults to POST
+	Method   string // defaults to DefaultHTTPMethod
 	Headers  map[string]string
-	Timeout  time.Duration // of one call; defaults to 10s
+	Timeout  time.Duration // of one call; defaults to DefaultHTTPTimeout
 	Sync     bool          // a 2xx body is the reply
 	Delivery correlator.Delivery
 	// MaxInFlight bounds this type's calls at once; defaults to the
 	// sender's MaxInFlight. A slow downstream holds its own types' slots,
 	// never another type's.
 	MaxInFlight int
+}
+
+// HTTPMode says where an HTTP type's reply comes from.
+type HTTPMode string
+
+// HTTP modes.
+const (
+	// HTTPAsync: the reply comes later, to the callback URL (the default).
+	HTTPAsync HTTPMode = "async"
+	// HTTPSync: a 2xx answer's body is the reply.
+	HTTPSync HTTPMode = "sync"
+)
+
+// Defaults of the HTTP transport.
+const (
+	DefaultHTTPMethod        = http.MethodPost
+	DefaultHTTPTimeout       = 10 * time.Second
+	DefaultHTTPMaxInFlight   = 64
+	DefaultHTTPMaxReplyBytes = 1 << 20
+)
+
+// WithDefaults returns c with every unset field at its default.
+func (c HTTPSenderConfig) WithDefaults() HTTPSenderConfig {
+	c.MaxInFlight = cmp.Or(c.MaxInFlight, DefaultHTTPMaxInFlight)
+	c.MaxReplyBytes = cmp.Or(c.MaxReplyBytes, DefaultHTTPMaxReplyBytes)
+	return c
 }
 
 // HTTPSenderConfig configures an HTTPSender.
@@ -43,9 +70,10 @@ type HTTPSenderConfig struct {
 	PublicURL      string
 	CallbackSecret []byte
 	// MaxInFlight bounds each job type's calls in flight at once, unless
-	// its route says otherwise; defaults to 64.
+	// its route says otherwise; defaults to DefaultHTTPMaxInFlight.
 	MaxInFlight int
-	// MaxReplyBytes bounds a sync reply body; defaults to 1 MiB.
+	// MaxReplyBytes bounds a sync reply body; defaults to
+	// DefaultHTTPMaxReplyBytes.
 	MaxReplyBytes int
 	// Client defaults to a pooled client that does not follow redirects.
 	Client *http.Client
@@ -71,12 +99,7 @@ type HTTPSender struct {
 
 // NewHTTPSender builds a sender for the routed job types.
 func NewHTTPSender(cfg HTTPSenderConfig) *HTTPSender {
-	if cfg.MaxInFlight <= 0 {
-		cfg.MaxInFlight = 64
-	}
-	if cfg.MaxReplyBytes <= 0 {
-		cfg.MaxReplyBytes = 1 << 20
-	}
+	cfg = cfg.WithDefaults()
 	client := cfg.Client
 	if client == nil {
 		tr := http.DefaultTransport.(*http.Transport).Clone()
@@ -133,12 +156,7 @@ func (r HTTPRoute) host() string {
 	return u.Scheme + "://" + u.Host
 }
 
-func (r HTTPRoute) timeout() time.Duration {
-	if r.Timeout <= 0 {
-		return 10 * time.Second
-	}
-	return r.Timeout
-}
+func (r HTTPRoute) timeout() time.Duration { return cmp.Or(r.Timeout, DefaultHTTPTimeout) }
 
 // Send calls every job's URL concurrently (within its type's MaxInFlight
 // across all of the sender's batches) and returns when all calls are done.
@@ -202,10 +220,7 @@ func (r HTTPRoute) RequestURL(jobType, jobKey string) string {
 
 func (s *HTTPSender) call(ctx context.Context, c *store.Claimed) Result {
 	route := s.cfg.Routes[c.JobType]
-	method := route.Method
-	if method == "" {
-		method = http.MethodPost
-	}
+	method := cmp.Or(route.Method, DefaultHTTPMethod)
 	ctx, cancel := context.WithTimeout(ctx, route.timeout())
 	defer cancel()
 	target := route.RequestURL(c.JobType, c.JobKey)

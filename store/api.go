@@ -1,6 +1,7 @@
 package store
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -110,6 +111,12 @@ func (s *Store) AttemptList(ctx context.Context, jobID int64) ([]Attempt, error)
 	return out, nil
 }
 
+// Page sizes of the lists (jobs, dead letters).
+const (
+	DefaultListLimit = 100
+	MaxListLimit     = 1000
+)
+
 // JobListParams filters JobList; empty fields match everything.
 type JobListParams struct {
 	JobType string
@@ -127,9 +134,7 @@ type JobListParams struct {
 
 // JobList lists jobs newest first.
 func (s *Store) JobList(ctx context.Context, p JobListParams) ([]*correlator.Job, error) {
-	if p.Limit <= 0 {
-		p.Limit = 100
-	}
+	p.Limit = cmp.Or(p.Limit, DefaultListLimit)
 	if p.State == correlator.StateError {
 		return nil, nil // transient: a committed row is never left in error (SPEC §2)
 	}

@@ -90,13 +90,13 @@ func TestClaimThrottleSkipsTooHeavy(t *testing.T) {
 func TestClaimOrder(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
-		order string
+		order store.Order
 		want  []string
 	}{
 		{store.OrderScheduledFirst, []string{"old-p9", "mid-p5", "new-p1", "new-p2"}},
 		{store.OrderPriorityFirst, []string{"new-p1", "new-p2", "mid-p5", "old-p9"}},
 	} {
-		t.Run(tc.order, func(t *testing.T) {
+		t.Run(string(tc.order), func(t *testing.T) {
 			st := pgtest.New(t)
 			insert(t, st, job("new-p2", prio(2), at(time.Second)), job("mid-p5", prio(5), at(time.Minute)),
 				job("old-p9", prio(9), at(time.Hour)), job("new-p1", prio(1), at(time.Second)))

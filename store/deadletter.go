@@ -1,6 +1,7 @@
 package store
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -59,9 +60,7 @@ type DeadLetterListParams struct {
 
 // DeadLetterList lists dead letters, newest first.
 func (s *Store) DeadLetterList(ctx context.Context, p DeadLetterListParams) ([]DeadLetter, error) {
-	if p.Limit <= 0 {
-		p.Limit = 100
-	}
+	p.Limit = cmp.Or(p.Limit, DefaultListLimit)
 	f := listFilter{}
 	f.add("source", p.Kind)
 	q, args := f.query(`SELECT `+deadLetterColumns+` FROM hipq_dead_letter`, p.AfterID, p.Limit)

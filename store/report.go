@@ -74,7 +74,7 @@ func (s *Store) OutboxWrite(ctx context.Context, values []string) error {
 // DropSchema drops the store's schema and everything in it: for sandboxes
 // on a shared database. It refuses the public schema.
 func (s *Store) DropSchema(ctx context.Context) error {
-	if s.schema == "public" {
+	if s.schema == DefaultSchema {
 		return fmt.Errorf("drop schema: refusing to drop public")
 	}
 	if _, err := s.pool.Exec(ctx, "DROP SCHEMA "+pgx.Identifier{s.schema}.Sanitize()+" CASCADE"); err != nil {

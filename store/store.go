@@ -8,6 +8,7 @@
 package store
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -27,11 +28,17 @@ type Store struct {
 	writes *writeWatch
 }
 
+// Defaults of Config.
+const (
+	DefaultSchema   = "public"
+	DefaultMaxConns = 10
+)
+
 // Config says how to reach the database.
 type Config struct {
 	URL      string
-	Schema   string // defaults to public
-	MaxConns int32  // defaults to 10
+	Schema   string // defaults to DefaultSchema
+	MaxConns int32  // defaults to DefaultMaxConns
 	// StatementTimeout bounds every statement on these connections
 	// (PostgreSQL's statement_timeout); 0 = none.
 	StatementTimeout time.Duration
@@ -49,12 +56,8 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("database.url: %w", err)
 	}
-	if cfg.Schema == "" {
-		cfg.Schema = "public"
-	}
-	if cfg.MaxConns > 0 {
-		pc.MaxConns = cfg.MaxConns
-	}
+	cfg.Schema = cmp.Or(cfg.Schema, DefaultSchema)
+	pc.MaxConns = cmp.Or(cfg.MaxConns, DefaultMaxConns)
 	pc.ConnConfig.RuntimeParams["search_path"] = cfg.Schema
 	pc.ConnConfig.RuntimeParams["application_name"] = "hipq"
 	if cfg.StatementTimeout > 0 {

@@ -9,6 +9,7 @@
 package sweeper
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"time"
@@ -24,18 +25,40 @@ import (
 
 // Config configures the sweeper.
 type Config struct {
-	Schedule            string        // robfig/cron syntax; defaults to "@every 15s"
-	Retention           time.Duration // of final jobs; defaults to 720h
-	DeadLetterRetention time.Duration // defaults to 720h
-	Grace               time.Duration // dispatch.grace; defaults to 1m
+	Schedule            string        // robfig/cron syntax; defaults to DefaultSchedule
+	Retention           time.Duration // of final jobs; defaults to DefaultRetention
+	DeadLetterRetention time.Duration // defaults to DefaultDeadLetterRetention
+	// Grace (dispatch.grace) is how long past its send bound a claim not
+	// known to be sent is left before it is taken for lost; defaults to
+	// DefaultGrace.
+	Grace time.Duration
 	// Types are the job types, with their send bounds (SendTimeout).
 	Types     correlator.Types
-	BatchSize int // rows per statement; defaults to 1000
+	BatchSize int // rows per statement; defaults to DefaultBatchSize
 	// Metrics receives what sweeps did; nil = not served.
 	Metrics *metrics.Metrics
 	// DeadLetters copies the early replies dead-lettered past their TTL to
 	// responses.dead_letter_topic; nil = logged only.
 	DeadLetters *deadletter.Copier
+}
+
+// Defaults of Config.
+const (
+	DefaultSchedule            = "@every 15s"
+	DefaultRetention           = 30 * 24 * time.Hour
+	DefaultDeadLetterRetention = 30 * 24 * time.Hour
+	DefaultGrace               = time.Minute
+	DefaultBatchSize           = 1000
+)
+
+// WithDefaults returns c with every unset field at its default.
+func (c Config) WithDefaults() Config {
+	c.Schedule = cmp.Or(c.Schedule, DefaultSchedule)
+	c.Retention = cmp.Or(c.Retention, DefaultRetention)
+	c.DeadLetterRetention = cmp.Or(c.DeadLetterRetention, DefaultDeadLetterRetention)
+	c.Grace = cmp.Or(c.Grace, DefaultGrace)
+	c.BatchSize = cmp.Or(c.BatchSize, DefaultBatchSize)
+	return c
 }
 
 // Sweeper runs the sweeps.
@@ -52,18 +75,7 @@ type Report struct {
 
 // New builds a sweeper; Run starts it.
 func New(log *zap.Logger, st *store.Store, cfg Config) *Sweeper {
-	if cfg.Schedule == "" {
-		cfg.Schedule = "@every 15s"
-	}
-	if cfg.Retention <= 0 {
-		cfg.Retention = 720 * time.Hour
-	}
-	if cfg.DeadLetterRetention <= 0 {
-		cfg.DeadLetterRetention = 720 * time.Hour
-	}
-	if cfg.BatchSize <= 0 {
-		cfg.BatchSize = 1000
-	}
+	cfg = cfg.WithDefaults()
 	cfg.Metrics = metrics.Or(cfg.Metrics)
 	return &Sweeper{log: log.Named("sweeper"), st: st, cfg: cfg}
 }

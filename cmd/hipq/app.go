@@ -185,7 +185,7 @@ func newApp(ctx context.Context, cfg *config.Config, log *zap.Logger, opts appOp
 			case jt.Transport.HTTP != nil:
 				h := jt.Transport.HTTP
 				httpRoutes[jt.Name] = dispatcher.HTTPRoute{URL: h.URL, Method: h.Method, Headers: h.Headers,
-					Timeout: h.Timeout.D(), Sync: h.Mode == "sync", Delivery: correlator.Delivery(jt.Delivery), MaxInFlight: h.MaxInFlight}
+					Timeout: h.Timeout.D(), Sync: h.Mode == dispatcher.HTTPSync, Delivery: jt.Delivery, MaxInFlight: h.MaxInFlight}
 				senders[jt.Name] = web
 			}
 		}
