@@ -67,6 +67,9 @@ type GroupConfig struct {
 	MaxPollRecords  int // defaults to DefaultMaxPollRecords
 	// Metrics receives the consumer's counts and lag; nil = not served.
 	Metrics *metrics.Metrics
+	// CrashPoint is a test hook: the process kills itself at the named
+	// point ({group}:after-commit); empty: never.
+	CrashPoint string
 }
 
 // WithDefaults returns c with every unset field at its default.
@@ -92,7 +95,6 @@ type group struct {
 	cfg   GroupConfig
 	cl    *kgo.Client
 	app   applier
-	crash string // test hook: the crash point to die at
 
 	mu  sync.Mutex
 	pos map[store.TopicPartition]int64 // stored next offset; -1: none stored
@@ -101,7 +103,7 @@ type group struct {
 func newGroup(log *zap.Logger, st *store.Store, cfg GroupConfig, app applier) (*group, error) {
 	cfg = cfg.WithDefaults()
 	cfg.Metrics = metrics.Or(cfg.Metrics)
-	g := &group{log: log, st: st, cfg: cfg, app: app, pos: map[store.TopicPartition]int64{}, crash: os.Getenv("HIPQ_CRASHPOINT")}
+	g := &group{log: log, st: st, cfg: cfg, app: app, pos: map[store.TopicPartition]int64{}}
 	reset := kgo.NewOffset().AtStart()
 	if cfg.Start == StartLatest {
 		reset = kgo.NewOffset().AtEnd()
@@ -418,7 +420,7 @@ func (g *group) reseek(recs []*kgo.Record) {
 // crash between the PostgreSQL commit and the Kafka commit loses nothing
 // and applies nothing twice.
 func (g *group) hit(point string) {
-	if g.crash != "" && g.crash == g.cfg.Group+":"+point {
+	if c := g.cfg.CrashPoint; c != "" && c == g.cfg.Group+":"+point {
 		_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
 		select {}
 	}

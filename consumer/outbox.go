@@ -27,6 +27,9 @@ type OutboxConfig struct {
 	Metrics   *metrics.Metrics
 	// DeadLetters copies dead letters to the intake dead-letter topic.
 	DeadLetters *deadletter.Copier
+	// CrashPoint is a test hook: the process kills itself at the named
+	// point (outbox:in-transaction); empty: never.
+	CrashPoint string
 }
 
 // Outbox drains hipq_intake, the transactional outbox: applications write
@@ -41,7 +44,6 @@ type Outbox struct {
 	st    *store.Store
 	cfg   OutboxConfig
 	wake  chan struct{}
-	crash string // test hook: the crash point to die at
 }
 
 // NewOutbox builds the drainer; Run starts it.
@@ -49,7 +51,7 @@ func NewOutbox(log *zap.Logger, st *store.Store, cfg OutboxConfig) *Outbox {
 	cfg.BatchSize = cmp.Or(cfg.BatchSize, DefaultOutboxBatch)
 	cfg.Poll = cmp.Or(cfg.Poll, DefaultOutboxPoll)
 	cfg.Metrics = metrics.Or(cfg.Metrics)
-	return &Outbox{log: log.Named("outbox"), st: st, cfg: cfg, wake: make(chan struct{}, 1), crash: os.Getenv("HIPQ_CRASHPOINT")}
+	return &Outbox{log: log.Named("outbox"), st: st, cfg: cfg, wake: make(chan struct{}, 1)}
 }
 
 // Run drains the outbox until ctx ends. PostgreSQL being unreachable only
@@ -107,7 +109,7 @@ func (o *Outbox) apply(ctx context.Context, ids []int64) (int, error) {
 		var jobs []store.IntakeJob
 		var dls []store.DeadLetter
 		jobs, dls, dups = o.decide(rows)
-		if o.crash == "outbox:in-transaction" {
+		if o.cfg.CrashPoint == "outbox:in-transaction" {
 			// Tests: die with the rows deleted in a transaction that never commits.
 			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
 			select {}

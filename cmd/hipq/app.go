@@ -36,6 +36,10 @@ type app struct {
 	st         *store.Store
 	cfg        *config.Config
 	types      correlator.Types
+	kc         kafkaconn.Config
+	matchers   map[string]correlator.Matcher // by response topic
+	queues     []string
+	crash      string // HIPQ_CRASHPOINT: tests' crash point
 	intake     *consumer.Intake
 	outbox     *consumer.Outbox
 	responses  *consumer.Responses
@@ -47,6 +51,9 @@ type app struct {
 	kafkaPing  *kgo.Client   // readiness checks of the API
 	apiStore   *store.Store  // the API's own connections
 	metrics    *metrics.Metrics
+	// replyCopies copy the replies the dispatcher, sweeper and API
+	// dead-letter to responses.dead_letter_topic.
+	replyCopies *deadletter.Copier
 }
 
 type appOptions struct {
@@ -72,7 +79,7 @@ func kafkaConfig(cfg *config.Config, minAge time.Duration) kafkaconn.Config {
 }
 
 // newApp opens the store (migrating when configured) and builds the
-// components of the requested roles.
+// components of the requested roles, one builder each.
 func newApp(ctx context.Context, cfg *config.Config, log *zap.Logger, opts appOptions) (*app, error) {
 	if len(opts.roles) == 0 {
 		opts.roles = allRoles
@@ -81,154 +88,216 @@ func newApp(ctx context.Context, cfg *config.Config, log *zap.Logger, opts appOp
 	if err != nil {
 		return nil, err
 	}
-	a := &app{log: log, st: st, cfg: cfg, types: cfg.Domain(), metrics: metrics.New()}
-	var queueNames []string
+	a := &app{log: log, st: st, cfg: cfg, types: cfg.Domain(), metrics: metrics.New(), kc: kafkaConfig(cfg, opts.metadataMinAge),
+		matchers: map[string]correlator.Matcher{}, crash: os.Getenv("HIPQ_CRASHPOINT")}
 	for _, q := range cfg.Queues {
-		queueNames = append(queueNames, q.Name)
+		a.queues = append(a.queues, q.Name)
 	}
-	a.metrics.CountJobs(st.JobCounts, queueNames, 10*time.Second)
-	fail := func(err error) (*app, error) {
-		a.close()
-		return nil, err
-	}
-	if *cfg.Database.Migrate {
-		applied, err := st.Migrate(ctx)
-		if err != nil {
-			return fail(err)
-		}
-		for _, m := range applied {
-			log.Info("migration applied", zap.Int("version", m.Version), zap.String("name", m.Name))
-		}
-	} else if err := st.CheckSchema(ctx); err != nil {
-		return fail(err)
-	}
-	kc := kafkaConfig(cfg, opts.metadataMinAge)
-	has := func(r string) bool { return slices.Contains(opts.roles, r) }
-	instance := instanceName()
-	if has("intake") && len(cfg.Intake.Topics) > 0 {
-		a.intake, err = consumer.NewIntake(log, st, consumer.IntakeConfig{
-			GroupConfig: consumer.GroupConfig{Kafka: kc, Group: cfg.Intake.Group, Topics: cfg.Intake.Topics,
-				Start: cfg.Intake.Start, SessionTimeout: cfg.Kafka.SessionTimeout.D(), Metrics: a.metrics,
-				ReadUncommitted: cfg.Kafka.IsolationLevel == "read_uncommitted"},
-			DeadLetterTopic: cfg.Intake.DeadLetterTopic, MaxBytes: cfg.Intake.MaxBytes, Types: a.types})
-		if err != nil {
-			return fail(err)
-		}
-	} else if has("intake") && !*cfg.Intake.Outbox {
-		log.Warn("intake.topics is empty and intake.outbox is false: no intake runs")
-	}
-	matchers := map[string]correlator.Matcher{}
-	var topics []string
 	for i := range cfg.Responses.Topics {
 		rt := &cfg.Responses.Topics[i]
-		matchers[rt.Topic] = rt.Matcher(cfg.Intake.MaxBytes)
-		topics = append(topics, rt.Topic)
+		a.matchers[rt.Topic] = rt.Matcher(cfg.Intake.MaxBytes)
 	}
-	if has("responses") && len(cfg.Responses.Topics) > 0 {
-		a.responses, err = consumer.NewResponses(log, st, consumer.ResponsesConfig{
-			GroupConfig: consumer.GroupConfig{Kafka: kc, Group: cfg.Responses.Group, Topics: topics,
-				Start: cfg.Responses.Start, SessionTimeout: cfg.Kafka.SessionTimeout.D(), Metrics: a.metrics,
-				ReadUncommitted: cfg.Kafka.IsolationLevel == "read_uncommitted"},
-			DeadLetterTopic: cfg.Responses.DeadLetterTopic, EarlyTTL: cfg.Responses.EarlyTTL.D(),
-			Matchers: matchers, Types: a.types})
-		if err != nil {
-			return fail(err)
-		}
-	}
+	a.metrics.CountJobs(st.JobCounts, a.queues, 10*time.Second)
+	has := func(r string) bool { return slices.Contains(opts.roles, r) }
 	outbox := has("intake") && *cfg.Intake.Outbox
-	if has("dispatcher") || has("sweeper") || has("api") || outbox {
-		// Requests, and copies of the dead letters the sweeper, the API
-		// and the outbox write.
-		a.producer, err = kafkaconn.NewClient(kc, log, append(dispatcher.KafkaProducerOpts(),
-			kgo.ProducerBatchMaxBytes(int32(cfg.Kafka.MaxRecordBytes)))...)
-		if err != nil {
-			return fail(err)
-		}
+	steps := []func(context.Context) error{a.migrate}
+	if has("intake") {
+		steps = append(steps, a.buildIntake)
 	}
-	replyCopies := &deadletter.Copier{Client: a.producer, Topic: cfg.Responses.DeadLetterTopic, Log: log}
+	if has("responses") {
+		steps = append(steps, a.buildResponses)
+	}
+	if has("dispatcher") || has("sweeper") || has("api") || outbox {
+		steps = append(steps, a.buildProducer)
+	}
 	if outbox {
-		a.outbox = consumer.NewOutbox(log, st, consumer.OutboxConfig{MaxBytes: cfg.Intake.MaxBytes, Types: a.types,
-			Metrics: a.metrics, DeadLetters: &deadletter.Copier{Client: a.producer, Topic: cfg.Intake.DeadLetterTopic, Log: log}})
+		steps = append(steps, a.buildOutbox)
 	}
 	if has("dispatcher") {
-		routes := map[string]dispatcher.KafkaRoute{}
-		httpRoutes := map[string]dispatcher.HTTPRoute{}
-		senders := map[string]dispatcher.Sender{}
-		kafka := dispatcher.NewKafkaSender(a.producer, routes)
-		hc := dispatcher.HTTPSenderConfig{Routes: httpRoutes, StartWithin: cfg.Dispatch.Grace.D() / 2}
-		if cfg.API != nil {
-			hc.PublicURL, hc.CallbackSecret = cfg.API.PublicURL, []byte(cfg.API.CallbackSecret)
-		}
-		web := dispatcher.NewHTTPSender(hc)
-		byCodec := map[string]*dispatcher.KafkaSender{}
-		for _, jt := range cfg.JobTypes {
-			switch {
-			case jt.Transport.Kafka != nil:
-				k := jt.Transport.Kafka
-				routes[jt.Name] = dispatcher.KafkaRoute{Topic: k.Topic, Envelope: k.Envelope, ReplyTopic: jt.ReplyTopic}
-				senders[jt.Name] = kafka
-				if c := k.Compression; c != "" && c != cfg.Kafka.Compression {
-					// Compression is a client's: a type with its own codec gets its own producer.
-					if byCodec[c] == nil {
-						pc := kc
-						pc.Compression = c
-						cl, err := kafkaconn.NewClient(pc, log, append(dispatcher.KafkaProducerOpts(),
-							kgo.ProducerBatchMaxBytes(int32(cfg.Kafka.MaxRecordBytes)))...)
-						if err != nil {
-							return fail(err)
-						}
-						a.producers = append(a.producers, cl)
-						byCodec[c] = dispatcher.NewKafkaSender(cl, routes)
-					}
-					senders[jt.Name] = byCodec[c]
-				}
-			case jt.Transport.HTTP != nil:
-				h := jt.Transport.HTTP
-				httpRoutes[jt.Name] = dispatcher.HTTPRoute{URL: h.URL, Method: h.Method, Headers: h.Headers,
-					Timeout: h.Timeout.D(), Sync: h.Mode == dispatcher.HTTPSync, Delivery: jt.Delivery, MaxInFlight: h.MaxInFlight}
-				senders[jt.Name] = web
-			}
-		}
-		var queues []dispatcher.QueueConfig
-		throttles := cfg.Throttles()
-		for _, q := range cfg.Queues {
-			if t := throttles[q.Name]; t.Bounded() {
-				log.Info("queue throttled", zap.String("queue", q.Name), zap.Int("throttle_limit", t.Limit),
-					zap.Stringer("shares", t.Shares), zap.Strings("critical", t.Critical), zap.Any("max_concurrency", t.MaxConcurrency))
-			}
-			queues = append(queues, dispatcher.QueueConfig{Name: q.Name, Order: q.Order, Throttle: *throttles[q.Name]})
-		}
-		a.dispatcher = dispatcher.New(log, st, dispatcher.Config{Instance: instance, Interval: cfg.Dispatch.Interval.D(),
-			BatchSize: cfg.Dispatch.BatchSize, Queues: queues, Types: a.types, Senders: senders, Metrics: a.metrics,
-			DeadLetters: replyCopies})
+		steps = append(steps, a.buildDispatcher)
 	}
 	if has("sweeper") {
-		a.sweeper = sweeper.New(log, st, sweeper.Config{Schedule: cfg.Sweeper.Schedule, Retention: cfg.Sweeper.Retention.D(),
-			DeadLetterRetention: cfg.Sweeper.DeadLetterRetention.D(), Grace: cfg.Dispatch.Grace.D(), Types: a.types,
-			Metrics: a.metrics, DeadLetters: replyCopies})
+		steps = append(steps, a.buildSweeper)
 	}
-	if has("api") && cfg.API != nil {
-		a.kafkaPing, err = kafkaconn.NewClient(kc, log)
-		if err != nil {
-			return fail(err)
+	if has("api") {
+		steps = append(steps, a.buildAPI)
+	}
+	for _, step := range steps {
+		if err := step(ctx); err != nil {
+			a.close()
+			return nil, err
 		}
-		// The API's own connections: bounded apart from the hot path's,
-		// each statement bounded by the request timeout and planned for
-		// its values.
-		a.apiStore, err = store.Open(ctx, store.Config{URL: cfg.Database.URL, Schema: cfg.Database.Schema,
-			MaxConns: int32(cfg.API.MaxConns), StatementTimeout: cfg.API.RequestTimeout.D(), CustomPlans: true})
-		if err != nil {
-			return fail(err)
-		}
-		a.api = api.New(log, a.apiStore, api.Config{Listen: cfg.API.Listen, Tokens: cfg.API.Tokens, HotPath: st,
-			RequestTimeout: cfg.API.RequestTimeout.D(),
-			CallbackSecret: []byte(cfg.API.CallbackSecret), MaxBodyBytes: cfg.Intake.MaxBytes, Queues: queueNames,
-			Types: a.types, Matchers: matchers, EarlyTTL: cfg.Responses.EarlyTTL.D(), Ready: a.kafkaPing.Ping,
-			Metrics: a.metrics, DeadLetters: replyCopies})
-	} else if slices.Equal(opts.roles, []string{"api"}) {
-		return fail(errors.New("--only api: the config has no api section"))
+	}
+	if a.api == nil && slices.Equal(opts.roles, []string{"api"}) {
+		a.close()
+		return nil, errors.New("--only api: the config has no api section")
 	}
 	return a, nil
+}
+
+// migrate applies the migrations, or checks the schema is current when
+// database.migrate is false.
+func (a *app) migrate(ctx context.Context) error {
+	if !*a.cfg.Database.Migrate {
+		return a.st.CheckSchema(ctx)
+	}
+	applied, err := a.st.Migrate(ctx)
+	for _, m := range applied {
+		a.log.Info("migration applied", zap.Int("version", m.Version), zap.String("name", m.Name))
+	}
+	return err
+}
+
+// group is a consumer group's config from the config's kafka section.
+func (a *app) group(name string, topics []string, start consumer.Start) consumer.GroupConfig {
+	return consumer.GroupConfig{Kafka: a.kc, Group: name, Topics: topics, Start: start,
+		SessionTimeout: a.cfg.Kafka.SessionTimeout.D(), Metrics: a.metrics, CrashPoint: a.crash,
+		ReadUncommitted: a.cfg.Kafka.IsolationLevel == "read_uncommitted"}
+}
+
+// buildIntake: the intake consumer group, when intake.topics are set.
+func (a *app) buildIntake(context.Context) error {
+	in := a.cfg.Intake
+	if len(in.Topics) == 0 {
+		if !*in.Outbox {
+			a.log.Warn("intake.topics is empty and intake.outbox is false: no intake runs")
+		}
+		return nil
+	}
+	var err error
+	a.intake, err = consumer.NewIntake(a.log, a.st, consumer.IntakeConfig{GroupConfig: a.group(in.Group, in.Topics, in.Start),
+		DeadLetterTopic: in.DeadLetterTopic, MaxBytes: in.MaxBytes, Types: a.types})
+	return err
+}
+
+// buildResponses: the response consumer group, when responses.topics are
+// set.
+func (a *app) buildResponses(context.Context) error {
+	rs := a.cfg.Responses
+	if len(rs.Topics) == 0 {
+		return nil
+	}
+	var topics []string
+	for _, rt := range rs.Topics {
+		topics = append(topics, rt.Topic)
+	}
+	var err error
+	a.responses, err = consumer.NewResponses(a.log, a.st, consumer.ResponsesConfig{GroupConfig: a.group(rs.Group, topics, rs.Start),
+		DeadLetterTopic: rs.DeadLetterTopic, EarlyTTL: rs.EarlyTTL.D(), Matchers: a.matchers, Types: a.types})
+	return err
+}
+
+// buildProducer: the client that writes requests and the copies of the
+// dead letters the sweeper, the API and the outbox write.
+func (a *app) buildProducer(context.Context) error {
+	var err error
+	a.producer, err = a.newProducer(a.kc)
+	a.replyCopies = &deadletter.Copier{Client: a.producer, Topic: a.cfg.Responses.DeadLetterTopic, Log: a.log}
+	return err
+}
+
+func (a *app) newProducer(kc kafkaconn.Config) (*kgo.Client, error) {
+	return kafkaconn.NewClient(kc, a.log, append(dispatcher.KafkaProducerOpts(),
+		kgo.ProducerBatchMaxBytes(int32(a.cfg.Kafka.MaxRecordBytes)))...)
+}
+
+// buildOutbox: the drainer of the transactional outbox.
+func (a *app) buildOutbox(context.Context) error {
+	a.outbox = consumer.NewOutbox(a.log, a.st, consumer.OutboxConfig{MaxBytes: a.cfg.Intake.MaxBytes, Types: a.types,
+		Metrics: a.metrics, CrashPoint: a.crash,
+		DeadLetters: &deadletter.Copier{Client: a.producer, Topic: a.cfg.Intake.DeadLetterTopic, Log: a.log}})
+	return nil
+}
+
+// buildDispatcher: the transports of every job type, and the dispatcher
+// over the queues.
+func (a *app) buildDispatcher(context.Context) error {
+	cfg := a.cfg
+	routes := map[string]dispatcher.KafkaRoute{}
+	httpRoutes := map[string]dispatcher.HTTPRoute{}
+	senders := map[string]dispatcher.Sender{}
+	kafka := dispatcher.NewKafkaSender(a.producer, routes)
+	hc := dispatcher.HTTPSenderConfig{Routes: httpRoutes, StartWithin: cfg.Dispatch.Grace.D() / 2}
+	if cfg.API != nil {
+		hc.PublicURL, hc.CallbackSecret = cfg.API.PublicURL, []byte(cfg.API.CallbackSecret)
+	}
+	web := dispatcher.NewHTTPSender(hc)
+	byCodec := map[string]*dispatcher.KafkaSender{}
+	for _, jt := range cfg.JobTypes {
+		switch {
+		case jt.Transport.Kafka != nil:
+			k := jt.Transport.Kafka
+			routes[jt.Name] = dispatcher.KafkaRoute{Topic: k.Topic, Envelope: k.Envelope, ReplyTopic: jt.ReplyTopic}
+			senders[jt.Name] = kafka
+			if c := k.Compression; c != "" && c != cfg.Kafka.Compression {
+				// Compression is a client's: a type with its own codec gets its own producer.
+				if byCodec[c] == nil {
+					pc := a.kc
+					pc.Compression = c
+					cl, err := a.newProducer(pc)
+					if err != nil {
+						return err
+					}
+					a.producers = append(a.producers, cl)
+					byCodec[c] = dispatcher.NewKafkaSender(cl, routes)
+				}
+				senders[jt.Name] = byCodec[c]
+			}
+		case jt.Transport.HTTP != nil:
+			h := jt.Transport.HTTP
+			httpRoutes[jt.Name] = dispatcher.HTTPRoute{URL: h.URL, Method: h.Method, Headers: h.Headers,
+				Timeout: h.Timeout.D(), Sync: h.Mode == dispatcher.HTTPSync, Delivery: jt.Delivery, MaxInFlight: h.MaxInFlight}
+			senders[jt.Name] = web
+		}
+	}
+	var queues []dispatcher.QueueConfig
+	throttles := cfg.Throttles()
+	for _, q := range cfg.Queues {
+		if t := throttles[q.Name]; t.Bounded() {
+			a.log.Info("queue throttled", zap.String("queue", q.Name), zap.Int("throttle_limit", t.Limit),
+				zap.Stringer("shares", t.Shares), zap.Strings("critical", t.Critical), zap.Any("max_concurrency", t.MaxConcurrency))
+		}
+		queues = append(queues, dispatcher.QueueConfig{Name: q.Name, Order: q.Order, Throttle: *throttles[q.Name]})
+	}
+	a.dispatcher = dispatcher.New(a.log, a.st, dispatcher.Config{Instance: instanceName(), Interval: cfg.Dispatch.Interval.D(),
+		BatchSize: cfg.Dispatch.BatchSize, Queues: queues, Types: a.types, Senders: senders, Metrics: a.metrics,
+		DeadLetters: a.replyCopies})
+	return nil
+}
+
+// buildSweeper: the cron of timeouts, rescues, expiry and pruning.
+func (a *app) buildSweeper(context.Context) error {
+	sw := a.cfg.Sweeper
+	a.sweeper = sweeper.New(a.log, a.st, sweeper.Config{Schedule: sw.Schedule, Retention: sw.Retention.D(),
+		DeadLetterRetention: sw.DeadLetterRetention.D(), Grace: a.cfg.Dispatch.Grace.D(), Types: a.types,
+		Metrics: a.metrics, DeadLetters: a.replyCopies})
+	return nil
+}
+
+// buildAPI: the HTTP API, on connections of its own, when the config has
+// an api section.
+func (a *app) buildAPI(ctx context.Context) error {
+	c := a.cfg.API
+	if c == nil {
+		return nil
+	}
+	var err error
+	if a.kafkaPing, err = kafkaconn.NewClient(a.kc, a.log); err != nil {
+		return err
+	}
+	// The API's own connections: bounded apart from the hot path's,
+	// each statement bounded by the request timeout and planned for
+	// its values.
+	a.apiStore, err = store.Open(ctx, store.Config{URL: a.cfg.Database.URL, Schema: a.cfg.Database.Schema,
+		MaxConns: int32(c.MaxConns), StatementTimeout: c.RequestTimeout.D(), CustomPlans: true})
+	if err != nil {
+		return err
+	}
+	a.api = api.New(a.log, a.apiStore, api.Config{Listen: c.Listen, Tokens: c.Tokens, HotPath: a.st,
+		RequestTimeout: c.RequestTimeout.D(), CallbackSecret: []byte(c.CallbackSecret), MaxBodyBytes: a.cfg.Intake.MaxBytes,
+		Queues: a.queues, Types: a.types, Matchers: a.matchers, EarlyTTL: a.cfg.Responses.EarlyTTL.D(), Ready: a.kafkaPing.Ping,
+		Metrics: a.metrics, DeadLetters: a.replyCopies})
+	return nil
 }
 
 // run runs every component until ctx ends; each drains what it started.
