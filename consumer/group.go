@@ -90,11 +90,11 @@ type applier interface {
 
 // group is the exactly-once loop shared by intake and responses.
 type group struct {
-	log   *zap.Logger
-	st    *store.Store
-	cfg   GroupConfig
-	cl    *kgo.Client
-	app   applier
+	log *zap.Logger
+	st  *store.Store
+	cfg GroupConfig
+	cl  *kgo.Client
+	app applier
 
 	mu  sync.Mutex
 	pos map[store.TopicPartition]int64 // stored next offset; -1: none stored

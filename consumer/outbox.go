@@ -40,10 +40,10 @@ type OutboxConfig struct {
 // every Poll besides; several instances drain it at once, each taking rows
 // the others do not hold.
 type Outbox struct {
-	log   *zap.Logger
-	st    *store.Store
-	cfg   OutboxConfig
-	wake  chan struct{}
+	log  *zap.Logger
+	st   *store.Store
+	cfg  OutboxConfig
+	wake chan struct{}
 }
 
 // NewOutbox builds the drainer; Run starts it.
