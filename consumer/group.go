@@ -30,6 +30,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/hipq/hipq/correlator"
+	"github.com/hipq/hipq/internal/deadletter"
 	"github.com/hipq/hipq/internal/kafkaconn"
 	"github.com/hipq/hipq/internal/metrics"
 	"github.com/hipq/hipq/store"
@@ -77,8 +78,12 @@ func (c GroupConfig) WithDefaults() GroupConfig {
 	c.Start = cmp.Or(c.Start, DefaultStart)
 	c.SessionTimeout = cmp.Or(c.SessionTimeout, DefaultSessionTimeout)
 	c.MaxPollRecords = cmp.Or(c.MaxPollRecords, DefaultMaxPollRecords)
+	c.Metrics = metrics.Or(c.Metrics)
 	return c
 }
+
+// rebalanceTimeout bounds how long members may take to rejoin the group.
+func (c GroupConfig) rebalanceTimeout() time.Duration { return max(3*c.SessionTimeout, 10*time.Second) }
 
 // applier writes one batch of records, with their offset advances, in one
 // transaction. after runs once it committed (dead-letter copies, logs).
@@ -102,7 +107,6 @@ type group struct {
 
 func newGroup(log *zap.Logger, st *store.Store, cfg GroupConfig, app applier) (*group, error) {
 	cfg = cfg.WithDefaults()
-	cfg.Metrics = metrics.Or(cfg.Metrics)
 	g := &group{log: log, st: st, cfg: cfg, app: app, pos: map[store.TopicPartition]int64{}}
 	reset := kgo.NewOffset().AtStart()
 	if cfg.Start == StartLatest {
@@ -131,7 +135,7 @@ func newGroup(log *zap.Logger, st *store.Store, cfg GroupConfig, app applier) (*
 	// Heartbeats go at most a third of the session timeout apart, as
 	// Kafka's own consumer documents: at the client's default 3s a
 	// session of 3s would expire between two of them.
-	opts = append(opts, kgo.SessionTimeout(cfg.SessionTimeout), kgo.RebalanceTimeout(max(3*cfg.SessionTimeout, 10*time.Second)),
+	opts = append(opts, kgo.SessionTimeout(cfg.SessionTimeout), kgo.RebalanceTimeout(cfg.rebalanceTimeout()),
 		kgo.HeartbeatInterval(min(cfg.SessionTimeout/3, 3*time.Second)))
 	cl, err := kafkaconn.NewClient(cfg.Kafka, log, opts...)
 	if err != nil {
@@ -143,8 +147,13 @@ func newGroup(log *zap.Logger, st *store.Store, cfg GroupConfig, app applier) (*
 }
 
 // adjust replaces the group's committed offsets of newly assigned
-// partitions with PostgreSQL's.
+// partitions with PostgreSQL's. franz-go asks it not to outlast the
+// rebalance timeout, so it tries for half of that at most: past it, its
+// error makes the client rejoin the group and ask again, and no partition
+// is ever read from any offset but PostgreSQL's.
 func (g *group) adjust(ctx context.Context, offsets map[string]map[int32]kgo.Offset) (map[string]map[int32]kgo.Offset, error) {
+	ctx, cancel := context.WithTimeout(ctx, g.cfg.rebalanceTimeout()/2)
+	defer cancel()
 	var tps []store.TopicPartition
 	for t, ps := range offsets {
 		for p := range ps {
@@ -155,14 +164,15 @@ func (g *group) adjust(ctx context.Context, offsets map[string]map[int32]kgo.Off
 	var err error
 	for try := 0; ; try++ {
 		stored, err = g.st.OffsetsLoad(ctx, g.cfg.Group, tps)
-		if err == nil || ctx.Err() != nil {
+		if err == nil || ctx.Err() != nil || !store.IsTransient(err) {
 			break
 		}
 		g.log.Warn("cannot load stored offsets; retrying", zap.String("group", g.cfg.Group), zap.Error(err))
 		sleep(ctx, backoff(try))
 	}
 	if err != nil {
-		return nil, err
+		g.log.Error("cannot load stored offsets; rejoining the group to try again", zap.String("group", g.cfg.Group), zap.Error(err))
+		return nil, fmt.Errorf("load stored offsets of group %s: %w", g.cfg.Group, err)
 	}
 	reset := kgo.NewOffset().AtStart()
 	if g.cfg.Start == StartLatest {
@@ -438,6 +448,17 @@ func sleep(ctx context.Context, d time.Duration) {
 	case <-ctx.Done():
 	case <-t.C:
 	}
+}
+
+// copyDeadLetters copies a batch's dead letters to topic (none: logged
+// only), after their transaction committed.
+func (g *group) copyDeadLetters(topic string, dls []store.DeadLetter) {
+	(&deadletter.Copier{Client: g.cl, Topic: topic, Log: g.log}).Copy(dls)
+}
+
+// rejected is the reason of a record PostgreSQL refused on its own.
+func rejected(cause error) string {
+	return correlator.CodeRejected + ": PostgreSQL refused it: " + correlator.Clip(cause.Error(), 1024)
 }
 
 func source(r *kgo.Record) store.Source {

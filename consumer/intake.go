@@ -11,7 +11,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/hipq/hipq/correlator"
-	"github.com/hipq/hipq/internal/deadletter"
 	"github.com/hipq/hipq/internal/metrics"
 	"github.com/hipq/hipq/store"
 )
@@ -26,24 +25,28 @@ type IntakeConfig struct {
 
 // Intake turns job requests read from the intake topics into jobs.
 type Intake struct {
-	*group
+	g   *group
 	cfg IntakeConfig
 }
 
 // NewIntake builds the intake consumer; Run starts it.
 func NewIntake(log *zap.Logger, st *store.Store, cfg IntakeConfig) (*Intake, error) {
+	cfg.GroupConfig = cfg.GroupConfig.WithDefaults()
 	in := &Intake{cfg: cfg}
 	g, err := newGroup(log.Named("intake"), st, cfg.GroupConfig, in)
 	if err != nil {
 		return nil, err
 	}
-	in.group = g
+	in.g = g
 	return in, nil
 }
 
+// Run polls and applies job requests until ctx ends, then leaves the group.
+func (in *Intake) Run(ctx context.Context) error { return in.g.Run(ctx) }
+
 func (in *Intake) count(result string, n int) {
 	if n > 0 {
-		in.group.cfg.Metrics.IntakeRecords.WithLabelValues(metrics.SourceKafka, result).Add(float64(n))
+		in.cfg.Metrics.IntakeRecords.WithLabelValues(metrics.SourceKafka, result).Add(float64(n))
 	}
 }
 
@@ -56,7 +59,7 @@ func (in *Intake) apply(ctx context.Context, recs []*kgo.Record, adv []store.Off
 		job, err := decodeRecord(recs[i], src, in.cfg.MaxBytes, in.cfg.Types, now)
 		return src, job, err
 	})
-	res, err := in.st.IntakeApply(ctx, b)
+	res, err := in.g.st.IntakeApply(ctx, b)
 	if err != nil {
 		return nil, err
 	}
@@ -64,26 +67,22 @@ func (in *Intake) apply(ctx context.Context, recs []*kgo.Record, adv []store.Off
 		in.count("accepted", res.Inserted)
 		in.count("duplicate", res.Duplicates+dups)
 		in.count("dead_lettered", len(res.DeadLetters))
-		in.log.Debug("intake batch applied", zap.Int("records", len(recs)), zap.Int("accepted", res.Inserted),
+		in.g.log.Debug("intake batch applied", zap.Int("records", len(recs)), zap.Int("accepted", res.Inserted),
 			zap.Int("duplicates", res.Duplicates+dups), zap.Int("dead_lettered", len(res.DeadLetters)))
-		in.copyDeadLetters(res.DeadLetters)
+		in.g.copyDeadLetters(in.cfg.DeadLetterTopic, res.DeadLetters)
 	}, nil
 }
 
 func (in *Intake) poison(ctx context.Context, rec *kgo.Record, adv []store.OffsetAdvance, cause error) (func(), error) {
-	dl := store.DeadLetter{Kind: store.SourceIntake, Source: source(rec), Reason: correlator.CodeRejected + ": PostgreSQL refused it: " + correlator.Clip(cause.Error(), 1024)}
-	res, err := in.st.IntakeApply(ctx, store.IntakeBatch{Group: in.cfg.Group, Offsets: adv, DeadLetters: []store.DeadLetter{dl}})
+	dl := store.DeadLetter{Kind: store.SourceIntake, Source: source(rec), Reason: rejected(cause)}
+	res, err := in.g.st.IntakeApply(ctx, store.IntakeBatch{Group: in.cfg.Group, Offsets: adv, DeadLetters: []store.DeadLetter{dl}})
 	if err != nil {
 		return nil, err
 	}
 	return func() {
 		in.count("dead_lettered", 1)
-		in.copyDeadLetters(res.DeadLetters)
+		in.g.copyDeadLetters(in.cfg.DeadLetterTopic, res.DeadLetters)
 	}, nil
-}
-
-func (in *Intake) copyDeadLetters(dls []store.DeadLetter) {
-	(&deadletter.Copier{Client: in.cl, Topic: in.cfg.DeadLetterTopic, Log: in.log}).Copy(dls)
 }
 
 // reduceIntake makes a batch's jobs and dead letters (of source kind) of n

@@ -3,14 +3,12 @@ package consumer
 import (
 	"cmp"
 	"context"
-	"fmt"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 
 	"github.com/hipq/hipq/correlator"
-	"github.com/hipq/hipq/internal/deadletter"
 	"github.com/hipq/hipq/internal/metrics"
 	"github.com/hipq/hipq/store"
 )
@@ -26,21 +24,25 @@ type ResponsesConfig struct {
 
 // Responses matches replies read from the response topics to their jobs.
 type Responses struct {
-	*group
+	g   *group
 	cfg ResponsesConfig
 }
 
 // NewResponses builds the response consumer; Run starts it.
 func NewResponses(log *zap.Logger, st *store.Store, cfg ResponsesConfig) (*Responses, error) {
+	cfg.GroupConfig = cfg.GroupConfig.WithDefaults()
+	cfg.EarlyTTL = cmp.Or(cfg.EarlyTTL, DefaultEarlyTTL)
 	rs := &Responses{cfg: cfg}
-	rs.cfg.EarlyTTL = cmp.Or(cfg.EarlyTTL, DefaultEarlyTTL)
 	g, err := newGroup(log.Named("responses"), st, cfg.GroupConfig, rs)
 	if err != nil {
 		return nil, err
 	}
-	rs.group = g
+	rs.g = g
 	return rs, nil
 }
+
+// Run polls and applies replies until ctx ends, then leaves the group.
+func (rs *Responses) Run(ctx context.Context) error { return rs.g.Run(ctx) }
 
 func (rs *Responses) apply(ctx context.Context, recs []*kgo.Record, adv []store.OffsetAdvance) (func(), error) {
 	b := store.ReplyBatch{Group: rs.cfg.Group, Offsets: adv, EarlyTTL: rs.cfg.EarlyTTL}
@@ -61,34 +63,34 @@ func (rs *Responses) apply(ctx context.Context, recs []*kgo.Record, adv []store.
 		}
 		b.Replies = append(b.Replies, store.ReplyIn{Reply: reply, Kind: store.SourceReply, Source: src})
 	}
-	res, err := rs.st.ReplyApply(ctx, b, rs.cfg.Types)
+	res, err := rs.g.st.ReplyApply(ctx, b, rs.cfg.Types)
 	if err != nil {
 		return nil, err
 	}
 	return func() {
 		rs.countUnreadable(len(b.DeadLetters))
-		rs.group.cfg.Metrics.ObserveReplies(metrics.SourceKafka, res.Counts, res.RoundTrips)
-		rs.log.Debug("reply batch applied", zap.Int("records", len(recs)), zap.Int("applied", res.Counts[correlator.Apply]),
+		rs.cfg.Metrics.ObserveReplies(metrics.SourceKafka, res.Counts, res.RoundTrips)
+		rs.g.log.Debug("reply batch applied", zap.Int("records", len(recs)), zap.Int("applied", res.Counts[correlator.Apply]),
 			zap.Int("dead_lettered", len(res.DeadLetters)))
-		(&deadletter.Copier{Client: rs.cl, Topic: rs.cfg.DeadLetterTopic, Log: rs.log}).Copy(res.DeadLetters)
+		rs.g.copyDeadLetters(rs.cfg.DeadLetterTopic, res.DeadLetters)
 	}, nil
 }
 
 func (rs *Responses) poison(ctx context.Context, rec *kgo.Record, adv []store.OffsetAdvance, cause error) (func(), error) {
-	dl := store.DeadLetter{Kind: store.SourceReply, Source: source(rec), Reason: fmt.Sprintf("%s: PostgreSQL refused it: %s", correlator.CodeRejected, correlator.Clip(cause.Error(), 1024))}
-	res, err := rs.st.ReplyApply(ctx, store.ReplyBatch{Group: rs.cfg.Group, Offsets: adv, DeadLetters: []store.DeadLetter{dl}}, rs.cfg.Types)
+	dl := store.DeadLetter{Kind: store.SourceReply, Source: source(rec), Reason: rejected(cause)}
+	res, err := rs.g.st.ReplyApply(ctx, store.ReplyBatch{Group: rs.cfg.Group, Offsets: adv, DeadLetters: []store.DeadLetter{dl}}, rs.cfg.Types)
 	if err != nil {
 		return nil, err
 	}
 	return func() {
 		rs.countUnreadable(1)
-		(&deadletter.Copier{Client: rs.cl, Topic: rs.cfg.DeadLetterTopic, Log: rs.log}).Copy(res.DeadLetters)
+		rs.g.copyDeadLetters(rs.cfg.DeadLetterTopic, res.DeadLetters)
 	}, nil
 }
 
 // countUnreadable counts replies dead-lettered before matching.
 func (rs *Responses) countUnreadable(n int) {
 	if n > 0 {
-		rs.group.cfg.Metrics.Replies.WithLabelValues(metrics.SourceKafka, "dead_lettered").Add(float64(n))
+		rs.cfg.Metrics.Replies.WithLabelValues(metrics.SourceKafka, "dead_lettered").Add(float64(n))
 	}
 }

@@ -95,7 +95,7 @@ func (s *Store) Ping(ctx context.Context) error { return s.pool.Ping(ctx) }
 var ErrOffsetConflict = errors.New("stored offset moved: another consumer applied these records")
 
 // inTx runs fn in a transaction, retrying on deadlock and serialization
-// failures, which PostgreSQL says are safe to retry whole.
+// failures, which PostgreSQL says are safe to retry whole, while ctx lasts.
 func (s *Store) inTx(ctx context.Context, fn func(pgx.Tx) error) error {
 	defer s.writes.start()()
 	var err error
@@ -104,7 +104,13 @@ func (s *Store) inTx(ctx context.Context, fn func(pgx.Tx) error) error {
 		if !retryableTx(err) {
 			return err
 		}
-		time.Sleep(time.Duration(try+1) * 10 * time.Millisecond)
+		t := time.NewTimer(time.Duration(try+1) * 10 * time.Millisecond)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		case <-t.C:
+		}
 	}
 	return err
 }
