@@ -9,11 +9,14 @@ import (
 	"github.com/hipq/hipq/consumer"
 	"github.com/hipq/hipq/correlator"
 	"github.com/hipq/hipq/dispatcher"
+	"github.com/hipq/hipq/schemas"
 	"github.com/hipq/hipq/store"
 )
 
 // Config is the whole file.
 type Config struct {
+	// dir is the config file's folder: relative file paths start there.
+	dir string
 	// Name names the deployment; consumer groups default to {name}-intake and
 	// {name}-responses. Defaults to hipq.
 	Name      string    `yaml:"name"`
@@ -226,6 +229,12 @@ type JobType struct {
 	Delivery    correlator.Delivery     `yaml:"delivery"`
 	Retry       *Retry                  `yaml:"retry,omitempty"`
 	TimeWindows []correlator.TimeWindow `yaml:"time_windows,omitempty"`
+	// DataSchema is a JSON Schema file (draft 2020-12 unless it says
+	// otherwise) that job_data must satisfy at intake; relative to the
+	// config file's folder. Optional.
+	DataSchema string `yaml:"data_schema,omitempty"`
+	// dataSchema is DataSchema compiled, by Validate.
+	dataSchema *schemas.DataSchema
 }
 
 // Transport names exactly one of kafka or http.

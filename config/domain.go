@@ -75,6 +75,9 @@ func (c *Config) Domain() correlator.Types {
 		}
 		_ = correlator.CompileWindows(d.Windows)
 		d.Critical, d.MaxConcurrency = jt.Critical, jt.MaxConcurrency
+		if jt.dataSchema != nil {
+			d.CheckData = jt.dataSchema.Check
+		}
 		if h := jt.Transport.HTTP; h != nil {
 			d.SendTimeout = h.Timeout.D() // Kafka types: the record delivery timeout, the default
 		}

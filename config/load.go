@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"reflect"
 	"regexp"
 	"sort"
@@ -63,14 +64,21 @@ func Load(path string) (*Config, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read config: %w", err)
 	}
-	return Parse(string(b), os.LookupEnv)
+	return parse(string(b), os.LookupEnv, filepath.Dir(path))
 }
 
 var envRef = regexp.MustCompile(`\$\{([A-Za-z_][A-Za-z0-9_]*)(:-([^}]*))?\}`)
 
 // Parse is Load on text, with lookup for environment variables. Errors are
 // Errors.
+// Relative file paths in it (data_schema) are taken from the working
+// directory.
 func Parse(text string, lookup func(string) (string, bool)) (*Config, error) {
+	return parse(text, lookup, "")
+}
+
+// parse is Parse with dir, the folder relative file paths start from.
+func parse(text string, lookup func(string) (string, bool), dir string) (*Config, error) {
 	if lookup == nil {
 		lookup = func(string) (string, bool) { return "", false }
 	}
@@ -80,7 +88,7 @@ func Parse(text string, lookup func(string) (string, bool)) (*Config, error) {
 	}
 	var errs Errors
 	lines := map[int]string{}
-	cfg := &Config{}
+	cfg := &Config{dir: dir}
 	if len(root.Content) > 0 {
 		doc := root.Content[0]
 		walk(doc, reflect.TypeOf(Config{}), "", lookup, lines, &errs)

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"fmt"
 	"net/url"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"github.com/hipq/hipq/correlator"
 	"github.com/hipq/hipq/dispatcher"
 	"github.com/hipq/hipq/internal/kafkaconn"
+	"github.com/hipq/hipq/schemas"
 	"github.com/hipq/hipq/store"
 	"github.com/hipq/hipq/sweeper"
 )
@@ -373,6 +375,17 @@ func (c *Config) Validate() error {
 					bad(fmt.Sprintf("%s.retry.when[%d]", p, k), "at_most_once types may not retry timed_out: the request may have arrived")
 				}
 			}
+		}
+		if jt.DataSchema != "" {
+			path := jt.DataSchema
+			if !filepath.IsAbs(path) && c.dir != "" {
+				path = filepath.Join(c.dir, path)
+			}
+			ds, err := schemas.CompileDataSchema(path)
+			if err != nil {
+				bad(p+".data_schema", "%v", err)
+			}
+			jt.dataSchema = ds
 		}
 		for k := range jt.TimeWindows {
 			if err := jt.TimeWindows[k].Compile(); err != nil {

@@ -45,6 +45,9 @@ type JobType struct {
 	Critical bool
 	// MaxConcurrency caps running jobs of the type; 0 = no cap.
 	MaxConcurrency int
+	// CheckData validates job_data against the type's data_schema (nil:
+	// none); its error says where the data fails.
+	CheckData func(data []byte) error
 	// SendTimeout bounds one send of the type's requests (0:
 	// DefaultSendTimeout); a claim not known to be sent after it plus
 	// dispatch.grace is taken for lost by the sweeper.
@@ -132,6 +135,11 @@ func NewJob(req *Request, jt *JobType, now time.Time) (*Job, error) {
 	}
 	if len(j.JobData) == 0 {
 		j.JobData = json.RawMessage("null")
+	}
+	if jt.CheckData != nil {
+		if err := jt.CheckData(j.JobData); err != nil {
+			return nil, &InputError{Code: CodeSchemaViolation, Field: "job_data", Detail: Clip(err.Error(), MaxDetailBytes)}
+		}
 	}
 	if req.Priority != nil {
 		j.Priority = *req.Priority

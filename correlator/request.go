@@ -30,6 +30,8 @@ const (
 	CodeNewerAttempt   = "newer_attempt"
 	CodeMismatch       = "mismatch"
 	CodeRejected       = "rejected"
+	// CodeSchemaViolation: job_data fails its type's data_schema.
+	CodeSchemaViolation = "schema_violation"
 )
 
 // MaxDepth is how deeply a message may nest from its root.
