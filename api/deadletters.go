@@ -102,6 +102,7 @@ func (s *Server) replayDeadLetter(w http.ResponseWriter, r *http.Request) error 
 		if err != nil {
 			return stillRefused(err)
 		}
+		j.Trace = correlator.TraceContextOf(d.Source.Headers)
 		created, err := s.st.DeadLetterReplayIntake(r.Context(), id, j)
 		if err != nil {
 			return s.replayError(id, err)

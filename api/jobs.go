@@ -83,6 +83,7 @@ func (s *Server) enqueue(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return inputError(err)
 	}
+	j.Trace = traceOf(r)
 	cur, created, err := s.st.JobEnqueue(r.Context(), j)
 	count := func(result string) { s.cfg.Metrics.IntakeRecords.WithLabelValues(metrics.SourceAPI, result).Inc() }
 	switch {
@@ -279,4 +280,12 @@ func (s *Server) pause(paused bool) func(http.ResponseWriter, *http.Request) err
 		writeJSON(w, http.StatusOK, map[string]any{"queue": q, "paused": paused})
 		return nil
 	}
+}
+
+// traceOf is the trace context of an API call: the job's, when the call
+// carries a valid traceparent.
+func traceOf(r *http.Request) correlator.TraceContext {
+	return correlator.TraceContextOf([]correlator.Header{
+		{Key: correlator.HeaderTraceParent, Value: []byte(r.Header.Get(correlator.HeaderTraceParent))},
+		{Key: correlator.HeaderTraceState, Value: []byte(r.Header.Get(correlator.HeaderTraceState))}})
 }

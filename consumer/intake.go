@@ -118,7 +118,11 @@ func decodeRecord(r *kgo.Record, src store.Source, maxBytes int, types correlato
 	if err := correlator.CheckHeaders(src.Headers); err != nil {
 		return nil, err
 	}
-	return correlator.DecodeJob(r.Value, maxBytes, types, now)
+	job, err := correlator.DecodeJob(r.Value, maxBytes, types, now)
+	if err == nil {
+		job.Trace = correlator.TraceContextOf(src.Headers)
+	}
+	return job, err
 }
 
 // sameJSON compares two JSON values semantically.

@@ -202,6 +202,9 @@ func (o *Outbox) decide(rows []store.OutboxRow) ([]store.IntakeJob, []store.Dead
 			return src, nil, err
 		}
 		job, err := correlator.DecodeJob(rows[i].Value, o.cfg.MaxBytes, o.cfg.Types, now)
+		if err == nil {
+			job.Trace = correlator.TraceContextOf(src.Headers)
+		}
 		return src, job, err
 	})
 }

@@ -95,6 +95,8 @@ type Job struct {
 	Result           json.RawMessage
 	CreatedAt        time.Time
 	UpdateTime       time.Time
+	// Trace is the trace context the job came in with (none: zero).
+	Trace TraceContext
 }
 
 // DecodeJob decodes an intake record's value into the job it asks for:

@@ -40,8 +40,8 @@ func (s *Store) JobEnqueue(ctx context.Context, j *correlator.Job) (*correlator.
 		cur, err := scanJobAnd(s.pool.QueryRow(ctx, `
 			WITH ins AS (
 			  INSERT INTO hipq_job (queue, job_type, job_key, job_data, max_attempts, priority, throttle_factor,
-			                        timeout_seconds, scheduled_run_time, expires_at, time_windows)
-			  VALUES ($1, $2, $3, $4::jsonb, $5, $6, $7, $8, coalesce($9::timestamptz, now()), $10, $11::jsonb)
+			                        timeout_seconds, scheduled_run_time, expires_at, time_windows, trace_parent, trace_state)
+			  VALUES ($1, $2, $3, $4::jsonb, $5, $6, $7, $8, coalesce($9::timestamptz, now()), $10, $11::jsonb, $12, $13)
 			  ON CONFLICT (job_type, job_key) WHERE state <> 'final' DO NOTHING
 			  RETURNING `+jobColumns+`
 			), notify AS (
@@ -52,7 +52,7 @@ func (s *Store) JobEnqueue(ctx context.Context, j *correlator.Job) (*correlator.
 			SELECT `+jobColumns+`, false, job_data = $4::jsonb FROM hipq_job
 			WHERE job_type = $2 AND job_key = $3 AND state <> 'final' AND NOT EXISTS (SELECT 1 FROM ins)`,
 			j.Queue, j.JobType, j.JobKey, string(j.JobData), j.MaxAttempts, j.Priority, j.ThrottleFactor, j.TimeoutSeconds,
-			scheduled(j), j.ExpiresAt, windows), &created, &same)
+			scheduled(j), j.ExpiresAt, windows, nullable(j.Trace.Parent), nullable(j.Trace.State)), &created, &same)
 		switch {
 		case errors.Is(err, correlator.ErrNotFound):
 			continue // the insert met a row committed after the statement's snapshot: look again

@@ -160,8 +160,10 @@ func jobsInsert(ctx context.Context, tx pgx.Tx, jobs []IntakeJob) ([]acceptStatu
 	sched := make([]*time.Time, n)
 	expires := make([]*time.Time, n)
 	windows := make([]*string, n)
+	tparents, tstates := make([]*string, n), make([]*string, n)
 	for i, ij := range jobs {
 		j := ij.Job
+		tparents[i], tstates[i] = nullable(j.Trace.Parent), nullable(j.Trace.State)
 		queues[i], types[i], keys[i], data[i] = j.Queue, j.JobType, j.JobKey, string(j.JobData)
 		maxAtt[i], prio[i], factor[i], timeout[i] = int32(j.MaxAttempts), int32(j.Priority), int32(j.ThrottleFactor), int32(j.TimeoutSeconds)
 		sched[i], expires[i] = scheduled(j), j.ExpiresAt
@@ -174,14 +176,14 @@ func jobsInsert(ctx context.Context, tx pgx.Tx, jobs []IntakeJob) ([]acceptStatu
 	rows, err := tx.Query(ctx, `
 		WITH n AS (
 		  SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::jsonb[], $5::int[], $6::int[], $7::int[],
-		                       $8::int[], $9::timestamptz[], $10::timestamptz[], $11::jsonb[]) WITH ORDINALITY
+		                       $8::int[], $9::timestamptz[], $10::timestamptz[], $11::jsonb[], $12::text[], $13::text[]) WITH ORDINALITY
 		    AS n(queue, job_type, job_key, job_data, max_attempts, priority, throttle_factor, timeout_seconds,
-		         scheduled_run_time, expires_at, time_windows, ord)
+		         scheduled_run_time, expires_at, time_windows, trace_parent, trace_state, ord)
 		), ins AS (
 		  INSERT INTO hipq_job (queue, job_type, job_key, job_data, max_attempts, priority, throttle_factor,
-		                        timeout_seconds, scheduled_run_time, expires_at, time_windows)
+		                        timeout_seconds, scheduled_run_time, expires_at, time_windows, trace_parent, trace_state)
 		  SELECT queue, job_type, job_key, job_data, max_attempts, priority, throttle_factor, timeout_seconds,
-		         coalesce(scheduled_run_time, now()), expires_at, time_windows FROM n
+		         coalesce(scheduled_run_time, now()), expires_at, time_windows, trace_parent, trace_state FROM n
 		  ON CONFLICT (job_type, job_key) WHERE state <> 'final' DO NOTHING
 		  RETURNING queue, job_type, job_key
 		), notify AS (
@@ -194,7 +196,7 @@ func jobsInsert(ctx context.Context, tx pgx.Tx, jobs []IntakeJob) ([]acceptStatu
 		FROM n
 		LEFT JOIN ins i ON i.job_type = n.job_type AND i.job_key = n.job_key
 		WHERE (SELECT count(*) FROM notify) >= 0`,
-		queues, types, keys, data, maxAtt, prio, factor, timeout, sched, expires, windows)
+		queues, types, keys, data, maxAtt, prio, factor, timeout, sched, expires, windows, tparents, tstates)
 	if err != nil {
 		return nil, fmt.Errorf("insert jobs: %w", err)
 	}
