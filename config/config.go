@@ -31,6 +31,7 @@ type Config struct {
 	// ShutdownTimeout bounds the drain after SIGTERM. Defaults to 15s.
 	ShutdownTimeout Duration  `yaml:"shutdown_timeout"`
 	Log             Log       `yaml:"log"`
+	Tracing         Tracing   `yaml:"tracing"`
 	Queues          []Queue   `yaml:"queues"`
 	JobTypes        []JobType `yaml:"job_types"`
 }
@@ -182,6 +183,28 @@ type API struct {
 	// RequestTimeout bounds each API request, its statements included
 	// (statement_timeout on the API's connections). Defaults to 10s.
 	RequestTimeout Duration `yaml:"request_timeout"`
+}
+
+// Tracing exports OpenTelemetry traces over OTLP/HTTP.
+type Tracing struct {
+	// Endpoint is the OTLP/HTTP collector's base URL, e.g.
+	// http://collector:4318. Empty: the OTEL_EXPORTER_OTLP_TRACES_ENDPOINT
+	// or OTEL_EXPORTER_OTLP_ENDPOINT variable; without either, tracing is
+	// off and costs nothing.
+	Endpoint string `yaml:"endpoint"`
+	// Sampler: parent_ratio (default: a sampled parent's decision, else
+	// ratio of new traces), always_on or always_off.
+	Sampler string `yaml:"sampler"`
+	// Ratio of new traces sampled by parent_ratio; defaults to 1.
+	Ratio float64 `yaml:"ratio"`
+	// ServiceName defaults to OTEL_SERVICE_NAME, else name.
+	ServiceName string `yaml:"service_name"`
+	// Link makes each send span link to the job's intake trace instead of
+	// joining it as a child.
+	Link bool `yaml:"link"`
+	// BatchTimeout is how long finished spans wait to be exported in a
+	// batch; defaults to the SDK's (OTEL_BSP_SCHEDULE_DELAY, else 5s).
+	BatchTimeout Duration `yaml:"batch_timeout"`
 }
 
 // Log is logging.

@@ -16,6 +16,7 @@ import (
 	"github.com/hipq/hipq/correlator"
 	"github.com/hipq/hipq/dispatcher"
 	"github.com/hipq/hipq/internal/kafkaconn"
+	"github.com/hipq/hipq/internal/tracing"
 	"github.com/hipq/hipq/schemas"
 	"github.com/hipq/hipq/store"
 	"github.com/hipq/hipq/sweeper"
@@ -255,6 +256,15 @@ func (c *Config) Validate() error {
 		positive("api.request_timeout", a.RequestTimeout)
 	}
 	positive("shutdown_timeout", c.ShutdownTimeout)
+	oneOf("tracing.sampler", c.Tracing.Sampler, "", tracing.SamplerParentRatio, tracing.SamplerAlwaysOn, tracing.SamplerAlwaysOff)
+	if c.Tracing.Ratio < 0 || c.Tracing.Ratio > 1 {
+		bad("tracing.ratio", "%v must be between 0 and 1", c.Tracing.Ratio)
+	}
+	if e := c.Tracing.Endpoint; e != "" {
+		if u, err := url.Parse(e); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			bad("tracing.endpoint", "%q is not an http(s) URL", e)
+		}
+	}
 	oneOf("log.level", c.Log.Level, "debug", "info", "warn", "error")
 	oneOf("log.format", c.Log.Format, "json", "console")
 	queues := map[string]*Queue{}

@@ -3,13 +3,18 @@ package consumer
 import (
 	"cmp"
 	"context"
+	"strconv"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/zap"
 
 	"github.com/hipq/hipq/correlator"
 	"github.com/hipq/hipq/internal/metrics"
+	"github.com/hipq/hipq/internal/tracing"
 	"github.com/hipq/hipq/store"
 )
 
@@ -20,6 +25,9 @@ type ResponsesConfig struct {
 	EarlyTTL        time.Duration
 	Matchers        map[string]correlator.Matcher // by topic
 	Types           correlator.Types
+	// Tracer, when set, traces each applied reply as a child of its
+	// attempt's send span; nil: no tracing work.
+	Tracer trace.Tracer
 }
 
 // Responses matches replies read from the response topics to their jobs.
@@ -45,6 +53,7 @@ func NewResponses(log *zap.Logger, st *store.Store, cfg ResponsesConfig) (*Respo
 func (rs *Responses) Run(ctx context.Context) error { return rs.g.Run(ctx) }
 
 func (rs *Responses) apply(ctx context.Context, recs []*kgo.Record, adv []store.OffsetAdvance) (func(), error) {
+	start := time.Now()
 	b := store.ReplyBatch{Group: rs.cfg.Group, Offsets: adv, EarlyTTL: rs.cfg.EarlyTTL}
 	for _, r := range recs {
 		src := source(r)
@@ -73,6 +82,7 @@ func (rs *Responses) apply(ctx context.Context, recs []*kgo.Record, adv []store.
 		rs.g.log.Debug("reply batch applied", zap.Int("records", len(recs)), zap.Int("applied", res.Counts[correlator.Apply]),
 			zap.Int("dead_lettered", len(res.DeadLetters)))
 		rs.g.copyDeadLetters(rs.cfg.DeadLetterTopic, res.DeadLetters)
+		rs.trace(ctx, start, b.Replies, res)
 	}, nil
 }
 
@@ -93,4 +103,64 @@ func (rs *Responses) countUnreadable(n int) {
 	if n > 0 {
 		rs.cfg.Metrics.Replies.WithLabelValues(metrics.SourceKafka, "dead_lettered").Add(float64(n))
 	}
+}
+
+// trace records a span for each applied reply (tracing on): "process
+// <topic>", a child of the send span of the attempt it ended (kept on the
+// attempt, however long ago it was sent), linked to the reply's own
+// context, saying how the attempt ended.
+func (rs *Responses) trace(ctx context.Context, start time.Time, ins []store.ReplyIn, res store.ReplyResult) {
+	tr := rs.cfg.Tracer
+	if tr == nil || len(res.Applies) == 0 {
+		return
+	}
+	refs := make([]store.AttemptRef, len(res.Applies))
+	for i, a := range res.Applies {
+		refs[i] = a.AttemptRef
+	}
+	sends, err := rs.g.st.AttemptTraces(ctx, refs)
+	if err != nil {
+		rs.g.log.Debug("cannot read the attempts' send spans; reply spans start traces of their own", zap.Error(err))
+	}
+	for _, a := range res.Applies {
+		src := ins[a.Index].Source
+		own := tracing.Remote(correlator.TraceContextOf(src.Headers))
+		opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindConsumer), trace.WithTimestamp(start),
+			trace.WithAttributes(
+				attribute.String("messaging.system", "kafka"),
+				attribute.String("messaging.destination.name", src.Topic),
+				attribute.String("messaging.operation.type", "process"),
+				attribute.String("messaging.destination.partition.id", strconv.Itoa(int(src.Partition))),
+				attribute.Int64("messaging.kafka.offset", src.Offset),
+				attribute.String("messaging.consumer.group.name", rs.cfg.Group),
+				attribute.Int64("hipq.job.id", a.JobID),
+				attribute.Int("hipq.attempt", a.Attempt),
+				attribute.String("hipq.outcome", outcomeOf(a.Res)))}
+		pctx := ctx
+		if sc := tracing.Remote(correlator.TraceContext{Parent: sends[a.AttemptRef]}); sc.IsValid() {
+			pctx = trace.ContextWithRemoteSpanContext(ctx, sc)
+			if own.IsValid() {
+				opts = append(opts, trace.WithLinks(trace.Link{SpanContext: own}))
+			}
+		} else if own.IsValid() {
+			pctx = trace.ContextWithRemoteSpanContext(ctx, own)
+		}
+		_, span := tr.Start(pctx, "process "+src.Topic, opts...)
+		if a.Res.State == correlator.StateRetry {
+			span.AddEvent("retry scheduled", trace.WithAttributes(attribute.String("hipq.next_run", a.Res.NextRun.Format(time.RFC3339Nano))))
+		}
+		if a.Res.Outcome != "" && a.Res.Outcome != correlator.OutcomeSucceeded {
+			span.SetStatus(codes.Error, a.Res.Error)
+		}
+		span.End()
+	}
+}
+
+// outcomeOf names how an attempt's end leaves its job: its outcome when
+// final, else retry.
+func outcomeOf(r correlator.Resolution) string {
+	if r.State == correlator.StateFinal {
+		return string(r.Outcome)
+	}
+	return string(r.State)
 }

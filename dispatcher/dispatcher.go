@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/zap"
 
 	"github.com/hipq/hipq/correlator"
@@ -46,6 +47,8 @@ type Route struct {
 	// Neighbour names what the requests reach (a topic, a downstream
 	// host): what backs off when it refuses, apart from every other.
 	Neighbour string
+	// Destination names it in traces: the topic, the host.
+	Destination string
 	// Timeout is how long one send may take. A refusal that has lasted
 	// longer than this is no longer taken for a passing outage: the
 	// attempt ends as a dispatch error and the retry policy decides.
@@ -121,6 +124,10 @@ type Config struct {
 	// DeadLetters copies the replies it dead-letters (a sync reply, an
 	// early reply past its TTL) to responses.dead_letter_topic.
 	DeadLetters *deadletter.Copier
+	// Tracer, when set, traces each send as a child of its job's intake
+	// context (TraceLink: linked to it instead); nil: no tracing work.
+	Tracer    trace.Tracer
+	TraceLink bool
 }
 
 // Defaults of Config.
@@ -365,6 +372,7 @@ func (d *Dispatcher) start(ctx context.Context, q QueueConfig, s Sender, jobs []
 // the send, and early replies waiting for these jobs.
 func (d *Dispatcher) deliver(ctx context.Context, q QueueConfig, s Sender, jobs []store.Claimed) error {
 	var results []Result
+	endSpans := d.startSends(ctx, s, jobs)
 	if s != nil {
 		results = s.Send(ctx, jobs)
 	} else {
@@ -440,6 +448,9 @@ func (d *Dispatcher) deliver(ctx context.Context, q QueueConfig, s Sender, jobs 
 	}
 	for st, n := range byStatus {
 		add(d.m.Dispatches.WithLabelValues(q.Name, transportName(s), statusLabels[st]), n)
+	}
+	if endSpans != nil {
+		rec.Traces = endSpans(results)
 	}
 	res, err := d.record(ctx, rec)
 	if err != nil {
@@ -551,6 +562,13 @@ func splitDelivery(rec store.Delivery) []store.Delivery {
 	for _, r := range rec.Resolves {
 		out = append(out, store.Delivery{Resolves: []store.Resolve{r}})
 	}
+	traces := map[int64][]store.AttemptTrace{}
+	for _, t := range rec.Traces {
+		traces[t.JobID] = append(traces[t.JobID], t)
+	}
+	for i := range out {
+		out[i].Traces = traces[out[i].Jobs()[0]]
+	}
 	return out
 }
 
@@ -558,7 +576,7 @@ func splitDelivery(rec store.Delivery) []store.Delivery {
 // a reply it refused ends the attempt failed, saying why.
 func (d *Dispatcher) stripped(one store.Delivery, cause error) store.Delivery {
 	unstorable := correlator.ReplyUnstorable(cause.Error())
-	out := store.Delivery{Sent: one.Sent, Undo: one.Undo}
+	out := store.Delivery{Sent: one.Sent, Undo: one.Undo, Traces: one.Traces}
 	for _, r := range one.Replies {
 		if r.Reply.JobID == nil || r.Reply.Attempt == nil {
 			continue

@@ -144,7 +144,7 @@ func (s *HTTPSender) Route(jobType string) Route {
 		return Route{Neighbour: "http (no route for " + jobType + ")"}
 	}
 	slot, _ := s.slot(jobType)
-	return Route{Neighbour: "http " + r.host(), Timeout: r.timeout(), MaxInFlight: cap(slot)}
+	return Route{Neighbour: "http " + r.host(), Destination: r.host(), Timeout: r.timeout(), MaxInFlight: cap(slot)}
 }
 
 // host is the scheme and host of the route's URL, placeholders filled.
@@ -238,6 +238,9 @@ func (s *HTTPSender) call(ctx context.Context, c *store.Claimed) Result {
 	req.Header.Set("Hipq-Job-Key", c.JobKey)
 	req.Header.Set("Hipq-Attempt", strconv.Itoa(c.Attempt))
 	req.Header.Set("Hipq-Job-Id", strconv.FormatInt(c.ID, 10))
+	for k, v := range c.Trace {
+		req.Header.Set(k, v)
+	}
 	if s.cfg.PublicURL != "" {
 		req.Header.Set("Hipq-Callback-Url", correlator.CallbackURL(s.cfg.PublicURL, s.cfg.CallbackSecret, c.ID, c.JobType, c.JobKey, c.Attempt))
 	}

@@ -78,6 +78,11 @@ func (r KafkaRoute) Record(c *store.Claimed) *kgo.Record {
 	if r.ReplyTopic != "" {
 		rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: correlator.HeaderReplyTo, Value: []byte(r.ReplyTopic)})
 	}
+	for _, k := range []string{correlator.HeaderTraceParent, correlator.HeaderTraceState} {
+		if v := c.Trace[k]; v != "" {
+			rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: k, Value: []byte(v)})
+		}
+	}
 	return rec
 }
 
@@ -98,7 +103,7 @@ func (s *KafkaSender) Send(ctx context.Context, jobs []store.Claimed) []Result {
 // Route says where a job type's requests go: its topic, backed off apart
 // from every other topic.
 func (s *KafkaSender) Route(jobType string) Route {
-	return Route{Neighbour: "kafka topic " + s.routes[jobType].Topic, Timeout: s.SendTimeout}
+	return Route{Neighbour: "kafka topic " + s.routes[jobType].Topic, Destination: s.routes[jobType].Topic, Timeout: s.SendTimeout}
 }
 
 // classifyProduce tells a refused produce (never written: undo the claim

@@ -57,6 +57,9 @@ type Claimed struct {
 	// (they are then left out of its retry scheduling; the claim, which
 	// reads them in PostgreSQL, still applies them).
 	WindowsErr error
+	// Trace holds the headers that carry the send span's context (tracing
+	// on): the transports write them on the request.
+	Trace map[string]string
 	// StartedAt is PostgreSQL's clock at the claim.
 	StartedAt time.Time
 	// ClaimedLocal is this process's clock (with its monotonic reading)
@@ -320,6 +323,9 @@ type Delivery struct {
 	Resolves []Resolve
 	// Replies came with the send (HTTP sync mode).
 	Replies []ReplyIn
+	// Traces are the send spans' contexts (tracing on), kept on the
+	// attempts as the parents of their replies' spans.
+	Traces []AttemptTrace
 }
 
 // Jobs lists the ids of the jobs the delivery names.
@@ -373,6 +379,9 @@ func (s *Store) DeliveryRecord(ctx context.Context, d Delivery, types correlator
 			}
 		}
 		if err := attemptsMarkSent(ctx, tx, d.Sent); err != nil {
+			return err
+		}
+		if err := attemptTracesWrite(ctx, tx, d.Traces); err != nil {
 			return err
 		}
 		var err error

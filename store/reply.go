@@ -37,6 +37,16 @@ type ReplyResult struct {
 	RoundTrips  []correlator.RoundTrip // of Applied
 	DeadLetters []DeadLetter
 	Counts      map[correlator.Verdict]int
+	// Applies say, for each reply applied, its index in the batch, the
+	// attempt it ended and how.
+	Applies []AppliedReply
+}
+
+// AppliedReply is a reply of a batch that ended its attempt.
+type AppliedReply struct {
+	Index int
+	AttemptRef
+	Res correlator.Resolution
 }
 
 // Merge adds what another batch did to r.
@@ -45,6 +55,10 @@ func (r *ReplyResult) Merge(o ReplyResult) {
 	r.Applied = append(r.Applied, o.Applied...)
 	r.RoundTrips = append(r.RoundTrips, o.RoundTrips...)
 	r.DeadLetters = append(r.DeadLetters, o.DeadLetters...)
+	for _, a := range o.Applies {
+		a.Index += len(r.Verdicts) - len(o.Verdicts) // o's replies follow r's
+		r.Applies = append(r.Applies, a)
+	}
 	if len(o.Counts) > 0 && r.Counts == nil {
 		r.Counts = map[correlator.Verdict]int{}
 	}
@@ -107,6 +121,7 @@ func applyReplies(ctx context.Context, tx pgx.Tx, ins []ReplyIn, types correlato
 		case d.Verdict == correlator.Apply:
 			resolves = append(resolves, Resolve{JobID: d.Target.ID, Attempt: d.Target.Attempt, Reply: in.Reply.Result,
 				Result: in.Reply.Result, Res: d.Res})
+			res.Applies = append(res.Applies, AppliedReply{Index: i, AttemptRef: AttemptRef{JobID: d.Target.ID, Attempt: d.Target.Attempt}, Res: d.Res})
 		case d.Verdict == correlator.DeadLetter:
 			res.DeadLetters = append(res.DeadLetters, DeadLetter{Kind: in.Kind, Source: in.Source, Reason: d.Reason.Error()})
 		case !d.KeepUntil.IsZero():

@@ -22,6 +22,7 @@ import (
 	"github.com/hipq/hipq/internal/deadletter"
 	"github.com/hipq/hipq/internal/kafkaconn"
 	"github.com/hipq/hipq/internal/metrics"
+	"github.com/hipq/hipq/internal/tracing"
 	"github.com/hipq/hipq/store"
 	"github.com/hipq/hipq/sweeper"
 )
@@ -54,6 +55,7 @@ type app struct {
 	// replyCopies copy the replies the dispatcher, sweeper and API
 	// dead-letter to responses.dead_letter_topic.
 	replyCopies *deadletter.Copier
+	tracing     *tracing.Tracing
 }
 
 type appOptions struct {
@@ -100,7 +102,7 @@ func newApp(ctx context.Context, cfg *config.Config, log *zap.Logger, opts appOp
 	a.metrics.CountJobs(st.JobCounts, a.queues, 10*time.Second)
 	has := func(r string) bool { return slices.Contains(opts.roles, r) }
 	outbox := has("intake") && *cfg.Intake.Outbox
-	steps := []func(context.Context) error{a.migrate}
+	steps := []func(context.Context) error{a.migrate, a.startTracing}
 	if has("intake") {
 		steps = append(steps, a.buildIntake)
 	}
@@ -148,6 +150,19 @@ func (a *app) migrate(ctx context.Context) error {
 	return err
 }
 
+// startTracing sets up OpenTelemetry from the tracing section and the
+// OTEL_* environment; off, it costs nothing.
+func (a *app) startTracing(ctx context.Context) error {
+	t := a.cfg.Tracing
+	var err error
+	a.tracing, err = tracing.Start(ctx, tracing.Config{Endpoint: t.Endpoint, Sampler: t.Sampler, Ratio: t.Ratio,
+		ServiceName: t.ServiceName, Name: a.cfg.Name, Link: t.Link, BatchTimeout: t.BatchTimeout.D()})
+	if err == nil && a.tracing.Tracer != nil {
+		a.log.Info("tracing on", zap.String("endpoint", t.Endpoint), zap.String("sampler", t.Sampler), zap.Bool("link", t.Link))
+	}
+	return err
+}
+
 // group is a consumer group's config from the config's kafka section.
 func (a *app) group(name string, topics []string, start consumer.Start) consumer.GroupConfig {
 	return consumer.GroupConfig{Kafka: a.kc, Group: name, Topics: topics, Start: start,
@@ -183,7 +198,8 @@ func (a *app) buildResponses(context.Context) error {
 	}
 	var err error
 	a.responses, err = consumer.NewResponses(a.log, a.st, consumer.ResponsesConfig{GroupConfig: a.group(rs.Group, topics, rs.Start),
-		DeadLetterTopic: rs.DeadLetterTopic, EarlyTTL: rs.EarlyTTL.D(), Matchers: a.matchers, Types: a.types})
+		DeadLetterTopic: rs.DeadLetterTopic, EarlyTTL: rs.EarlyTTL.D(), Matchers: a.matchers, Types: a.types,
+		Tracer: a.tracing.Tracer})
 	return err
 }
 
@@ -261,7 +277,7 @@ func (a *app) buildDispatcher(context.Context) error {
 	}
 	a.dispatcher = dispatcher.New(a.log, a.st, dispatcher.Config{Instance: instanceName(), Interval: cfg.Dispatch.Interval.D(),
 		BatchSize: cfg.Dispatch.BatchSize, Queues: queues, Types: a.types, Senders: senders, Metrics: a.metrics,
-		DeadLetters: a.replyCopies})
+		DeadLetters: a.replyCopies, Tracer: a.tracing.Tracer, TraceLink: a.tracing.Link})
 	return nil
 }
 
@@ -336,6 +352,13 @@ func (a *app) run(ctx context.Context) error {
 }
 
 func (a *app) close() {
+	if a.tracing != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		if err := a.tracing.Shutdown(ctx); err != nil {
+			a.log.Warn("spans not exported at shutdown", zap.Error(err))
+		}
+		cancel()
+	}
 	if a.producer != nil {
 		a.producer.Close()
 	}

@@ -1,0 +1,240 @@
+package main
+
+import (
+	"compress/gzip"
+	"context"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	collectortrace "go.opentelemetry.io/proto/otlp/collector/trace/v1"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/hipq/hipq/correlator"
+)
+
+// span is what the test collector keeps of one exported span.
+type span struct {
+	name, traceID, spanID, parentID string
+	links                           []string // trace ids
+	attrs                           map[string]string
+}
+
+// collector is an in-process OTLP/HTTP trace receiver.
+type collector struct {
+	mu    sync.Mutex
+	spans []span
+}
+
+func (c *collector) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	var body io.Reader = r.Body
+	if r.Header.Get("Content-Encoding") == "gzip" {
+		gz, err := gzip.NewReader(r.Body)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		body = gz
+	}
+	b, err := io.ReadAll(body)
+	var req collectortrace.ExportTraceServiceRequest
+	if err == nil {
+		err = proto.Unmarshal(b, &req)
+	}
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	c.mu.Lock()
+	for _, rs := range req.ResourceSpans {
+		for _, ss := range rs.ScopeSpans {
+			for _, s := range ss.Spans {
+				sp := span{name: s.Name, traceID: hex.EncodeToString(s.TraceId), spanID: hex.EncodeToString(s.SpanId),
+					parentID: hex.EncodeToString(s.ParentSpanId), attrs: map[string]string{}}
+				for _, l := range s.Links {
+					sp.links = append(sp.links, hex.EncodeToString(l.TraceId))
+				}
+				for _, a := range s.Attributes {
+					v := a.Value.GetStringValue()
+					if v == "" {
+						v = fmt.Sprint(a.Value.GetIntValue())
+					}
+					sp.attrs[a.Key] = v
+				}
+				c.spans = append(c.spans, sp)
+			}
+		}
+	}
+	c.mu.Unlock()
+	out, _ := proto.Marshal(&collectortrace.ExportTraceServiceResponse{})
+	w.Header().Set("Content-Type", "application/x-protobuf")
+	_, _ = w.Write(out)
+}
+
+func (c *collector) find(match func(span) bool) []span {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []span
+	for _, s := range c.spans {
+		if match(s) {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// Issue 15.1: a job request carrying trace T yields requests whose
+// traceparent is in T with a new span id, a send span per attempt in T
+// (attempt 2, after a failed reply, too), and a reply span in T, a child
+// of its attempt's send span linked to the reply's own trace — with hipq
+// restarted between intake and dispatch.
+func TestTraceAcrossTheLoop(t *testing.T) {
+	t.Parallel()
+	col := &collector{}
+	srv := httptest.NewServer(col)
+	defer srv.Close()
+	e := newEnv(t, e2eTopics...)
+	text := e2eConfig + fmt.Sprintf("tracing: {endpoint: %q, batch_timeout: 100ms}\n", srv.URL)
+	const (
+		intakeTrace = "4bf92f3577b34da6a3ce929d0e0e4736"
+		intakeSpan  = "00f067aa0ba902b7"
+		replyTrace  = "0af7651916cd43dd8448eb211c80319c"
+	)
+
+	// Intake only, then stopped: the trace context waits in PostgreSQL.
+	ctx := context.Background()
+	first, err := newApp(ctx, e.config(text), zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)), appOptions{roles: []string{"intake"}, metadataMinAge: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- first.run(runCtx) }()
+	var recs []*kgo.Record
+	for _, key := range []string{"traced-ok", "traced-retry"} {
+		recs = append(recs, &kgo.Record{Topic: e.kafka.Topic("jobs"), Value: []byte(jobReq(key)),
+			Headers: []kgo.RecordHeader{{Key: "traceparent", Value: []byte("00-" + intakeTrace + "-" + intakeSpan + "-01")}}})
+	}
+	recs = append(recs, &kgo.Record{Topic: e.kafka.Topic("jobs"), Value: []byte(jobReq("bad-traceparent")),
+		Headers: []kgo.RecordHeader{{Key: "traceparent", Value: []byte("00-not-a-trace")}}})
+	e.kafka.Produce(recs...)
+	eventually(t, 30*time.Second, "the jobs", func() (bool, string) {
+		n := e.countJobs(first, "job_key IN ('traced-ok', 'traced-retry', 'bad-traceparent')")
+		return n == 3, fmt.Sprint(n)
+	})
+	stop()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	first.close()
+
+	// A responder that fails traced-retry's first attempt, and replies in
+	// a trace of its own.
+	requestParents := map[string][]string{}
+	var mu sync.Mutex
+	cl := e.kafka.Client(kgo.ConsumeTopics(e.kafka.Topic("requests")), kgo.ConsumerGroup("trace-responder"))
+	rctx, rstop := context.WithCancel(ctx)
+	defer rstop()
+	go func() {
+		defer cl.Close()
+		for rctx.Err() == nil {
+			cl.PollFetches(rctx).EachRecord(func(rec *kgo.Record) {
+				var hs []kgo.RecordHeader
+				var attempt, parent string
+				for _, h := range rec.Headers {
+					switch {
+					case strings.HasPrefix(h.Key, "hipq-"):
+						hs = append(hs, h)
+						if h.Key == correlator.HeaderAttempt {
+							attempt = string(h.Value)
+						}
+					case h.Key == "traceparent":
+						parent = string(h.Value)
+					}
+				}
+				mu.Lock()
+				requestParents[string(rec.Key)] = append(requestParents[string(rec.Key)], parent)
+				mu.Unlock()
+				status := "succeeded"
+				if string(rec.Key) == "traced-retry" && attempt == "1" {
+					status = "failed"
+				}
+				hs = append(hs, kgo.RecordHeader{Key: "traceparent", Value: []byte("00-" + replyTrace + "-b7ad6b7169203331-01")})
+				cl.Produce(rctx, &kgo.Record{Topic: e.kafka.Topic("replies"), Key: rec.Key,
+					Value: []byte(`{"status":"` + status + `"}`), Headers: hs}, nil)
+			})
+		}
+	}()
+	second := e.start(e.config(text), "dispatcher", "responses")
+	eventually(t, 60*time.Second, "the jobs to succeed", func() (bool, string) {
+		n := e.countJobs(second, "outcome = 'succeeded'")
+		return n == 3, fmt.Sprint(n)
+	})
+
+	mu.Lock()
+	parents := map[string][]string{}
+	for k, v := range requestParents {
+		parents[k] = append([]string(nil), v...)
+	}
+	mu.Unlock()
+	for _, key := range []string{"traced-ok", "traced-retry"} {
+		want := 1
+		if key == "traced-retry" {
+			want = 2
+		}
+		if len(parents[key]) != want {
+			t.Fatalf("%s: %d requests, want %d", key, len(parents[key]), want)
+		}
+		for i, p := range parents[key] {
+			if !strings.HasPrefix(p, "00-"+intakeTrace+"-") || strings.Contains(p, intakeSpan) {
+				t.Errorf("%s attempt %d: request traceparent %q, want trace %s with a new span id", key, i+1, p, intakeTrace)
+			}
+		}
+	}
+	if p := parents["bad-traceparent"]; len(p) != 1 || strings.Contains(p[0], intakeTrace) || p[0] == "" {
+		t.Errorf("a job with an invalid traceparent: request traceparents %v, want one trace of its own", p)
+	}
+
+	eventually(t, 30*time.Second, "the spans", func() (bool, string) {
+		sends := col.find(func(s span) bool {
+			return strings.HasPrefix(s.name, "send ") && s.traceID == intakeTrace && s.parentID == intakeSpan
+		})
+		procs := col.find(func(s span) bool { return strings.HasPrefix(s.name, "process ") && s.traceID == intakeTrace })
+		return len(sends) == 3 && len(procs) == 3, fmt.Sprintf("%d send spans, %d process spans in the trace", len(sends), len(procs))
+	})
+	sendIDs := map[string]span{}
+	for _, s := range col.find(func(s span) bool { return strings.HasPrefix(s.name, "send ") && s.traceID == intakeTrace }) {
+		sendIDs[s.spanID] = s
+		if s.attrs["messaging.system"] != "kafka" || s.attrs["messaging.destination.name"] != e.kafka.Topic("requests") ||
+			s.attrs["hipq.job.key"] == "" || s.attrs["hipq.attempt"] == "" {
+			t.Errorf("send span attributes: %v", s.attrs)
+		}
+	}
+	for key, ps := range parents {
+		for _, p := range ps {
+			if id := strings.Split(p, "-")[2]; key != "bad-traceparent" && sendIDs[id].name == "" {
+				t.Errorf("%s: the request's span %s is not an exported send span", key, id)
+			}
+		}
+	}
+	for _, s := range col.find(func(s span) bool { return strings.HasPrefix(s.name, "process ") && s.traceID == intakeTrace }) {
+		if sendIDs[s.parentID].name == "" {
+			t.Errorf("reply span %s: parent %s is not a send span", s.spanID, s.parentID)
+		}
+		if len(s.links) != 1 || s.links[0] != replyTrace {
+			t.Errorf("reply span %s: links %v, want the reply's own trace", s.spanID, s.links)
+		}
+		if s.attrs["messaging.operation.type"] != "process" || s.attrs["messaging.consumer.group.name"] == "" || s.attrs["hipq.outcome"] == "" {
+			t.Errorf("reply span attributes: %v", s.attrs)
+		}
+	}
+}

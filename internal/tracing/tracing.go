@@ -1,0 +1,159 @@
+// Package tracing sets up OpenTelemetry tracing for hipq: an SDK tracer
+// provider exporting over OTLP/HTTP, W3C trace context propagation, and
+// the helpers the roles use to turn a stored trace context into a parent.
+//
+// Off by default: without an endpoint (in the config or the standard
+// OTEL_EXPORTER_OTLP_* variables) Start returns a Tracing whose Tracer is
+// nil, and every role skips its tracing work.
+package tracing
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"strings"
+	"time"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/sdk/resource"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/hipq/hipq/correlator"
+)
+
+// Samplers.
+const (
+	SamplerParentRatio = "parent_ratio" // the default: a parent's decision, else Ratio of new traces
+	SamplerAlwaysOn    = "always_on"
+	SamplerAlwaysOff   = "always_off"
+)
+
+// DefaultRatio samples every new trace.
+const DefaultRatio = 1.0
+
+// Config is the tracing section of the config.
+type Config struct {
+	// Endpoint is the OTLP/HTTP collector's base URL (http://host:4318);
+	// empty: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or
+	// OTEL_EXPORTER_OTLP_ENDPOINT, and without either tracing is off.
+	Endpoint string
+	// Sampler is parent_ratio (default), always_on or always_off, each
+	// following a sampled parent's decision.
+	Sampler string
+	Ratio   float64 // of parent_ratio; defaults to DefaultRatio
+	// ServiceName defaults to OTEL_SERVICE_NAME, else Name.
+	ServiceName string
+	Name        string // the deployment's name
+	// Link makes a send span link to the job's intake context instead of
+	// being its child (for backends that show days-long traces badly).
+	Link bool
+	// BatchTimeout is how long finished spans wait to be exported in a
+	// batch; 0: the SDK's default.
+	BatchTimeout time.Duration
+}
+
+// Tracing is the process's tracing, on or off.
+type Tracing struct {
+	// Tracer is nil when tracing is off.
+	Tracer   trace.Tracer
+	Link     bool
+	provider *sdktrace.TracerProvider
+}
+
+// Start sets tracing up from cfg and the OTEL_* environment.
+func Start(ctx context.Context, cfg Config) (*Tracing, error) {
+	if strings.EqualFold(os.Getenv("OTEL_SDK_DISABLED"), "true") {
+		return &Tracing{}, nil
+	}
+	var opts []otlptracehttp.Option
+	switch {
+	case cfg.Endpoint != "":
+		u, err := url.Parse(cfg.Endpoint)
+		if err != nil || u.Scheme == "" || u.Host == "" {
+			return nil, fmt.Errorf("tracing.endpoint: %q is not an absolute URL", cfg.Endpoint)
+		}
+		if u.Path == "" || u.Path == "/" {
+			u.Path = "/v1/traces"
+		}
+		opts = append(opts, otlptracehttp.WithEndpointURL(u.String()))
+	case os.Getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") == "" && os.Getenv("OTEL_EXPORTER_OTLP_ENDPOINT") == "":
+		return &Tracing{}, nil
+	}
+	exp, err := otlptracehttp.New(ctx, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("tracing: %w", err)
+	}
+	name := cfg.ServiceName
+	if name == "" {
+		name = os.Getenv("OTEL_SERVICE_NAME")
+	}
+	if name == "" {
+		name = cfg.Name
+	}
+	res, err := resource.New(ctx, resource.WithFromEnv(), resource.WithAttributes(attribute.String("service.name", name)))
+	if err != nil && !errors.Is(err, resource.ErrPartialResource) {
+		return nil, fmt.Errorf("tracing: resource: %w", err)
+	}
+	var bOpts []sdktrace.BatchSpanProcessorOption
+	if cfg.BatchTimeout > 0 {
+		bOpts = append(bOpts, sdktrace.WithBatchTimeout(cfg.BatchTimeout))
+	}
+	pOpts := []sdktrace.TracerProviderOption{sdktrace.WithBatcher(exp, bOpts...), sdktrace.WithResource(res)}
+	switch cfg.Sampler {
+	case SamplerAlwaysOn:
+		pOpts = append(pOpts, sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.AlwaysSample())))
+	case SamplerAlwaysOff:
+		pOpts = append(pOpts, sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.NeverSample())))
+	case SamplerParentRatio, "":
+		if cfg.Sampler != "" || cfg.Ratio > 0 || os.Getenv("OTEL_TRACES_SAMPLER") == "" {
+			ratio := cfg.Ratio
+			if ratio <= 0 {
+				ratio = DefaultRatio
+			}
+			pOpts = append(pOpts, sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.TraceIDRatioBased(ratio))))
+		}
+	default:
+		return nil, fmt.Errorf("tracing.sampler: %q is not one of %s, %s, %s", cfg.Sampler, SamplerParentRatio, SamplerAlwaysOn, SamplerAlwaysOff)
+	}
+	tp := sdktrace.NewTracerProvider(pOpts...)
+	otel.SetTracerProvider(tp)
+	otel.SetTextMapPropagator(Propagator)
+	return &Tracing{Tracer: tp.Tracer("github.com/hipq/hipq"), Link: cfg.Link, provider: tp}, nil
+}
+
+// Shutdown flushes the spans not yet exported.
+func (t *Tracing) Shutdown(ctx context.Context) error {
+	if t == nil || t.provider == nil {
+		return nil
+	}
+	return t.provider.Shutdown(ctx)
+}
+
+// Propagator reads and writes W3C traceparent and tracestate.
+var Propagator = propagation.TraceContext{}
+
+// Remote is the span context a stored trace context names; invalid when
+// there is none.
+func Remote(tc correlator.TraceContext) trace.SpanContext {
+	if tc.IsZero() {
+		return trace.SpanContext{}
+	}
+	c := propagation.MapCarrier{correlator.HeaderTraceParent: tc.Parent}
+	if tc.State != "" {
+		c[correlator.HeaderTraceState] = tc.State
+	}
+	return trace.SpanContextFromContext(Propagator.Extract(context.Background(), c))
+}
+
+// Of is the trace context of the span in ctx, as hipq stores it.
+func Of(ctx context.Context) correlator.TraceContext {
+	c := propagation.MapCarrier{}
+	Propagator.Inject(ctx, c)
+	return correlator.TraceContext{Parent: c[correlator.HeaderTraceParent], State: c[correlator.HeaderTraceState]}
+}

@@ -1,0 +1,71 @@
+package store
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/hipq/hipq/correlator"
+)
+
+// Trace contexts are read and written only while tracing is on: with it
+// off, none of these statements runs.
+
+// JobTraces returns the trace contexts of those of the jobs that have one.
+func (s *Store) JobTraces(ctx context.Context, ids []int64) (map[int64]correlator.TraceContext, error) {
+	rows, err := s.pool.Query(ctx, `SELECT id, trace_parent, coalesce(trace_state, '') FROM hipq_job
+		WHERE id = ANY($1) AND trace_parent IS NOT NULL`, ids)
+	if err != nil {
+		return nil, fmt.Errorf("read trace contexts: %w", err)
+	}
+	out := map[int64]correlator.TraceContext{}
+	var id int64
+	var tc correlator.TraceContext
+	if _, err := pgx.ForEachRow(rows, []any{&id, &tc.Parent, &tc.State}, func() error { out[id] = tc; return nil }); err != nil {
+		return nil, fmt.Errorf("read trace contexts: %w", err)
+	}
+	return out, nil
+}
+
+// AttemptTrace is the traceparent of one attempt's send span.
+type AttemptTrace struct {
+	AttemptRef
+	Parent string
+}
+
+// AttemptTraces returns the send spans' traceparents of those of the
+// attempts that have one.
+func (s *Store) AttemptTraces(ctx context.Context, refs []AttemptRef) (map[AttemptRef]string, error) {
+	ids, atts := refArrays(refs)
+	rows, err := s.pool.Query(ctx, `SELECT a.job_id, a.attempt, a.trace_parent
+		FROM hipq_attempt a JOIN unnest($1::bigint[], $2::int[]) AS u(id, att) ON a.job_id = u.id AND a.attempt = u.att
+		WHERE a.trace_parent IS NOT NULL`, ids, atts)
+	if err != nil {
+		return nil, fmt.Errorf("read attempt trace contexts: %w", err)
+	}
+	out := map[AttemptRef]string{}
+	var r AttemptRef
+	var p string
+	if _, err := pgx.ForEachRow(rows, []any{&r.JobID, &r.Attempt, &p}, func() error { out[r] = p; return nil }); err != nil {
+		return nil, fmt.Errorf("read attempt trace contexts: %w", err)
+	}
+	return out, nil
+}
+
+func attemptTracesWrite(ctx context.Context, tx pgx.Tx, ts []AttemptTrace) error {
+	if len(ts) == 0 {
+		return nil
+	}
+	ids, atts, ps := make([]int64, len(ts)), make([]int32, len(ts)), make([]string, len(ts))
+	for i, t := range ts {
+		ids[i], atts[i], ps[i] = t.JobID, int32(t.Attempt), t.Parent
+	}
+	_, err := tx.Exec(ctx, `UPDATE hipq_attempt a SET trace_parent = u.tp
+		FROM unnest($1::bigint[], $2::int[], $3::text[]) AS u(id, att, tp)
+		WHERE a.job_id = u.id AND a.attempt = u.att`, ids, atts, ps)
+	if err != nil {
+		return fmt.Errorf("record send spans: %w", err)
+	}
+	return nil
+}
