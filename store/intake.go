@@ -161,9 +161,11 @@ func jobsInsert(ctx context.Context, tx pgx.Tx, jobs []IntakeJob) ([]acceptStatu
 	expires := make([]*time.Time, n)
 	windows := make([]*string, n)
 	tparents, tstates := make([]*string, n), make([]*string, n)
+	traced := false
 	for i, ij := range jobs {
 		j := ij.Job
 		tparents[i], tstates[i] = nullable(j.Trace.Parent), nullable(j.Trace.State)
+		traced = traced || j.Trace.Parent != ""
 		queues[i], types[i], keys[i], data[i] = j.Queue, j.JobType, j.JobKey, string(j.JobData)
 		maxAtt[i], prio[i], factor[i], timeout[i] = int32(j.MaxAttempts), int32(j.Priority), int32(j.ThrottleFactor), int32(j.TimeoutSeconds)
 		sched[i], expires[i] = scheduled(j), j.ExpiresAt
@@ -172,6 +174,11 @@ func jobsInsert(ctx context.Context, tx pgx.Tx, jobs []IntakeJob) ([]acceptStatu
 			w := string(b)
 			windows[i] = &w
 		}
+	}
+	if !traced {
+		// No trace context in the batch: NULL arrays, which unnest pads
+		// with NULLs, rather than n NULLs each to encode.
+		tparents, tstates = nil, nil
 	}
 	rows, err := tx.Query(ctx, `
 		WITH n AS (
