@@ -54,15 +54,23 @@ func newAPI(t *testing.T, tokens ...string) *apiEnv {
 
 func newAPIWith(t *testing.T, copies *deadletter.Copier, tokens ...string) *apiEnv {
 	t.Helper()
+	return newAPIConfig(t, func(c *Config) { c.DeadLetters = copies }, tokens...)
+}
+
+// newAPIConfig is newAPI with set changing the server's config.
+func newAPIConfig(t *testing.T, set func(*Config), tokens ...string) *apiEnv {
+	t.Helper()
 	st := pgtest.New(t)
 	types := map[string]*correlator.JobType{
 		"t": {Name: "t", Queue: "default", Timeout: time.Hour, Priority: 100, ThrottleFactor: 1, Delivery: correlator.AtLeastOnce,
 			Retry: &correlator.Backoff{Attempts: 3, Initial: time.Minute, When: []correlator.AttemptOutcome{correlator.AttemptFailed}}},
 	}
 	m := metrics.New()
-	s := New(zaptest.NewLogger(t), st, Config{Tokens: tokens, CallbackSecret: secret, MaxBodyBytes: 4096,
-		Queues: []string{"default"}, Types: types, EarlyTTL: time.Minute, Metrics: m, DeadLetters: copies,
-		Matchers: map[string]correlator.Matcher{"custom": customMatcher()}})
+	cfg := Config{Tokens: tokens, CallbackSecret: secret, MaxBodyBytes: 4096,
+		Queues: []string{"default"}, Types: types, EarlyTTL: time.Minute, Metrics: m,
+		Matchers: map[string]correlator.Matcher{"custom": customMatcher()}}
+	set(&cfg)
+	s := New(zaptest.NewLogger(t), st, cfg)
 	srv := httptest.NewServer(s.Handler())
 	t.Cleanup(srv.Close)
 	e := &apiEnv{t: t, st: st, url: srv.URL, m: m, h: s.Handler()}

@@ -3,11 +3,15 @@ package api
 import (
 	"net/http"
 	"strconv"
+	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/zap"
 
 	"github.com/hipq/hipq/correlator"
 	"github.com/hipq/hipq/internal/metrics"
+	"github.com/hipq/hipq/internal/tracing"
 	"github.com/hipq/hipq/store"
 )
 
@@ -56,6 +60,7 @@ func (s *Server) callback(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return inputError(err)
 	}
+	start := time.Now()
 	res, err := s.st.ReplyApply(r.Context(), store.ReplyBatch{EarlyTTL: s.cfg.EarlyTTL, Replies: []store.ReplyIn{{
 		Reply: reply, Kind: store.SourceCallback,
 		Source: store.Source{Value: body, Headers: callbackHeaders(reply)},
@@ -64,6 +69,7 @@ func (s *Server) callback(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	s.cfg.Metrics.ObserveReplies(metrics.SourceCallback, res.Counts, res.RoundTrips)
+	s.traceCallback(r, start, res)
 	s.cfg.DeadLetters.Copy(res.DeadLetters)
 	switch v := res.Verdicts[0]; v {
 	case correlator.Apply:
@@ -117,4 +123,22 @@ func (s *Server) callbackAuthorized(r *http.Request, jobType, jobKey string, job
 		return unauthorized("use the signed Hipq-Callback-Url of the request, or a bearer token")
 	}
 	return nil
+}
+
+// traceCallback records a span "process callback" for an applied
+// callback, a child of its attempt's send span linked to the call's own
+// trace context (tracing on).
+func (s *Server) traceCallback(r *http.Request, start time.Time, res store.ReplyResult) {
+	if s.cfg.Tracer == nil || len(res.Applies) == 0 {
+		return
+	}
+	a := res.Applies[0]
+	sends, err := s.st.AttemptTraces(r.Context(), []store.AttemptRef{a.AttemptRef})
+	if err != nil {
+		s.log.Debug("cannot read the attempt's send span", zap.Error(err))
+	}
+	end := a.Res
+	tracing.RecordEnded(r.Context(), s.cfg.Tracer, tracing.Ended{Name: "process callback", Kind: trace.SpanKindServer, Start: start,
+		Send: correlator.TraceContext{Parent: sends[a.AttemptRef]}, Own: traceOf(r), Result: &end,
+		Attrs: append(tracing.AttemptAttrs(a.JobID, a.Attempt), attribute.String("messaging.operation.type", "process"))})
 }

@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/zap"
 
 	"github.com/hipq/hipq/correlator"
@@ -80,6 +81,9 @@ type Config struct {
 	// HotPath is the store of intake, dispatch and replies, whose writes
 	// readiness watches; nil = the API's own.
 	HotPath *store.Store
+	// Tracer, when set, records each applied callback as a span in its
+	// attempt's trace; nil: no tracing work.
+	Tracer trace.Tracer
 }
 
 // Server serves the API.

@@ -8,7 +8,6 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/zap"
 
@@ -124,43 +123,15 @@ func (rs *Responses) trace(ctx context.Context, start time.Time, ins []store.Rep
 	}
 	for _, a := range res.Applies {
 		src := ins[a.Index].Source
-		own := tracing.Remote(correlator.TraceContextOf(src.Headers))
-		opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindConsumer), trace.WithTimestamp(start),
-			trace.WithAttributes(
+		res := a.Res
+		tracing.RecordEnded(ctx, tr, tracing.Ended{Name: "process " + src.Topic, Kind: trace.SpanKindConsumer, Start: start,
+			Send: correlator.TraceContext{Parent: sends[a.AttemptRef]}, Own: correlator.TraceContextOf(src.Headers), Result: &res,
+			Attrs: append(tracing.AttemptAttrs(a.JobID, a.Attempt),
 				attribute.String("messaging.system", "kafka"),
 				attribute.String("messaging.destination.name", src.Topic),
 				attribute.String("messaging.operation.type", "process"),
 				attribute.String("messaging.destination.partition.id", strconv.Itoa(int(src.Partition))),
 				attribute.Int64("messaging.kafka.offset", src.Offset),
-				attribute.String("messaging.consumer.group.name", rs.cfg.Group),
-				attribute.Int64("hipq.job.id", a.JobID),
-				attribute.Int("hipq.attempt", a.Attempt),
-				attribute.String("hipq.outcome", outcomeOf(a.Res)))}
-		pctx := ctx
-		if sc := tracing.Remote(correlator.TraceContext{Parent: sends[a.AttemptRef]}); sc.IsValid() {
-			pctx = trace.ContextWithRemoteSpanContext(ctx, sc)
-			if own.IsValid() {
-				opts = append(opts, trace.WithLinks(trace.Link{SpanContext: own}))
-			}
-		} else if own.IsValid() {
-			pctx = trace.ContextWithRemoteSpanContext(ctx, own)
-		}
-		_, span := tr.Start(pctx, "process "+src.Topic, opts...)
-		if a.Res.State == correlator.StateRetry {
-			span.AddEvent("retry scheduled", trace.WithAttributes(attribute.String("hipq.next_run", a.Res.NextRun.Format(time.RFC3339Nano))))
-		}
-		if a.Res.Outcome != "" && a.Res.Outcome != correlator.OutcomeSucceeded {
-			span.SetStatus(codes.Error, a.Res.Error)
-		}
-		span.End()
+				attribute.String("messaging.consumer.group.name", rs.cfg.Group))})
 	}
-}
-
-// outcomeOf names how an attempt's end leaves its job: its outcome when
-// final, else retry.
-func outcomeOf(r correlator.Resolution) string {
-	if r.State == correlator.StateFinal {
-		return string(r.Outcome)
-	}
-	return string(r.State)
 }

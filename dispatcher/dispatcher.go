@@ -462,6 +462,7 @@ func (d *Dispatcher) deliver(ctx context.Context, q QueueConfig, s Sender, jobs 
 	}
 	if len(rec.Replies) > 0 {
 		d.m.ObserveReplies(metrics.SourceSync, res.Replies.Counts, res.Replies.RoundTrips)
+		d.traceSyncReplies(ctx, jobs, res.Replies)
 	}
 	d.m.ObserveReplies(metrics.SourceEarly, res.Early.Counts, res.Early.RoundTrips)
 	d.cfg.DeadLetters.Copy(append(res.Replies.DeadLetters, res.Early.DeadLetters...))

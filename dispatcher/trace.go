@@ -10,6 +10,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/zap"
 
+	"github.com/hipq/hipq/correlator"
 	"github.com/hipq/hipq/internal/tracing"
 	"github.com/hipq/hipq/store"
 )
@@ -89,5 +90,22 @@ func (d *Dispatcher) startSends(ctx context.Context, s Sender, jobs []store.Clai
 			}
 		}
 		return out
+	}
+}
+
+// traceSyncReplies records a span for each reply that came with its send
+// (HTTP sync mode) and ended its attempt: a child of the send span.
+func (d *Dispatcher) traceSyncReplies(ctx context.Context, jobs []store.Claimed, res store.ReplyResult) {
+	if d.cfg.Tracer == nil {
+		return
+	}
+	sends := map[int64]string{}
+	for _, c := range jobs {
+		sends[c.ID] = c.Trace[correlator.HeaderTraceParent]
+	}
+	for _, a := range res.Applies {
+		end := a.Res
+		tracing.RecordEnded(ctx, d.cfg.Tracer, tracing.Ended{Name: "process sync reply", Kind: trace.SpanKindInternal,
+			Send: correlator.TraceContext{Parent: sends[a.JobID]}, Result: &end, Attrs: tracing.AttemptAttrs(a.JobID, a.Attempt)})
 	}
 }

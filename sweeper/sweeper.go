@@ -15,11 +15,14 @@ import (
 	"time"
 
 	"github.com/robfig/cron/v3"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/zap"
 
 	"github.com/hipq/hipq/correlator"
 	"github.com/hipq/hipq/internal/deadletter"
 	"github.com/hipq/hipq/internal/metrics"
+	"github.com/hipq/hipq/internal/tracing"
 	"github.com/hipq/hipq/store"
 )
 
@@ -40,6 +43,9 @@ type Config struct {
 	// DeadLetters copies the early replies dead-lettered past their TTL to
 	// responses.dead_letter_topic; nil = logged only.
 	DeadLetters *deadletter.Copier
+	// Tracer, when set, records each timeout as a span in its attempt's
+	// trace; nil: no tracing work.
+	Tracer trace.Tracer
 }
 
 // Defaults of Config.
@@ -125,6 +131,7 @@ func (s *Sweeper) RunOnce(ctx context.Context) (Report, error) {
 	}
 	add(s.drain(ctx, &rep.TimedOut, func() (int, error) {
 		done, err := s.st.JobTimeOutStuck(ctx, s.cfg.BatchSize, types)
+		s.traceTimeouts(ctx, done)
 		return len(done), err
 	}))
 	if err := s.rescue(ctx, &rep); err != nil {
@@ -217,4 +224,21 @@ func (s *Sweeper) rescue(ctx context.Context, rep *Report) error {
 	done, err := s.st.JobResolveMany(ctx, fail)
 	rep.FailedUnsent += len(done)
 	return err
+}
+
+// traceTimeouts records a span "timeout" for each attempt timed out, a
+// child of the attempt's send span (tracing on).
+func (s *Sweeper) traceTimeouts(ctx context.Context, done []store.AttemptRef) {
+	if s.cfg.Tracer == nil || len(done) == 0 {
+		return
+	}
+	sends, err := s.st.AttemptTraces(ctx, done)
+	if err != nil {
+		s.log.Debug("cannot read the attempts' send spans", zap.Error(err))
+	}
+	for _, r := range done {
+		tracing.RecordEnded(ctx, s.cfg.Tracer, tracing.Ended{Name: "timeout", Kind: trace.SpanKindInternal,
+			Send:  correlator.TraceContext{Parent: sends[r]},
+			Attrs: append(tracing.AttemptAttrs(r.JobID, r.Attempt), attribute.String("hipq.attempt.outcome", string(correlator.AttemptTimedOut)))})
+	}
 }

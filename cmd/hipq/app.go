@@ -286,7 +286,7 @@ func (a *app) buildSweeper(context.Context) error {
 	sw := a.cfg.Sweeper
 	a.sweeper = sweeper.New(a.log, a.st, sweeper.Config{Schedule: sw.Schedule, Retention: sw.Retention.D(),
 		DeadLetterRetention: sw.DeadLetterRetention.D(), Grace: a.cfg.Dispatch.Grace.D(), Types: a.types,
-		Metrics: a.metrics, DeadLetters: a.replyCopies})
+		Metrics: a.metrics, DeadLetters: a.replyCopies, Tracer: a.tracing.Tracer})
 	return nil
 }
 
@@ -312,7 +312,7 @@ func (a *app) buildAPI(ctx context.Context) error {
 	a.api = api.New(a.log, a.apiStore, api.Config{Listen: c.Listen, Tokens: c.Tokens, HotPath: a.st,
 		RequestTimeout: c.RequestTimeout.D(), CallbackSecret: []byte(c.CallbackSecret), MaxBodyBytes: a.cfg.Intake.MaxBytes,
 		Queues: a.queues, Types: a.types, Matchers: a.matchers, EarlyTTL: a.cfg.Responses.EarlyTTL.D(), Ready: a.kafkaPing.Ping,
-		Metrics: a.metrics, DeadLetters: a.replyCopies})
+		Metrics: a.metrics, DeadLetters: a.replyCopies, Tracer: a.tracing.Tracer})
 	return nil
 }
 

@@ -120,7 +120,7 @@ func TestTraceAcrossTheLoop(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- first.run(runCtx) }()
 	var recs []*kgo.Record
-	for _, key := range []string{"traced-ok", "traced-retry"} {
+	for _, key := range []string{"traced-ok", "traced-retry", "traced-silent"} {
 		recs = append(recs, &kgo.Record{Topic: e.kafka.Topic("jobs"), Value: []byte(jobReq(key)),
 			Headers: []kgo.RecordHeader{{Key: "traceparent", Value: []byte("00-" + intakeTrace + "-" + intakeSpan + "-01")}}})
 	}
@@ -128,8 +128,8 @@ func TestTraceAcrossTheLoop(t *testing.T) {
 		Headers: []kgo.RecordHeader{{Key: "traceparent", Value: []byte("00-not-a-trace")}}})
 	e.kafka.Produce(recs...)
 	eventually(t, 30*time.Second, "the jobs", func() (bool, string) {
-		n := e.countJobs(first, "job_key IN ('traced-ok', 'traced-retry', 'bad-traceparent')")
-		return n == 3, fmt.Sprint(n)
+		n := e.countJobs(first, "job_key IN ('traced-ok', 'traced-retry', 'traced-silent', 'bad-traceparent')")
+		return n == 4, fmt.Sprint(n)
 	})
 	stop()
 	if err := <-done; err != nil {
@@ -164,6 +164,9 @@ func TestTraceAcrossTheLoop(t *testing.T) {
 				mu.Lock()
 				requestParents[string(rec.Key)] = append(requestParents[string(rec.Key)], parent)
 				mu.Unlock()
+				if string(rec.Key) == "traced-silent" {
+					return // its attempts time out
+				}
 				status := "succeeded"
 				if string(rec.Key) == "traced-retry" && attempt == "1" {
 					status = "failed"
@@ -174,12 +177,16 @@ func TestTraceAcrossTheLoop(t *testing.T) {
 			})
 		}
 	}()
-	second := e.start(e.config(text), "dispatcher", "responses")
+	second := e.start(e.config(text), "dispatcher", "responses", "sweeper")
 	eventually(t, 60*time.Second, "the jobs to succeed", func() (bool, string) {
 		n := e.countJobs(second, "outcome = 'succeeded'")
 		return n == 3, fmt.Sprint(n)
 	})
 
+	eventually(t, 30*time.Second, "a timeout of traced-silent", func() (bool, string) {
+		n := len(col.find(func(s span) bool { return s.name == "timeout" && s.traceID == intakeTrace }))
+		return n >= 1, fmt.Sprint(n)
+	})
 	mu.Lock()
 	parents := map[string][]string{}
 	for k, v := range requestParents {
@@ -209,7 +216,9 @@ func TestTraceAcrossTheLoop(t *testing.T) {
 			return strings.HasPrefix(s.name, "send ") && s.traceID == intakeTrace && s.parentID == intakeSpan
 		})
 		procs := col.find(func(s span) bool { return strings.HasPrefix(s.name, "process ") && s.traceID == intakeTrace })
-		return len(sends) == 3 && len(procs) == 3, fmt.Sprintf("%d send spans, %d process spans in the trace", len(sends), len(procs))
+		timeouts := col.find(func(s span) bool { return s.name == "timeout" && s.traceID == intakeTrace })
+		return len(sends) >= 4 && len(procs) == 3 && len(timeouts) >= 1,
+			fmt.Sprintf("%d send spans, %d process spans, %d timeouts in the trace", len(sends), len(procs), len(timeouts))
 	})
 	sendIDs := map[string]span{}
 	for _, s := range col.find(func(s span) bool { return strings.HasPrefix(s.name, "send ") && s.traceID == intakeTrace }) {
@@ -219,11 +228,16 @@ func TestTraceAcrossTheLoop(t *testing.T) {
 			t.Errorf("send span attributes: %v", s.attrs)
 		}
 	}
-	for key, ps := range parents {
-		for _, p := range ps {
-			if id := strings.Split(p, "-")[2]; key != "bad-traceparent" && sendIDs[id].name == "" {
+	for _, key := range []string{"traced-ok", "traced-retry"} {
+		for _, p := range parents[key] {
+			if id := strings.Split(p, "-")[2]; sendIDs[id].name == "" {
 				t.Errorf("%s: the request's span %s is not an exported send span", key, id)
 			}
+		}
+	}
+	for _, s := range col.find(func(s span) bool { return s.name == "timeout" && s.traceID == intakeTrace }) {
+		if sendIDs[s.parentID].attrs["hipq.job.key"] != "traced-silent" || s.attrs["hipq.attempt.outcome"] != "timed_out" {
+			t.Errorf("timeout span %s: parent %s, attributes %v, want a child of traced-silent's send span", s.spanID, s.parentID, s.attrs)
 		}
 	}
 	for _, s := range col.find(func(s span) bool { return strings.HasPrefix(s.name, "process ") && s.traceID == intakeTrace }) {

@@ -18,6 +18,7 @@ import (
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/sdk/resource"
@@ -156,4 +157,59 @@ func Of(ctx context.Context) correlator.TraceContext {
 	c := propagation.MapCarrier{}
 	Propagator.Inject(ctx, c)
 	return correlator.TraceContext{Parent: c[correlator.HeaderTraceParent], State: c[correlator.HeaderTraceState]}
+}
+
+// Ended describes a span that records something already done to one
+// attempt (a reply processed, a timeout): a child of the attempt's send
+// span when it has one, else of the input's own context, linked to the
+// input's own context when both exist.
+type Ended struct {
+	Name   string
+	Kind   trace.SpanKind
+	Start  time.Time // zero: now
+	Send   correlator.TraceContext
+	Own    correlator.TraceContext
+	Attrs  []attribute.KeyValue
+	Result *correlator.Resolution // how the attempt ended, when it did
+}
+
+// RecordEnded records e with tr (a nil tr does nothing).
+func RecordEnded(ctx context.Context, tr trace.Tracer, e Ended) {
+	if tr == nil {
+		return
+	}
+	opts := []trace.SpanStartOption{trace.WithSpanKind(e.Kind), trace.WithAttributes(e.Attrs...)}
+	if !e.Start.IsZero() {
+		opts = append(opts, trace.WithTimestamp(e.Start))
+	}
+	send, own := Remote(e.Send), Remote(e.Own)
+	switch {
+	case send.IsValid():
+		ctx = trace.ContextWithRemoteSpanContext(ctx, send)
+		if own.IsValid() {
+			opts = append(opts, trace.WithLinks(trace.Link{SpanContext: own}))
+		}
+	case own.IsValid():
+		ctx = trace.ContextWithRemoteSpanContext(ctx, own)
+	}
+	_, span := tr.Start(ctx, e.Name, opts...)
+	if r := e.Result; r != nil {
+		outcome := string(r.State)
+		if r.State == correlator.StateFinal {
+			outcome = string(r.Outcome)
+		}
+		span.SetAttributes(attribute.String("hipq.outcome", outcome))
+		if r.State == correlator.StateRetry {
+			span.AddEvent("retry scheduled", trace.WithAttributes(attribute.String("hipq.next_run", r.NextRun.Format(time.RFC3339Nano))))
+		}
+		if r.State == correlator.StateFinal && r.Outcome != correlator.OutcomeSucceeded {
+			span.SetStatus(codes.Error, r.Error)
+		}
+	}
+	span.End()
+}
+
+// AttemptAttrs are the attributes naming one attempt.
+func AttemptAttrs(jobID int64, attempt int) []attribute.KeyValue {
+	return []attribute.KeyValue{attribute.Int64("hipq.job.id", jobID), attribute.Int("hipq.attempt", attempt)}
 }
