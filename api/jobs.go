@@ -11,8 +11,11 @@ import (
 
 	"go.uber.org/zap"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/hipq/hipq/correlator"
 	"github.com/hipq/hipq/internal/metrics"
+	"github.com/hipq/hipq/internal/tracing"
 	"github.com/hipq/hipq/store"
 )
 
@@ -285,6 +288,9 @@ func (s *Server) pause(paused bool) func(http.ResponseWriter, *http.Request) err
 // traceOf is the trace context of an API call: the job's, when the call
 // carries a valid traceparent.
 func traceOf(r *http.Request) correlator.TraceContext {
+	if trace.SpanContextFromContext(r.Context()).IsValid() {
+		return tracing.Of(r.Context()) // the request's server span
+	}
 	return correlator.TraceContextOf([]correlator.Header{
 		{Key: correlator.HeaderTraceParent, Value: []byte(r.Header.Get(correlator.HeaderTraceParent))},
 		{Key: correlator.HeaderTraceState, Value: []byte(r.Header.Get(correlator.HeaderTraceState))}})

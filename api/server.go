@@ -22,12 +22,14 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
 	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/zap"
 
 	"github.com/hipq/hipq/correlator"
 	"github.com/hipq/hipq/internal/deadletter"
 	"github.com/hipq/hipq/internal/metrics"
+	"github.com/hipq/hipq/internal/tracing"
 	"github.com/hipq/hipq/store"
 )
 
@@ -82,8 +84,10 @@ type Config struct {
 	// readiness watches; nil = the API's own.
 	HotPath *store.Store
 	// Tracer, when set, records each applied callback as a span in its
-	// attempt's trace; nil: no tracing work.
-	Tracer trace.Tracer
+	// attempt's trace, and TracerProvider traces every request (a server
+	// span, the parent of the job an enqueue makes); nil: no tracing work.
+	Tracer         trace.Tracer
+	TracerProvider trace.TracerProvider
 }
 
 // Server serves the API.
@@ -126,7 +130,31 @@ func New(log *zap.Logger, st *store.Store, cfg Config) *Server {
 }
 
 // Handler serves the API.
-func (s *Server) Handler() http.Handler { return s.mux }
+func (s *Server) Handler() http.Handler {
+	if s.cfg.TracerProvider == nil {
+		return s.mux
+	}
+	return otelhttp.NewHandler(s.mux, "hipq api", otelhttp.WithTracerProvider(s.cfg.TracerProvider),
+		otelhttp.WithPropagators(tracing.Propagator),
+		otelhttp.WithSpanNameFormatter(func(_ string, r *http.Request) string { return r.Method + " " + apiRoute(r) }))
+}
+
+// apiRoute names a request's route for its span, without its job's
+// type, key or ids.
+func apiRoute(r *http.Request) string {
+	p := r.URL.Path
+	switch {
+	case strings.HasSuffix(p, "/response"):
+		return "/v1/jobs/{job_type}/{job_key}/response"
+	case strings.HasPrefix(p, "/v1/jobs/"):
+		return "/v1/jobs/{job_type}/{job_key}"
+	case strings.HasPrefix(p, "/v1/dead-letters/"):
+		return "/v1/dead-letters/{id}"
+	case strings.HasPrefix(p, "/v1/queues/"):
+		return "/v1/queues/{queue}"
+	}
+	return p
+}
 
 // Run listens on cfg.Listen until ctx ends, then shuts down gracefully.
 // With no tokens configured it listens on loopback only.
@@ -140,7 +168,7 @@ func (s *Server) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("api: listen on %s: %w", addr, err)
 	}
-	srv := &http.Server{Handler: s.mux, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: time.Minute,
+	srv := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: time.Minute,
 		IdleTimeout: 2 * time.Minute, ErrorLog: zap.NewStdLog(s.log)}
 	s.log.Info("api listening", zap.String("addr", l.Addr().String()))
 	done := make(chan error, 1)

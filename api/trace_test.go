@@ -71,3 +71,31 @@ func TestCallbackSpan(t *testing.T) {
 		t.Errorf("attributes %v, want hipq.outcome succeeded", s.Attributes())
 	}
 }
+
+// With a tracer provider, every API request is a server span, a child of
+// the caller's traceparent, and the job an enqueue makes keeps the server
+// span's context: its sends join the caller's trace under the API call.
+func TestAPIServerSpans(t *testing.T) {
+	t.Parallel()
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	defer tp.Shutdown(ctx) //nolint:errcheck
+	e := newAPIConfig(t, func(c *Config) { c.Tracer, c.TracerProvider = tp.Tracer("test"), tp })
+	const caller = "0af7651916cd43dd8448eb211c80319c"
+	req, _ := http.NewRequest(http.MethodPut, e.url+"/v1/jobs/t/served", strings.NewReader(`{}`))
+	req.Header.Set("traceparent", "00-"+caller+"-b7ad6b7169203331-01")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil || resp.StatusCode != http.StatusCreated {
+		t.Fatalf("enqueue: %v %v", resp, err)
+	}
+	resp.Body.Close()
+	spans := rec.Ended()
+	if len(spans) != 1 || spans[0].Name() != "PUT /v1/jobs/{job_type}/{job_key}" || spans[0].Parent().SpanID().String() != "b7ad6b7169203331" {
+		t.Fatalf("spans %v", spans)
+	}
+	server := spans[0].SpanContext()
+	j, _ := e.st.JobGet(ctx, "t", "served")
+	if want := "00-" + caller + "-" + server.SpanID().String() + "-01"; j.Trace.Parent != want {
+		t.Fatalf("the job kept %q, want the server span's %q", j.Trace.Parent, want)
+	}
+}

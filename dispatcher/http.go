@@ -17,7 +17,12 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/hipq/hipq/correlator"
+	"github.com/hipq/hipq/internal/tracing"
 	"github.com/hipq/hipq/store"
 )
 
@@ -85,6 +90,9 @@ type HTTPSenderConfig struct {
 	// claim was asked for, so no wall clock, this host's or PostgreSQL's,
 	// enters it.
 	StartWithin time.Duration
+	// TracerProvider, when set, traces each call (an HTTP client span, a
+	// child of the job's send span); nil: no tracing work.
+	TracerProvider trace.TracerProvider
 }
 
 // HTTPSender calls downstream URLs, many at once within each type's
@@ -106,7 +114,11 @@ func NewHTTPSender(cfg HTTPSenderConfig) *HTTPSender {
 		tr.MaxIdleConnsPerHost = cfg.MaxInFlight
 		tr.MaxConnsPerHost = 0       // the types' slots bound the calls
 		tr.ResponseHeaderTimeout = 0 // each call has its own deadline
-		client = &http.Client{Transport: tr, CheckRedirect: func(*http.Request, []*http.Request) error {
+		var rt http.RoundTripper = tr
+		if cfg.TracerProvider != nil {
+			rt = otelhttp.NewTransport(tr, otelhttp.WithTracerProvider(cfg.TracerProvider), otelhttp.WithPropagators(tracing.Propagator))
+		}
+		client = &http.Client{Transport: rt, CheckRedirect: func(*http.Request, []*http.Request) error {
 			// A redirect of a POST would turn it into a GET: the URL is wrong.
 			return http.ErrUseLastResponse
 		}}
@@ -223,6 +235,9 @@ func (s *HTTPSender) call(ctx context.Context, c *store.Claimed) Result {
 	method := cmp.Or(route.Method, DefaultHTTPMethod)
 	ctx, cancel := context.WithTimeout(ctx, route.timeout())
 	defer cancel()
+	if c.Trace != nil {
+		ctx = tracing.Propagator.Extract(ctx, propagation.MapCarrier(c.Trace)) // the client span's parent: the send span
+	}
 	target := route.RequestURL(c.JobType, c.JobKey)
 	shown := redactURL(target) // errors are stored and logged: never a secret of the URL's
 	req, err := http.NewRequestWithContext(ctx, method, target, bytes.NewReader(c.JobData))

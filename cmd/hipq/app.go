@@ -233,7 +233,7 @@ func (a *app) buildDispatcher(context.Context) error {
 	httpRoutes := map[string]dispatcher.HTTPRoute{}
 	senders := map[string]dispatcher.Sender{}
 	kafka := dispatcher.NewKafkaSender(a.producer, routes)
-	hc := dispatcher.HTTPSenderConfig{Routes: httpRoutes, StartWithin: cfg.Dispatch.Grace.D() / 2}
+	hc := dispatcher.HTTPSenderConfig{Routes: httpRoutes, StartWithin: cfg.Dispatch.Grace.D() / 2, TracerProvider: a.tracing.Provider}
 	if cfg.API != nil {
 		hc.PublicURL, hc.CallbackSecret = cfg.API.PublicURL, []byte(cfg.API.CallbackSecret)
 	}
@@ -312,7 +312,7 @@ func (a *app) buildAPI(ctx context.Context) error {
 	a.api = api.New(a.log, a.apiStore, api.Config{Listen: c.Listen, Tokens: c.Tokens, HotPath: a.st,
 		RequestTimeout: c.RequestTimeout.D(), CallbackSecret: []byte(c.CallbackSecret), MaxBodyBytes: a.cfg.Intake.MaxBytes,
 		Queues: a.queues, Types: a.types, Matchers: a.matchers, EarlyTTL: a.cfg.Responses.EarlyTTL.D(), Ready: a.kafkaPing.Ping,
-		Metrics: a.metrics, DeadLetters: a.replyCopies, Tracer: a.tracing.Tracer})
+		Metrics: a.metrics, DeadLetters: a.replyCopies, Tracer: a.tracing.Tracer, TracerProvider: a.tracing.Provider})
 	return nil
 }
 

@@ -61,8 +61,9 @@ type Config struct {
 
 // Tracing is the process's tracing, on or off.
 type Tracing struct {
-	// Tracer is nil when tracing is off.
+	// Tracer and Provider are nil when tracing is off.
 	Tracer   trace.Tracer
+	Provider trace.TracerProvider
 	Link     bool
 	provider *sdktrace.TracerProvider
 }
@@ -125,7 +126,7 @@ func Start(ctx context.Context, cfg Config) (*Tracing, error) {
 	tp := sdktrace.NewTracerProvider(pOpts...)
 	otel.SetTracerProvider(tp)
 	otel.SetTextMapPropagator(Propagator)
-	return &Tracing{Tracer: tp.Tracer("github.com/hipq/hipq"), Link: cfg.Link, provider: tp}, nil
+	return &Tracing{Tracer: tp.Tracer("github.com/hipq/hipq"), Provider: tp, Link: cfg.Link, provider: tp}, nil
 }
 
 // Shutdown flushes the spans not yet exported.
