@@ -83,7 +83,8 @@ func (s *Server) callback(w http.ResponseWriter, r *http.Request) error {
 		if len(res.DeadLetters) > 0 {
 			reason = res.DeadLetters[len(res.DeadLetters)-1].Reason
 		}
-		s.log.Info("callback dead-lettered", zap.String("job_type", jobType), zap.String("job_key", jobKey), zap.String("reason", reason))
+		s.log.Info("callback dead-lettered", append(tracing.LogFields(r.Context()), zap.String("job_type", jobType),
+			zap.String("job_key", jobKey), zap.String("reason", reason))...)
 		return &apiError{Status: http.StatusUnprocessableEntity, Code: "dead_lettered", Message: reason}
 	}
 	return nil

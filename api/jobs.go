@@ -243,7 +243,8 @@ func (s *Server) cancel(w http.ResponseWriter, r *http.Request) error {
 	case err != nil:
 		return err
 	}
-	s.log.Info("job cancelled", zap.Int64("job_id", j.ID), zap.String("job_type", j.JobType), zap.String("job_key", j.JobKey))
+	s.log.Info("job cancelled", append(tracing.LogFields(r.Context()), zap.Int64("job_id", j.ID), zap.String("job_type", j.JobType),
+		zap.String("job_key", j.JobKey))...)
 	writeJSON(w, http.StatusOK, map[string]any{"job": jobJSON(j)})
 	return nil
 }

@@ -237,8 +237,8 @@ func (s *Server) handle(h func(http.ResponseWriter, *http.Request) error) http.H
 				ae = &apiError{Status: http.StatusServiceUnavailable, Code: "unavailable",
 					Message: "PostgreSQL is unreachable or busy; try again"}
 			}
-			s.log.Error("api call failed", zap.String("method", r.Method), zap.String("path", correlator.Clip(r.URL.Path, 512)),
-				zap.String("error", correlator.Clip(err.Error(), 2048)))
+			s.log.Error("api call failed", append(tracing.LogFields(r.Context()), zap.String("method", r.Method),
+				zap.String("path", correlator.Clip(r.URL.Path, 512)), zap.String("error", correlator.Clip(err.Error(), 2048)))...)
 		}
 		writeJSON(w, ae.Status, map[string]any{"error": map[string]string{"code": ae.Code, "message": ae.Message}})
 	})

@@ -33,6 +33,7 @@ import (
 	"github.com/hipq/hipq/internal/deadletter"
 	"github.com/hipq/hipq/internal/kafkaconn"
 	"github.com/hipq/hipq/internal/metrics"
+	"github.com/hipq/hipq/internal/tracing"
 	"github.com/hipq/hipq/store"
 )
 
@@ -372,8 +373,9 @@ func (g *group) poison(ctx context.Context, rec *kgo.Record, adv []store.OffsetA
 	if err == nil || errors.Is(err, store.ErrOffsetConflict) || store.IsTransient(err) {
 		return after, err // it went through on its own, or the cause passed
 	}
-	g.log.Warn("record refused by PostgreSQL; dead-lettering it", zap.String("group", g.cfg.Group), zap.String("topic", rec.Topic),
-		zap.Int32("partition", rec.Partition), zap.Int64("offset", rec.Offset), zap.String("error", correlator.Clip(err.Error(), 1024)))
+	g.log.Warn("record refused by PostgreSQL; dead-lettering it", append(tracing.LogFieldsOf(correlator.TraceContextOf(source(rec).Headers)),
+		zap.String("group", g.cfg.Group), zap.String("topic", rec.Topic), zap.Int32("partition", rec.Partition),
+		zap.Int64("offset", rec.Offset), zap.String("error", correlator.Clip(err.Error(), 1024)))...)
 	after, perr := g.app.poison(ctx, rec, adv, err)
 	if perr == nil || errors.Is(perr, store.ErrOffsetConflict) || store.IsTransient(perr) {
 		return after, perr

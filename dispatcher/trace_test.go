@@ -74,3 +74,39 @@ func TestHTTPSendSpans(t *testing.T) {
 		t.Errorf("attempt keeps %q (%v), want the send span", kept, err)
 	}
 }
+
+// Parent-based sampling holds however long after intake a job is sent: a
+// job that came in an unsampled trace records no span, and its request
+// still carries the trace, unsampled.
+func TestUnsampledIntakeStaysUnsampled(t *testing.T) {
+	t.Parallel()
+	const intake = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00"
+	ds := newDownstream(t, func(string, int) (int, string) { return http.StatusOK, `{}` })
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	defer tp.Shutdown(ctx) //nolint:errcheck
+	st := pgtest.New(t)
+	types := map[string]*correlator.JobType{"web": {Name: "web", Queue: "default", Timeout: time.Hour, Retry: correlator.NoRetry}}
+	s := dispatcher.NewHTTPSender(dispatcher.HTTPSenderConfig{TracerProvider: tp,
+		Routes: map[string]dispatcher.HTTPRoute{"web": {URL: ds.URL + "/{job_key}", Timeout: 5 * time.Second}}})
+	d := dispatcher.New(zaptest.NewLogger(t), st, dispatcher.Config{Instance: "test", Queues: []dispatcher.QueueConfig{{Name: "default"}},
+		Types: types, Senders: map[string]dispatcher.Sender{"web": s}, Tracer: tp.Tracer("test")})
+	j := &correlator.Job{Queue: "default", JobType: "web", JobKey: "k", JobData: json.RawMessage(`{}`), MaxAttempts: 1,
+		Priority: 100, ThrottleFactor: 1, TimeoutSeconds: 3600, ScheduledRunTime: time.Now().Add(-time.Second),
+		Trace: correlator.TraceContext{Parent: intake}}
+	if _, err := st.JobsInsert(ctx, []*correlator.Job{j}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.RunOnce(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(rec.Ended()); n != 0 {
+		t.Fatalf("%d spans recorded for an unsampled trace", n)
+	}
+	ds.mu.Lock()
+	got := ds.calls[0].Header.Get("traceparent")
+	ds.mu.Unlock()
+	if !strings.HasPrefix(got, "00-4bf92f3577b34da6a3ce929d0e0e4736-") || !strings.HasSuffix(got, "-00") {
+		t.Fatalf("the call carried %q, want the intake's trace, unsampled", got)
+	}
+}

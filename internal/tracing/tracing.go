@@ -24,6 +24,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
+	"go.uber.org/zap"
 
 	"github.com/hipq/hipq/correlator"
 )
@@ -213,4 +214,20 @@ func RecordEnded(ctx context.Context, tr trace.Tracer, e Ended) {
 // AttemptAttrs are the attributes naming one attempt.
 func AttemptAttrs(jobID int64, attempt int) []attribute.KeyValue {
 	return []attribute.KeyValue{attribute.Int64("hipq.job.id", jobID), attribute.Int("hipq.attempt", attempt)}
+}
+
+// LogFields are the log fields naming the trace of the span in ctx: a
+// trace_id (and span_id), or none.
+func LogFields(ctx context.Context) []zap.Field {
+	return spanFields(trace.SpanContextFromContext(ctx))
+}
+
+// LogFieldsOf are LogFields for a stored or received trace context.
+func LogFieldsOf(tc correlator.TraceContext) []zap.Field { return spanFields(Remote(tc)) }
+
+func spanFields(sc trace.SpanContext) []zap.Field {
+	if !sc.IsValid() {
+		return nil
+	}
+	return []zap.Field{zap.String("trace_id", sc.TraceID().String()), zap.String("span_id", sc.SpanID().String())}
 }
