@@ -27,6 +27,8 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/zap"
 
 	"github.com/hipq/hipq/correlator"
@@ -72,6 +74,10 @@ type GroupConfig struct {
 	// CrashPoint is a test hook: the process kills itself at the named
 	// point ({group}:after-commit); empty: never.
 	CrashPoint string
+	// Tracer, when set, traces what the group applies: replies as
+	// children of their attempts' send spans, dead letters in their own
+	// traces; nil: no tracing work.
+	Tracer trace.Tracer
 }
 
 // WithDefaults returns c with every unset field at its default.
@@ -453,9 +459,32 @@ func sleep(ctx context.Context, d time.Duration) {
 }
 
 // copyDeadLetters copies a batch's dead letters to topic (none: logged
-// only), after their transaction committed.
+// only), after their transaction committed, and records each that came
+// in a trace as a span "dead letter" there.
 func (g *group) copyDeadLetters(topic string, dls []store.DeadLetter) {
 	(&deadletter.Copier{Client: g.cl, Topic: topic, Log: g.log}).Copy(dls)
+	traceDeadLetters(context.Background(), g.cfg.Tracer, dls)
+}
+
+// traceDeadLetters records a span "dead letter" in the trace of each
+// dead letter whose input came with one (tracing on).
+func traceDeadLetters(ctx context.Context, tr trace.Tracer, dls []store.DeadLetter) {
+	if tr == nil {
+		return
+	}
+	for _, d := range dls {
+		own := correlator.TraceContextOf(d.Source.Headers)
+		if own.IsZero() {
+			continue
+		}
+		attrs := []attribute.KeyValue{attribute.String("hipq.dead_letter.source", d.Kind),
+			attribute.String("hipq.dead_letter.reason", correlator.Clip(d.Reason, 512))}
+		if d.Source.Topic != "" {
+			attrs = append(attrs, attribute.String("messaging.destination.name", d.Source.Topic),
+				attribute.Int64("messaging.kafka.offset", d.Source.Offset))
+		}
+		tracing.RecordEnded(ctx, tr, tracing.Ended{Name: "dead letter", Kind: trace.SpanKindConsumer, Own: own, Attrs: attrs})
+	}
 }
 
 // rejected is the reason of a record PostgreSQL refused on its own.

@@ -10,6 +10,7 @@ import (
 	"syscall"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/zap"
 
 	"github.com/hipq/hipq/correlator"
@@ -30,6 +31,9 @@ type OutboxConfig struct {
 	// CrashPoint is a test hook: the process kills itself at the named
 	// point (outbox:in-transaction); empty: never.
 	CrashPoint string
+	// Tracer, when set, records each dead letter that came in a trace as
+	// a span there; nil: no tracing work.
+	Tracer trace.Tracer
 }
 
 // Outbox drains hipq_intake, the transactional outbox: applications write
@@ -224,6 +228,7 @@ func (o *Outbox) applied(rows int, res store.IntakeResult, dups int) {
 	o.log.Debug("outbox rows applied", zap.Int("rows", rows), zap.Int("accepted", res.Inserted),
 		zap.Int("duplicates", res.Duplicates+dups), zap.Int("dead_lettered", len(res.DeadLetters)))
 	o.cfg.DeadLetters.Copy(res.DeadLetters)
+	traceDeadLetters(context.Background(), o.cfg.Tracer, res.DeadLetters)
 }
 
 // outboxSource is the dead-letter source of a row: its value, its headers

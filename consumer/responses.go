@@ -24,9 +24,6 @@ type ResponsesConfig struct {
 	EarlyTTL        time.Duration
 	Matchers        map[string]correlator.Matcher // by topic
 	Types           correlator.Types
-	// Tracer, when set, traces each applied reply as a child of its
-	// attempt's send span; nil: no tracing work.
-	Tracer trace.Tracer
 }
 
 // Responses matches replies read from the response topics to their jobs.

@@ -166,7 +166,7 @@ func (a *app) startTracing(ctx context.Context) error {
 // group is a consumer group's config from the config's kafka section.
 func (a *app) group(name string, topics []string, start consumer.Start) consumer.GroupConfig {
 	return consumer.GroupConfig{Kafka: a.kc, Group: name, Topics: topics, Start: start,
-		SessionTimeout: a.cfg.Kafka.SessionTimeout.D(), Metrics: a.metrics, CrashPoint: a.crash,
+		SessionTimeout: a.cfg.Kafka.SessionTimeout.D(), Metrics: a.metrics, CrashPoint: a.crash, Tracer: a.tracing.Tracer,
 		ReadUncommitted: a.cfg.Kafka.IsolationLevel == "read_uncommitted"}
 }
 
@@ -198,8 +198,7 @@ func (a *app) buildResponses(context.Context) error {
 	}
 	var err error
 	a.responses, err = consumer.NewResponses(a.log, a.st, consumer.ResponsesConfig{GroupConfig: a.group(rs.Group, topics, rs.Start),
-		DeadLetterTopic: rs.DeadLetterTopic, EarlyTTL: rs.EarlyTTL.D(), Matchers: a.matchers, Types: a.types,
-		Tracer: a.tracing.Tracer})
+		DeadLetterTopic: rs.DeadLetterTopic, EarlyTTL: rs.EarlyTTL.D(), Matchers: a.matchers, Types: a.types})
 	return err
 }
 
@@ -220,7 +219,7 @@ func (a *app) newProducer(kc kafkaconn.Config) (*kgo.Client, error) {
 // buildOutbox: the drainer of the transactional outbox.
 func (a *app) buildOutbox(context.Context) error {
 	a.outbox = consumer.NewOutbox(a.log, a.st, consumer.OutboxConfig{MaxBytes: a.cfg.Intake.MaxBytes, Types: a.types,
-		Metrics: a.metrics, CrashPoint: a.crash,
+		Metrics: a.metrics, CrashPoint: a.crash, Tracer: a.tracing.Tracer,
 		DeadLetters: &deadletter.Copier{Client: a.producer, Topic: a.cfg.Intake.DeadLetterTopic, Log: a.log}})
 	return nil
 }

@@ -126,16 +126,27 @@ func TestTraceAcrossTheLoop(t *testing.T) {
 	}
 	recs = append(recs, &kgo.Record{Topic: e.kafka.Topic("jobs"), Value: []byte(jobReq("bad-traceparent")),
 		Headers: []kgo.RecordHeader{{Key: "traceparent", Value: []byte("00-not-a-trace")}}})
+	const deadTrace = "11f92f3577b34da6a3ce929d0e0e4799"
+	recs = append(recs, &kgo.Record{Topic: e.kafka.Topic("jobs"), Value: []byte(`{"job_type":"nope","job_key":"x"}`),
+		Headers: []kgo.RecordHeader{{Key: "traceparent", Value: []byte("00-" + deadTrace + "-00f067aa0ba902b7-01")}}})
 	e.kafka.Produce(recs...)
 	eventually(t, 30*time.Second, "the jobs", func() (bool, string) {
 		n := e.countJobs(first, "job_key IN ('traced-ok', 'traced-retry', 'traced-silent', 'bad-traceparent')")
 		return n == 4, fmt.Sprint(n)
 	})
+	eventually(t, 30*time.Second, "the dead letter", func() (bool, string) {
+		n := e.scalar(first, `SELECT count(*) FROM hipq_dead_letter`)
+		return n == 1, fmt.Sprint(n)
+	})
 	stop()
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	first.close()
+	first.close() // flushes its spans
+	if dl := col.find(func(s span) bool { return s.name == "dead letter" && s.traceID == deadTrace }); len(dl) != 1 ||
+		!strings.HasPrefix(dl[0].attrs["hipq.dead_letter.reason"], "unknown_job_type") {
+		t.Fatalf("dead letter spans %v, want one in the record's trace naming the reason", dl)
+	}
 
 	// A responder that fails traced-retry's first attempt, and replies in
 	// a trace of its own.
