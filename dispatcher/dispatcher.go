@@ -450,7 +450,7 @@ func (d *Dispatcher) deliver(ctx context.Context, q QueueConfig, s Sender, jobs 
 		add(d.m.Dispatches.WithLabelValues(q.Name, transportName(s), statusLabels[st]), n)
 	}
 	if endSpans != nil {
-		rec.Traces = endSpans(results)
+		endSpans(results)
 	}
 	res, err := d.record(ctx, rec)
 	if err != nil {
@@ -563,13 +563,6 @@ func splitDelivery(rec store.Delivery) []store.Delivery {
 	for _, r := range rec.Resolves {
 		out = append(out, store.Delivery{Resolves: []store.Resolve{r}})
 	}
-	traces := map[int64][]store.AttemptTrace{}
-	for _, t := range rec.Traces {
-		traces[t.JobID] = append(traces[t.JobID], t)
-	}
-	for i := range out {
-		out[i].Traces = traces[out[i].Jobs()[0]]
-	}
 	return out
 }
 
@@ -577,7 +570,7 @@ func splitDelivery(rec store.Delivery) []store.Delivery {
 // a reply it refused ends the attempt failed, saying why.
 func (d *Dispatcher) stripped(one store.Delivery, cause error) store.Delivery {
 	unstorable := correlator.ReplyUnstorable(cause.Error())
-	out := store.Delivery{Sent: one.Sent, Undo: one.Undo, Traces: one.Traces}
+	out := store.Delivery{Sent: one.Sent, Undo: one.Undo}
 	for _, r := range one.Replies {
 		if r.Reply.JobID == nil || r.Reply.Attempt == nil {
 			continue

@@ -18,11 +18,11 @@ import (
 // startSends starts one send span per job (tracing on): a child of the
 // job's intake context, kept with the job however long ago it came (or
 // linked to it), named "send <destination>". Its context goes into the
-// job's Trace headers, which the transport writes on the request. The
-// returned end closes the spans with what became of each send and gives
-// the contexts to keep on the attempts, the parents of their replies'
-// spans. With tracing off it returns nil and does nothing.
-func (d *Dispatcher) startSends(ctx context.Context, s Sender, jobs []store.Claimed) (end func([]Result) []store.AttemptTrace) {
+// job's Trace headers, which the transport writes on the request, and is
+// kept on the attempt before the send, so the reply's span, however soon
+// it comes, finds its parent. The returned end closes the spans with what
+// became of each send. With tracing off it returns nil and does nothing.
+func (d *Dispatcher) startSends(ctx context.Context, s Sender, jobs []store.Claimed) (end func([]Result)) {
 	tr := d.cfg.Tracer
 	if tr == nil || len(jobs) == 0 {
 		return nil
@@ -38,6 +38,7 @@ func (d *Dispatcher) startSends(ctx context.Context, s Sender, jobs []store.Clai
 	}
 	system := transportName(s)
 	spans := make([]trace.Span, len(jobs))
+	kept := make([]store.AttemptTrace, 0, len(jobs))
 	for i := range jobs {
 		c := &jobs[i]
 		r := d.route(s, c.JobType)
@@ -68,9 +69,12 @@ func (d *Dispatcher) startSends(ctx context.Context, s Sender, jobs []store.Clai
 		carrier := propagation.MapCarrier{}
 		tracing.Propagator.Inject(sctx, carrier)
 		c.Trace = carrier
+		kept = append(kept, store.AttemptTrace{AttemptRef: store.AttemptRef{JobID: c.ID, Attempt: c.Attempt}, Parent: carrier[correlator.HeaderTraceParent]})
 	}
-	return func(results []Result) []store.AttemptTrace {
-		out := make([]store.AttemptTrace, 0, len(jobs))
+	if err := d.st.AttemptTracesWrite(ctx, kept); err != nil {
+		d.log.Debug("cannot keep the send spans on their attempts; replies will start traces of their own", zap.Error(err))
+	}
+	return func(results []Result) {
 		for i, span := range spans {
 			res := results[i]
 			span.SetAttributes(attribute.String("hipq.send.status", statusLabels[res.Status]))
@@ -85,11 +89,7 @@ func (d *Dispatcher) startSends(ctx context.Context, s Sender, jobs []store.Clai
 				span.AddEvent("claim undone or ended: " + statusLabels[res.Status] + " (attempt " + strconv.Itoa(jobs[i].Attempt) + ")")
 			}
 			span.End()
-			if p := jobs[i].Trace["traceparent"]; p != "" {
-				out = append(out, store.AttemptTrace{AttemptRef: store.AttemptRef{JobID: jobs[i].ID, Attempt: jobs[i].Attempt}, Parent: p})
-			}
 		}
-		return out
 	}
 }
 

@@ -323,9 +323,6 @@ type Delivery struct {
 	Resolves []Resolve
 	// Replies came with the send (HTTP sync mode).
 	Replies []ReplyIn
-	// Traces are the send spans' contexts (tracing on), kept on the
-	// attempts as the parents of their replies' spans.
-	Traces []AttemptTrace
 }
 
 // Jobs lists the ids of the jobs the delivery names.
@@ -379,9 +376,6 @@ func (s *Store) DeliveryRecord(ctx context.Context, d Delivery, types correlator
 			}
 		}
 		if err := attemptsMarkSent(ctx, tx, d.Sent); err != nil {
-			return err
-		}
-		if err := attemptTracesWrite(ctx, tx, d.Traces); err != nil {
 			return err
 		}
 		var err error

@@ -53,7 +53,10 @@ func (s *Store) AttemptTraces(ctx context.Context, refs []AttemptRef) (map[Attem
 	return out, nil
 }
 
-func attemptTracesWrite(ctx context.Context, tx pgx.Tx, ts []AttemptTrace) error {
+// AttemptTracesWrite keeps the send spans' contexts on their attempts.
+// The dispatcher writes them before it sends, so a reply, which can only
+// follow its request, always finds its parent.
+func (s *Store) AttemptTracesWrite(ctx context.Context, ts []AttemptTrace) error {
 	if len(ts) == 0 {
 		return nil
 	}
@@ -61,7 +64,7 @@ func attemptTracesWrite(ctx context.Context, tx pgx.Tx, ts []AttemptTrace) error
 	for i, t := range ts {
 		ids[i], atts[i], ps[i] = t.JobID, int32(t.Attempt), t.Parent
 	}
-	_, err := tx.Exec(ctx, `UPDATE hipq_attempt a SET trace_parent = u.tp
+	_, err := s.pool.Exec(ctx, `UPDATE hipq_attempt a SET trace_parent = u.tp
 		FROM unnest($1::bigint[], $2::int[], $3::text[]) AS u(id, att, tp)
 		WHERE a.job_id = u.id AND a.attempt = u.att`, ids, atts, ps)
 	if err != nil {
