@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -10,10 +11,15 @@ import (
 )
 
 // Trace contexts are read and written only while tracing is on: with it
-// off, none of these statements runs.
+// off, none of these statements runs. They are hints: each is given up
+// after traceTimeout rather than hold a send or a reply while PostgreSQL
+// is slow or away.
+const traceTimeout = 2 * time.Second
 
 // JobTraces returns the trace contexts of those of the jobs that have one.
 func (s *Store) JobTraces(ctx context.Context, ids []int64) (map[int64]correlator.TraceContext, error) {
+	ctx, cancel := context.WithTimeout(ctx, traceTimeout)
+	defer cancel()
 	rows, err := s.pool.Query(ctx, `SELECT id, trace_parent, coalesce(trace_state, '') FROM hipq_job
 		WHERE id = ANY($1) AND trace_parent IS NOT NULL`, ids)
 	if err != nil {
@@ -37,6 +43,8 @@ type AttemptTrace struct {
 // AttemptTraces returns the send spans' traceparents of those of the
 // attempts that have one.
 func (s *Store) AttemptTraces(ctx context.Context, refs []AttemptRef) (map[AttemptRef]string, error) {
+	ctx, cancel := context.WithTimeout(ctx, traceTimeout)
+	defer cancel()
 	ids, atts := refArrays(refs)
 	rows, err := s.pool.Query(ctx, `SELECT a.job_id, a.attempt, a.trace_parent
 		FROM hipq_attempt a JOIN unnest($1::bigint[], $2::int[]) AS u(id, att) ON a.job_id = u.id AND a.attempt = u.att
@@ -60,6 +68,8 @@ func (s *Store) AttemptTracesWrite(ctx context.Context, ts []AttemptTrace) error
 	if len(ts) == 0 {
 		return nil
 	}
+	ctx, cancel := context.WithTimeout(ctx, traceTimeout)
+	defer cancel()
 	ids, atts, ps := make([]int64, len(ts)), make([]int32, len(ts)), make([]string, len(ts))
 	for i, t := range ts {
 		ids[i], atts[i], ps[i] = t.JobID, int32(t.Attempt), t.Parent

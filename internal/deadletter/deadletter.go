@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/hipq/hipq/correlator"
+	"github.com/hipq/hipq/internal/tracing"
 	"github.com/hipq/hipq/store"
 )
 
@@ -35,9 +36,10 @@ func (c *Copier) Copy(dls []store.DeadLetter) {
 		log = zap.NewNop()
 	}
 	for _, d := range dls {
-		log.Warn("input dead-lettered", zap.String("source", d.Kind), zap.String("topic", d.Source.Topic),
+		log.Warn("input dead-lettered", append(tracing.LogFieldsOf(correlator.TraceContextOf(d.Source.Headers)),
+			zap.String("source", d.Kind), zap.String("topic", d.Source.Topic),
 			zap.Int32("partition", d.Source.Partition), zap.Int64("offset", d.Source.Offset),
-			zap.String("reason", correlator.Clip(d.Reason, 1024)))
+			zap.String("reason", correlator.Clip(d.Reason, 1024)))...)
 		if c.Topic == "" || c.Client == nil {
 			continue
 		}
