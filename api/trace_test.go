@@ -26,13 +26,7 @@ func TestCallbackSpan(t *testing.T) {
 		sendSpan  = "00f067aa0ba902b7"
 		ownTrace  = "0af7651916cd43dd8448eb211c80319c"
 	)
-	req, _ := http.NewRequest(http.MethodPut, e.url+"/v1/jobs/t/traced", strings.NewReader(`{}`))
-	req.Header.Set("traceparent", "00-"+ownTrace+"-b7ad6b7169203331-01")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil || resp.StatusCode != http.StatusCreated {
-		t.Fatalf("enqueue: %v %v", resp, err)
-	}
-	resp.Body.Close()
+	e.enqueueTraced("traced", "00-"+ownTrace+"-b7ad6b7169203331-01")
 	if j, _ := e.st.JobGet(ctx, "t", "traced"); j.Trace.Parent != "00-"+ownTrace+"-b7ad6b7169203331-01" {
 		t.Fatalf("the job kept trace %+v", j.Trace)
 	}
@@ -45,9 +39,9 @@ func TestCallbackSpan(t *testing.T) {
 		"00-"+sendTrace+"-"+sendSpan+"-01", c); err != nil {
 		t.Fatal(err)
 	}
-	req, _ = http.NewRequest(http.MethodPost, e.url+signed(c, "traced", 1), strings.NewReader(`{"status": "succeeded"}`))
+	req, _ := http.NewRequest(http.MethodPost, e.url+signed(c, "traced", 1), strings.NewReader(`{"status": "succeeded"}`))
 	req.Header.Set("traceparent", "00-"+ownTrace+"-c7ad6b7169203331-01")
-	resp, err = http.DefaultClient.Do(req)
+	resp, err := http.DefaultClient.Do(req)
 	if err != nil || resp.StatusCode != http.StatusOK {
 		t.Fatalf("callback: %v %v", resp, err)
 	}
@@ -82,13 +76,7 @@ func TestAPIServerSpans(t *testing.T) {
 	defer tp.Shutdown(ctx) //nolint:errcheck
 	e := newAPIConfig(t, func(c *Config) { c.Tracer, c.TracerProvider = tp.Tracer("test"), tp })
 	const caller = "0af7651916cd43dd8448eb211c80319c"
-	req, _ := http.NewRequest(http.MethodPut, e.url+"/v1/jobs/t/served", strings.NewReader(`{}`))
-	req.Header.Set("traceparent", "00-"+caller+"-b7ad6b7169203331-01")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil || resp.StatusCode != http.StatusCreated {
-		t.Fatalf("enqueue: %v %v", resp, err)
-	}
-	resp.Body.Close()
+	e.enqueueTraced("served", "00-"+caller+"-b7ad6b7169203331-01")
 	spans := rec.Ended()
 	if len(spans) != 1 || spans[0].Name() != "PUT /v1/jobs/{job_type}/{job_key}" || spans[0].Parent().SpanID().String() != "b7ad6b7169203331" {
 		t.Fatalf("spans %v", spans)
@@ -98,4 +86,16 @@ func TestAPIServerSpans(t *testing.T) {
 	if want := "00-" + caller + "-" + server.SpanID().String() + "-01"; j.Trace.Parent != want {
 		t.Fatalf("the job kept %q, want the server span's %q", j.Trace.Parent, want)
 	}
+}
+
+// enqueueTraced enqueues job t/key with a traceparent header.
+func (e *apiEnv) enqueueTraced(key, traceparent string) {
+	e.t.Helper()
+	req, _ := http.NewRequest(http.MethodPut, e.url+"/v1/jobs/t/"+key, strings.NewReader(`{}`))
+	req.Header.Set("traceparent", traceparent)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil || resp.StatusCode != http.StatusCreated {
+		e.t.Fatalf("enqueue: %v %v", resp, err)
+	}
+	resp.Body.Close()
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/hipq/hipq/correlator"
 	"github.com/hipq/hipq/dispatcher"
 	"github.com/hipq/hipq/internal/pgtest"
+	"github.com/hipq/hipq/store"
 )
 
 // Traced HTTP sends: the send span is a child of the job's intake
@@ -23,25 +24,7 @@ import (
 func TestHTTPSendSpans(t *testing.T) {
 	t.Parallel()
 	const intake = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
-	ds := newDownstream(t, func(string, int) (int, string) { return http.StatusOK, `{"status": "ok"}` })
-	rec := tracetest.NewSpanRecorder()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
-	defer tp.Shutdown(ctx) //nolint:errcheck
-	st := pgtest.New(t)
-	types := map[string]*correlator.JobType{"sync": {Name: "sync", Queue: "default", Timeout: time.Hour, Retry: correlator.NoRetry}}
-	s := dispatcher.NewHTTPSender(dispatcher.HTTPSenderConfig{TracerProvider: tp,
-		Routes: map[string]dispatcher.HTTPRoute{"sync": {URL: ds.URL + "/{job_key}", Sync: true, Timeout: 5 * time.Second}}})
-	d := dispatcher.New(zaptest.NewLogger(t), st, dispatcher.Config{Instance: "test", Queues: []dispatcher.QueueConfig{{Name: "default"}},
-		Types: types, Senders: map[string]dispatcher.Sender{"sync": s}, Tracer: tp.Tracer("test")})
-	j := &correlator.Job{Queue: "default", JobType: "sync", JobKey: "k", JobData: json.RawMessage(`{}`), MaxAttempts: 1,
-		Priority: 100, ThrottleFactor: 1, TimeoutSeconds: 3600, ScheduledRunTime: time.Now().Add(-time.Second),
-		Trace: correlator.TraceContext{Parent: intake}}
-	if _, err := st.JobsInsert(ctx, []*correlator.Job{j}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := d.RunOnce(ctx); err != nil {
-		t.Fatal(err)
-	}
+	ds, st, rec := tracedSend(t, intake, true)
 	byName := map[string]sdktrace.ReadOnlySpan{}
 	for _, sp := range rec.Ended() {
 		byName[sp.Name()] = sp
@@ -81,14 +64,31 @@ func TestHTTPSendSpans(t *testing.T) {
 func TestUnsampledIntakeStaysUnsampled(t *testing.T) {
 	t.Parallel()
 	const intake = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00"
-	ds := newDownstream(t, func(string, int) (int, string) { return http.StatusOK, `{}` })
+	ds, _, rec := tracedSend(t, intake, false)
+	if n := len(rec.Ended()); n != 0 {
+		t.Fatalf("%d spans recorded for an unsampled trace", n)
+	}
+	ds.mu.Lock()
+	got := ds.calls[0].Header.Get("traceparent")
+	ds.mu.Unlock()
+	if !strings.HasPrefix(got, "00-4bf92f3577b34da6a3ce929d0e0e4736-") || !strings.HasSuffix(got, "-00") {
+		t.Fatalf("the call carried %q, want the intake's trace, unsampled", got)
+	}
+}
+
+// tracedSend sends one job that came in trace context intake over HTTP
+// (sync or async) with tracing on, and returns the downstream, the store
+// and the spans recorded.
+func tracedSend(t *testing.T, intake string, sync bool) (*downstream, *store.Store, *tracetest.SpanRecorder) {
+	t.Helper()
+	ds := newDownstream(t, func(string, int) (int, string) { return http.StatusOK, `{"status": "ok"}` })
 	rec := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
-	defer tp.Shutdown(ctx) //nolint:errcheck
+	t.Cleanup(func() { _ = tp.Shutdown(ctx) })
 	st := pgtest.New(t)
 	types := map[string]*correlator.JobType{"web": {Name: "web", Queue: "default", Timeout: time.Hour, Retry: correlator.NoRetry}}
 	s := dispatcher.NewHTTPSender(dispatcher.HTTPSenderConfig{TracerProvider: tp,
-		Routes: map[string]dispatcher.HTTPRoute{"web": {URL: ds.URL + "/{job_key}", Timeout: 5 * time.Second}}})
+		Routes: map[string]dispatcher.HTTPRoute{"web": {URL: ds.URL + "/{job_key}", Sync: sync, Timeout: 5 * time.Second}}})
 	d := dispatcher.New(zaptest.NewLogger(t), st, dispatcher.Config{Instance: "test", Queues: []dispatcher.QueueConfig{{Name: "default"}},
 		Types: types, Senders: map[string]dispatcher.Sender{"web": s}, Tracer: tp.Tracer("test")})
 	j := &correlator.Job{Queue: "default", JobType: "web", JobKey: "k", JobData: json.RawMessage(`{}`), MaxAttempts: 1,
@@ -100,13 +100,5 @@ func TestUnsampledIntakeStaysUnsampled(t *testing.T) {
 	if _, err := d.RunOnce(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if n := len(rec.Ended()); n != 0 {
-		t.Fatalf("%d spans recorded for an unsampled trace", n)
-	}
-	ds.mu.Lock()
-	got := ds.calls[0].Header.Get("traceparent")
-	ds.mu.Unlock()
-	if !strings.HasPrefix(got, "00-4bf92f3577b34da6a3ce929d0e0e4736-") || !strings.HasSuffix(got, "-00") {
-		t.Fatalf("the call carried %q, want the intake's trace, unsampled", got)
-	}
+	return ds, st, rec
 }

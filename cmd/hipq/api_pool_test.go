@@ -3,10 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"fmt"
-	"net"
 	"net/http"
-	"strings"
 	"testing"
 	"time"
 
@@ -20,27 +17,12 @@ import (
 func TestAPIConnectionsApartFromTheHotPath(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, e2eTopics...)
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
-	cfg := e.config(strings.Replace(e2eConfig, "sweeper:", fmt.Sprintf(`api: {listen: "%s", callback_secret: "%s", max_conns: 2, request_timeout: 1s}
-sweeper:`, addr, strings.Repeat("S", 32)), 1))
-	a := e.start(cfg, "intake", "api")
+	text, url := withAPI(t, e2eConfig, ", max_conns: 2, request_timeout: 1s")
+	a := e.start(e.config(text), "intake", "api")
 	if a.apiStore == nil || a.apiStore.Pool() == a.st.Pool() {
 		t.Fatal("the API shares the hot path's pool")
 	}
-	url := "http://" + addr
-	eventually(t, 10*time.Second, "the API", func() (bool, string) {
-		resp, err := http.Get(url + "/healthz")
-		if err != nil {
-			return false, err.Error()
-		}
-		resp.Body.Close()
-		return true, ""
-	})
+	waitAPI(t, url)
 	e.produce("jobs", jobReq("locked"))
 	eventually(t, 20*time.Second, "the first job", func() (bool, string) { return e.countJobs(a, "job_key = 'locked'") == 1, "" })
 

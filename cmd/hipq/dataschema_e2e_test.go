@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -25,14 +24,7 @@ func TestDataSchemaOnEveryIntakePath(t *testing.T) {
 		t.Fatal(err)
 	}
 	e := newEnv(t, e2eTopics...)
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
-	text := strings.Replace(e2eConfig, "sweeper:", fmt.Sprintf(`api: {listen: "%s", callback_secret: "%s"}
-sweeper:`, addr, strings.Repeat("S", 32)), 1)
+	text, url := withAPI(t, e2eConfig, "")
 	text = strings.Replace(text, "    timeout: 2s\n", fmt.Sprintf("    timeout: 2s\n    data_schema: %q\n", schema), 1)
 	a := e.start(e.config(text), "intake", "api")
 
@@ -43,15 +35,7 @@ sweeper:`, addr, strings.Repeat("S", 32)), 1)
 	if err := a.st.OutboxWrite(context.Background(), []string{req("outbox-ok", `{"amount": 3}`), req("outbox-bad", `{"amount": "3"}`)}); err != nil {
 		t.Fatal(err)
 	}
-	url := "http://" + addr
-	eventually(t, 10*time.Second, "the API", func() (bool, string) {
-		resp, err := http.Get(url + "/healthz")
-		if err != nil {
-			return false, err.Error()
-		}
-		resp.Body.Close()
-		return true, ""
-	})
+	waitAPI(t, url)
 	put := func(key, body string) (int, string) {
 		r, _ := http.NewRequest(http.MethodPut, url+"/v1/jobs/e2e/"+key, strings.NewReader(body))
 		resp, err := http.DefaultClient.Do(r)

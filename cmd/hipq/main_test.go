@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -145,6 +146,33 @@ func (e *env) respondAfter(ctx context.Context, requests, replies string, delay 
 	}
 	r.delay = delay
 	go r.run(ctx)
+}
+
+// withAPI adds an api section (listening on a free loopback port, with
+// extra keys) to config text; it returns the text and the API's URL.
+func withAPI(t *testing.T, text, extra string) (string, string) {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	return strings.Replace(text, "sweeper:", fmt.Sprintf(`api: {listen: "%s", callback_secret: "%s"%s}
+sweeper:`, addr, strings.Repeat("S", 32), extra), 1), "http://" + addr
+}
+
+// waitAPI waits until the API at url answers.
+func waitAPI(t *testing.T, url string) {
+	t.Helper()
+	eventually(t, 10*time.Second, "the API", func() (bool, string) {
+		resp, err := http.Get(url + "/healthz")
+		if err != nil {
+			return false, err.Error()
+		}
+		resp.Body.Close()
+		return true, ""
+	})
 }
 
 func jobReq(key string) string {
