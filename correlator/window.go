@@ -75,6 +75,12 @@ func (w *TimeWindow) nextOpening(t time.Time) time.Time {
 		}
 		open = w.firstOccurrence(open, t)
 		if !open.Before(t) {
+			if !w.Contains(open) {
+				// The whole window fell in a daylight-saving gap (02:14-02:34
+				// on the night clocks jump from 02:00 to 03:00): it does not
+				// open that day.
+				continue
+			}
 			return w.reenteredBefore(t, open)
 		}
 	}

@@ -160,3 +160,19 @@ func TestNextAllowedReentersOnFallBack(t *testing.T) {
 		t.Fatalf("NextAllowed(%v) = %v, want %v", at, got, want)
 	}
 }
+
+// A window wholly inside a daylight-saving gap does not open that day: the
+// next opening is the next day's, never the gap's end, where the window is
+// closed (found by TestNextAllowedProperties).
+func TestWindowInsideTheGap(t *testing.T) {
+	ws := []TimeWindow{{Start: "02:14", End: "02:34", TZ: "Europe/Berlin"}}
+	if err := CompileWindows(ws); err != nil {
+		t.Fatal(err)
+	}
+	at := time.Date(2026, 3, 28, 12, 21, 39, 0, time.UTC)
+	got := NextAllowed(ws, at)
+	berlin, _ := time.LoadLocation("Europe/Berlin")
+	if want := time.Date(2026, 3, 30, 2, 14, 0, 0, berlin); !got.Equal(want) || !ws[0].Contains(got) {
+		t.Fatalf("next opening %v, want %v", got, want)
+	}
+}
