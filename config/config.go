@@ -134,8 +134,11 @@ type ResponseTopic struct {
 	Attempt   *correlator.Field `yaml:"attempt,omitempty"`
 	Status    *StatusField      `yaml:"status,omitempty"`
 	Retryable *correlator.Field `yaml:"retryable,omitempty"`
-	Error     *correlator.Field `yaml:"error,omitempty"`
-	Result    *correlator.Field `yaml:"result,omitempty"`
+	// RetryAfter: where a failure says when to try again (seconds or a
+	// time); defaults to {json: /retry_after}.
+	RetryAfter *correlator.Field `yaml:"retry_after,omitempty"`
+	Error      *correlator.Field `yaml:"error,omitempty"`
+	Result     *correlator.Field `yaml:"result,omitempty"`
 }
 
 // StatusField is a field plus its success and failure values.

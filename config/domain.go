@@ -120,6 +120,7 @@ func (rt *ResponseTopic) Matcher(maxBytes int) correlator.Matcher {
 	set(&m.JobKey, rt.JobKey)
 	set(&m.Attempt, rt.Attempt)
 	set(&m.Retryable, rt.Retryable)
+	set(&m.RetryAfter, rt.RetryAfter)
 	set(&m.Error, rt.Error)
 	set(&m.Result, rt.Result)
 	if s := rt.Status; s != nil {

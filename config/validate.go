@@ -213,7 +213,7 @@ func (c *Config) Validate() error {
 		}
 		replyTopics[rt.Topic] = true
 		for name, f := range map[string]*correlator.Field{"job_id": rt.JobID, "job_type": rt.JobType, "job_key": rt.JobKey,
-			"attempt": rt.Attempt, "retryable": rt.Retryable, "error": rt.Error, "result": rt.Result} {
+			"attempt": rt.Attempt, "retryable": rt.Retryable, "error": rt.Error, "result": rt.Result, "retry_after": rt.RetryAfter} {
 			if f != nil {
 				if err := f.Validate(); err != nil {
 					bad(p+"."+name, "%v", err)

@@ -38,7 +38,7 @@ func TestNamedEnds(t *testing.T) {
 		res.Attempt != AttemptFailed || res.AttemptError != "no" {
 		t.Errorf("Replied not retryable: %+v", res)
 	}
-	if res := DispatchFailed(nil, run, "gone", true, now); res.State != StateFinal || res.Attempt != AttemptDispatchError {
+	if res := DispatchFailed(nil, run, "gone", true, RetryAfter{}, now); res.State != StateFinal || res.Attempt != AttemptDispatchError {
 		t.Errorf("DispatchFailed of an unknown type retried: %+v", res)
 	}
 

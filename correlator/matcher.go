@@ -83,24 +83,28 @@ type Matcher struct {
 	Failure   []string
 	Retryable Field
 	Error     Field
-	Result    Field // zero: the whole value
-	MaxBytes  int   // 0: no limit
+	// RetryAfter: seconds or a time before which a failure's retry may
+	// not run.
+	RetryAfter Field
+	Result     Field // zero: the whole value
+	MaxBytes   int   // 0: no limit
 }
 
 // DefaultMatcher reads the hipq-* headers that requests carry, so a
 // responder that copies them onto its reply needs no configuration.
 func DefaultMatcher() Matcher {
 	return Matcher{
-		JobID:     Field{Header: HeaderJobID},
-		JobType:   Field{Header: HeaderJobType},
-		JobKey:    Field{Header: HeaderJobKey},
-		Attempt:   Field{Header: HeaderAttempt},
-		Status:    Field{JSON: "/status"},
-		Success:   []string{"succeeded", "success", "ok"},
-		Failure:   []string{"failed", "failure", "error"},
-		Retryable: Field{JSON: "/retryable"},
-		Error:     Field{JSON: "/error"},
-		MaxBytes:  1 << 20,
+		JobID:      Field{Header: HeaderJobID},
+		JobType:    Field{Header: HeaderJobType},
+		JobKey:     Field{Header: HeaderJobKey},
+		Attempt:    Field{Header: HeaderAttempt},
+		Status:     Field{JSON: "/status"},
+		Success:    []string{"succeeded", "success", "ok"},
+		Failure:    []string{"failed", "failure", "error"},
+		Retryable:  Field{JSON: "/retryable"},
+		Error:      Field{JSON: "/error"},
+		RetryAfter: Field{JSON: "/retry_after"},
+		MaxBytes:   1 << 20,
 	}
 }
 
@@ -245,6 +249,13 @@ func (m *Matcher) Match(rec *Record) (*Reply, error) {
 	}
 	if s, _, ok := x.lookup(m.Error); ok && s != "null" {
 		r.Error = s
+	}
+	if s, _, ok := x.lookup(m.RetryAfter); ok && s != "null" {
+		ra, valid := ParseRetryAfter(s)
+		if !valid {
+			return nil, inputErrorf(CodeInvalidField, "retry_after: %q is neither seconds nor a time", Clip(s, 64))
+		}
+		r.RetryAfter = ra
 	}
 	r.Result = m.result(x)
 	return r, nil

@@ -17,6 +17,9 @@ type Reply struct {
 	Retryable bool
 	Error     string
 	Result    json.RawMessage
+	// RetryAfter, with a failure: the next attempt waits until it allows
+	// (within the policy's longest delay).
+	RetryAfter RetryAfter
 }
 
 // Target is the job row a reply was matched to.

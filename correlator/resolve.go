@@ -36,19 +36,20 @@ func Replied(jt *JobType, run Running, r *Reply, now time.Time) Resolution {
 	if !r.Success {
 		outcome = AttemptFailed
 	}
-	return ended(jt, run, outcome, r.Retryable, r.Error, now)
+	return ended(jt, run, outcome, r.Retryable, r.Error, r.RetryAfter, now)
 }
 
 // TimedOut ends an attempt whose reply did not come within the job's
 // timeout, through jt's retry policy.
 func TimedOut(jt *JobType, run Running, now time.Time) Resolution {
-	return ended(jt, run, AttemptTimedOut, true, ErrorTimeout, now)
+	return ended(jt, run, AttemptTimedOut, true, ErrorTimeout, RetryAfter{}, now)
 }
 
 // DispatchFailed ends an attempt whose send failed (cause says how),
-// through jt's retry policy when retryable, else for good.
-func DispatchFailed(jt *JobType, run Running, cause string, retryable bool, now time.Time) Resolution {
-	return ended(jt, run, AttemptDispatchError, retryable, cause, now)
+// through jt's retry policy when retryable, else for good. after is the
+// downstream's Retry-After, when it said one.
+func DispatchFailed(jt *JobType, run Running, cause string, retryable bool, after RetryAfter, now time.Time) Resolution {
+	return ended(jt, run, AttemptDispatchError, retryable, cause, after, now)
 }
 
 // SendUnknown decides a send that may or may not have reached its
@@ -75,13 +76,13 @@ func ReplyUnstorable(cause string) Resolution {
 // ended is Resolve under job type jt's policy, its windows standing in
 // when the job has none of its own, with the attempt's outcome recorded.
 // A nil jt (a type no longer configured) gets no retry.
-func ended(jt *JobType, run Running, outcome AttemptOutcome, retryable bool, errText string, now time.Time) Resolution {
+func ended(jt *JobType, run Running, outcome AttemptOutcome, retryable bool, errText string, after RetryAfter, now time.Time) Resolution {
 	var policy RetryPolicy
 	if jt != nil {
 		policy = jt.Retry
 	}
 	run.Windows = WindowsFor(jt, run.Windows)
-	res := Resolve(run, outcome, retryable, errText, policy, now)
+	res := resolve(run, outcome, retryable, errText, policy, after.From(now), now)
 	res.Attempt = outcome
 	if outcome != AttemptSucceeded {
 		res.AttemptError = errText
@@ -94,6 +95,19 @@ func ended(jt *JobType, run Running, outcome AttemptOutcome, retryable bool, err
 // the job whatever the policy says. errText is the attempt's error
 // (ignored on success).
 func Resolve(job Running, outcome AttemptOutcome, retryable bool, errText string, policy RetryPolicy, now time.Time) Resolution {
+	return resolve(job, outcome, retryable, errText, policy, time.Time{}, now)
+}
+
+// MaxDelayer is a retry policy with a cap on one delay.
+type MaxDelayer interface {
+	MaxDelay() time.Duration
+}
+
+// resolve is Resolve with a downstream's "not before": when the policy
+// retries, the next attempt waits until notBefore instead of the policy's
+// own delay, capped by the policy's longest delay; windows and expiry
+// apply as ever.
+func resolve(job Running, outcome AttemptOutcome, retryable bool, errText string, policy RetryPolicy, notBefore, now time.Time) Resolution {
 	if outcome == AttemptSucceeded {
 		return Resolution{State: StateFinal, Outcome: OutcomeSucceeded, Error: ErrorNone}
 	}
@@ -107,6 +121,12 @@ func Resolve(job Running, outcome AttemptOutcome, retryable bool, errText string
 	delay, ok := policy.Next(job.Attempt, outcome)
 	if !ok {
 		return final
+	}
+	if !notBefore.IsZero() {
+		delay = max(notBefore.Sub(now), 0)
+		if m, ok := policy.(MaxDelayer); ok && m.MaxDelay() > 0 {
+			delay = min(delay, m.MaxDelay())
+		}
 	}
 	next, expired := NextOpening(job.Windows, now.Add(delay), job.ExpiresAt)
 	if expired {

@@ -55,6 +55,9 @@ func DefaultRetryWhen(d Delivery) []AttemptOutcome {
 // NoRetry is the default policy: one attempt.
 var NoRetry RetryPolicy = &Backoff{Attempts: 1}
 
+// MaxDelay implements MaxDelayer: Max, the cap on one delay (0: none).
+func (b *Backoff) MaxDelay() time.Duration { return b.Max }
+
 // MaxAttempts implements RetryPolicy.
 func (b *Backoff) MaxAttempts() int { return max(b.Attempts, 1) }
 

@@ -18,7 +18,7 @@ func TestRetryScheduledOnTheDatabaseClock(t *testing.T) {
 	for _, skew := range []time.Duration{-time.Minute, time.Minute} {
 		local := time.Now()
 		c := &store.Claimed{ID: 1, Attempt: 1, MaxAttempts: 3, StartedAt: local.Add(skew), ClaimedLocal: local}
-		r := dispatchError(c, jt, errors.New("HTTP 503"), true, true)
+		r := dispatchError(c, jt, Result{Err: errors.New("HTTP 503")}, true, true)
 		if r.Res.State != correlator.StateRetry {
 			t.Fatalf("state %s", r.Res.State)
 		}

@@ -97,6 +97,9 @@ type Result struct {
 	Answered bool
 	// Reply, with Sent: the reply came with the send (HTTP sync mode).
 	Reply *correlator.Reply
+	// RetryAfter, with Failed: the downstream's Retry-After (429, 503):
+	// a retry waits for it instead of the policy's backoff.
+	RetryAfter correlator.RetryAfter
 }
 
 // QueueConfig is one queue the dispatcher serves.
@@ -420,7 +423,7 @@ func (d *Dispatcher) deliver(ctx context.Context, q QueueConfig, s Sender, jobs 
 			if age := ages[route.Neighbour]; route.Timeout > 0 && age >= route.Timeout {
 				err := fmt.Errorf("%s has refused every send for %s, longer than the send timeout (%s): %w",
 					route.Neighbour, age.Round(time.Second), route.Timeout, r.Err)
-				rec.Resolves = append(rec.Resolves, dispatchError(c, jt, err, true, false))
+				rec.Resolves = append(rec.Resolves, dispatchError(c, jt, Result{Err: err}, true, false))
 			} else {
 				rec.Undo = append(rec.Undo, ref)
 				undone[route.Neighbour]++
@@ -436,7 +439,7 @@ func (d *Dispatcher) deliver(ctx context.Context, q QueueConfig, s Sender, jobs 
 			if r.Answered {
 				reached[route.Neighbour] = true
 			}
-			rec.Resolves = append(rec.Resolves, dispatchError(c, jt, r.Err, !r.Final, r.Answered))
+			rec.Resolves = append(rec.Resolves, dispatchError(c, jt, r, !r.Final, r.Answered))
 		}
 	}
 	for n := range reached {
@@ -587,9 +590,9 @@ func (d *Dispatcher) stripped(one store.Delivery, cause error) store.Delivery {
 
 // dispatchError resolves a failed send through the retry policy (not
 // retried at all unless retryable); reached says the request arrived.
-func dispatchError(c *store.Claimed, jt *correlator.JobType, err error, retryable, reached bool) store.Resolve {
+func dispatchError(c *store.Claimed, jt *correlator.JobType, r Result, retryable, reached bool) store.Resolve {
 	return store.Resolve{JobID: c.ID, Attempt: c.Attempt, Sent: reached,
-		Res: correlator.DispatchFailed(jt, c.Running(), errText(err), retryable, c.DBNow())}
+		Res: correlator.DispatchFailed(jt, c.Running(), errText(r.Err), retryable, r.RetryAfter, c.DBNow())}
 }
 
 func errText(err error) string {

@@ -290,13 +290,24 @@ func (s *HTTPSender) call(ctx context.Context, c *store.Claimed) Result {
 		}
 		return Result{Status: Sent, Reply: reply}
 	case code == http.StatusRequestTimeout || code == http.StatusTooManyRequests:
-		return Result{Status: Failed, Answered: true, Err: errors.New(status + snippet(body))}
+		return Result{Status: Failed, Answered: true, Err: errors.New(status + snippet(body)), RetryAfter: retryAfter(resp)}
 	case code >= 500:
 		// The downstream failed; for at_most_once it may have acted first.
-		return Result{Status: Failed, Answered: true, Final: route.Delivery == correlator.AtMostOnce, Err: errors.New(status + snippet(body))}
+		return Result{Status: Failed, Answered: true, Final: route.Delivery == correlator.AtMostOnce, Err: errors.New(status + snippet(body)),
+			RetryAfter: retryAfter(resp)}
 	default: // other 4xx, and 1xx/3xx a downstream should not answer
 		return Result{Status: Failed, Answered: true, Final: true, Err: errors.New(status + snippet(body))}
 	}
+}
+
+// retryAfter reads a 429's or 503's Retry-After header; one that cannot be
+// read says nothing (the policy's backoff applies).
+func retryAfter(resp *http.Response) correlator.RetryAfter {
+	if resp.StatusCode != http.StatusTooManyRequests && resp.StatusCode != http.StatusServiceUnavailable {
+		return correlator.RetryAfter{}
+	}
+	ra, _ := correlator.ParseRetryAfter(resp.Header.Get("Retry-After"))
+	return ra
 }
 
 // classifyCallError: a refused connection (or a name that does not
