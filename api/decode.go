@@ -50,6 +50,9 @@ type callbackBody struct {
 	Result    json.RawMessage `json:"result"`
 	Error     string          `json:"error"`
 	Retryable *bool           `json:"retryable"`
+	// RetryAfter: seconds (a number or text) or a time before which a
+	// failure's retry may not run.
+	RetryAfter json.RawMessage `json:"retry_after"`
 }
 
 // defaultMatcher gives the status values a callback may use: the same as
@@ -101,6 +104,17 @@ func decodeCallback(body []byte, jobType, jobKey string, jobID *int64, urlAttemp
 	}
 	if cb.Retryable != nil {
 		r.Retryable = *cb.Retryable
+	}
+	if v := bytes.TrimSpace(cb.RetryAfter); len(v) > 0 && string(v) != "null" {
+		s := string(v)
+		if err := json.Unmarshal(v, &s); err != nil {
+			s = string(v) // a number
+		}
+		ra, ok := correlator.ParseRetryAfter(s)
+		if !ok {
+			return nil, &correlator.InputError{Code: correlator.CodeInvalidField, Detail: fmt.Sprintf("retry_after: %s is neither seconds nor a time", correlator.Clip(string(v), 64))}
+		}
+		r.RetryAfter = ra
 	}
 	if len(r.Result) == 0 {
 		r.Result = json.RawMessage("null")

@@ -4,6 +4,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
@@ -98,4 +99,28 @@ func (e *apiEnv) enqueueTraced(key, traceparent string) {
 		e.t.Fatalf("enqueue: %v %v", resp, err)
 	}
 	resp.Body.Close()
+}
+
+// A callback's retry_after (seconds, as a number or text, or a time) is
+// read into the reply; one that is neither is refused naming the field.
+func TestCallbackRetryAfter(t *testing.T) {
+	id := int64(1)
+	for body, want := range map[string]time.Duration{
+		`{"status": "failed", "retry_after": 5}`:    5 * time.Second,
+		`{"status": "failed", "retry_after": "2"}`:  2 * time.Second,
+		`{"status": "failed", "retry_after": null}`: 0,
+	} {
+		r, err := decodeCallback([]byte(body), "t", "k", &id, nil, 4096)
+		if err != nil || r.RetryAfter.Delay != want {
+			t.Errorf("%s: %+v %v, want %v", body, r, err, want)
+		}
+	}
+	r, err := decodeCallback([]byte(`{"status": "failed", "retry_after": "2026-11-25T08:00:00Z"}`), "t", "k", &id, nil, 4096)
+	if err != nil || r.RetryAfter.At.IsZero() {
+		t.Errorf("a time: %+v %v", r, err)
+	}
+	if _, err := decodeCallback([]byte(`{"status": "failed", "retry_after": "later"}`), "t", "k", &id, nil, 4096); err == nil ||
+		!strings.Contains(err.Error(), "retry_after") {
+		t.Errorf("an unreadable retry_after: %v", err)
+	}
 }
