@@ -61,6 +61,8 @@ type Config struct {
 	// Queues are the declared queues (pause and resume refuse others).
 	Queues []string
 	Types  correlator.Types
+	// Schedules are the configured periodic jobs.
+	Schedules []*correlator.Schedule
 	// Matchers read Kafka replies by topic, for dead-letter replays.
 	Matchers map[string]correlator.Matcher
 	// EarlyTTL is how long an early callback is kept (responses.early_ttl).
@@ -114,6 +116,10 @@ func New(log *zap.Logger, st *store.Store, cfg Config) *Server {
 	s.mux.Handle("POST /v1/jobs/{job_type}/{job_key}/response", s.handle(s.callback)) // signature or token, checked inside
 	s.mux.Handle("POST /v1/queues/{queue}/pause", auth(s.pause(true)))
 	s.mux.Handle("POST /v1/queues/{queue}/resume", auth(s.pause(false)))
+	s.mux.Handle("GET /v1/schedules", auth(s.listSchedules))
+	s.mux.Handle("POST /v1/schedules/{name}/pause", auth(s.pauseSchedule(true)))
+	s.mux.Handle("POST /v1/schedules/{name}/resume", auth(s.pauseSchedule(false)))
+	s.mux.Handle("POST /v1/schedules/{name}/trigger", auth(s.triggerSchedule))
 	s.mux.Handle("GET /v1/dead-letters", auth(s.listDeadLetters))
 	s.mux.Handle("POST /v1/dead-letters/{id}/replay", auth(s.replayDeadLetter))
 	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {

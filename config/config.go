@@ -34,6 +34,33 @@ type Config struct {
 	Tracing         Tracing   `yaml:"tracing"`
 	Queues          []Queue   `yaml:"queues"`
 	JobTypes        []JobType `yaml:"job_types"`
+	// Schedules are periodic jobs, fired by the sweeper role.
+	Schedules []Schedule `yaml:"schedules"`
+}
+
+// Schedule is a periodic job: a cron timetable and the job each tick
+// enqueues.
+type Schedule struct {
+	// Name is required and unique; it keys the schedule's row, so a
+	// renamed schedule starts afresh.
+	Name string `yaml:"name"`
+	// Cron: five fields, or a descriptor (@daily, @every 10m).
+	Cron string `yaml:"cron"`
+	// TZ is the zone the cron fields read in. Defaults to UTC.
+	TZ      string `yaml:"tz"`
+	JobType string `yaml:"job_type"`
+	// JobKey is a text/template over {Time, Name}: Time is the tick in TZ.
+	JobKey  string `yaml:"job_key"`
+	JobData any    `yaml:"job_data"`
+	// CatchUp is what happens to ticks missed while no instance ran:
+	// latest (default), none, or all (at most 100).
+	CatchUp correlator.CatchUp `yaml:"catch_up"`
+	// CatchUpWindow: ticks older than this never fire. Defaults to 24h.
+	CatchUpWindow Duration `yaml:"catch_up_window"`
+	// Overlap: allow (default) or skip (no fire while the last job is not final).
+	Overlap correlator.Overlap `yaml:"overlap"`
+	// compiled is the schedule, by Validate.
+	compiled *correlator.Schedule
 }
 
 // Database is PostgreSQL.

@@ -105,6 +105,17 @@ func (c *Config) Domain() correlator.Types {
 	return out
 }
 
+// PeriodicJobs returns the compiled schedules (after Validate).
+func (c *Config) PeriodicJobs() []*correlator.Schedule {
+	out := make([]*correlator.Schedule, 0, len(c.Schedules))
+	for i := range c.Schedules {
+		if s := c.Schedules[i].compiled; s != nil {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
 // Matcher builds the matcher of a response topic: its fields over the
 // defaults.
 func (rt *ResponseTopic) Matcher(maxBytes int) correlator.Matcher {

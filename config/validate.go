@@ -2,6 +2,8 @@ package config
 
 import (
 	"cmp"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"net/url"
 	"path/filepath"
@@ -403,8 +405,79 @@ func (c *Config) Validate() error {
 			}
 		}
 	}
+	names := map[string]bool{}
+	for i := range c.Schedules {
+		sc := &c.Schedules[i]
+		p := fmt.Sprintf("schedules[%d]", i)
+		if !nameRE.MatchString(sc.Name) {
+			bad(p+".name", "%q must be letters, digits, '.', '_' or '-'", sc.Name)
+		}
+		if names[sc.Name] {
+			bad(p+".name", "schedule %q is declared twice", sc.Name)
+		}
+		names[sc.Name] = true
+		if !types[sc.JobType] {
+			bad(p+".job_type", "%q is not one of job_types", sc.JobType)
+		}
+		s, err := sc.schedule()
+		if err != nil {
+			bad(p+"."+fieldOf(err), "%v", reasonOf(err))
+			continue
+		}
+		sc.compiled = s
+	}
+	if len(errs) == 0 {
+		// Each schedule's job must pass what intake asks of it (data_schema).
+		domain := c.Domain()
+		for i, sc := range c.Schedules {
+			req, _ := sc.compiled.Request(time.Now())
+			if _, err := correlator.NewJob(req, domain.Get(sc.JobType), time.Now()); err != nil {
+				bad(fmt.Sprintf("schedules[%d].job_data", i), "%v", err)
+			}
+		}
+	}
 	if len(errs) > 0 {
 		return errs
 	}
 	return nil
+}
+
+// schedule compiles a schedule's definition.
+func (sc *Schedule) schedule() (*correlator.Schedule, error) {
+	s := &correlator.Schedule{Name: sc.Name, Cron: sc.Cron, JobType: sc.JobType, KeyTemplate: sc.JobKey,
+		CatchUp: sc.CatchUp, CatchUpWindow: sc.CatchUpWindow.D(), Overlap: sc.Overlap, Zone: time.UTC}
+	if sc.TZ != "" {
+		loc, err := time.LoadLocation(sc.TZ)
+		if err != nil {
+			return nil, &correlator.FieldError{Field: "tz", Reason: fmt.Sprintf("%q is not a known time zone", sc.TZ)}
+		}
+		s.Zone = loc
+	}
+	if sc.JobData != nil {
+		b, err := json.Marshal(sc.JobData)
+		if err != nil {
+			return nil, &correlator.FieldError{Field: "job_data", Reason: "cannot be written as JSON: " + err.Error()}
+		}
+		s.JobData = b
+	}
+	if err := s.Compile(); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+func fieldOf(err error) string {
+	var fe *correlator.FieldError
+	if errors.As(err, &fe) {
+		return fe.Field
+	}
+	return "cron"
+}
+
+func reasonOf(err error) string {
+	var fe *correlator.FieldError
+	if errors.As(err, &fe) {
+		return fe.Reason
+	}
+	return err.Error()
 }

@@ -46,6 +46,7 @@ type app struct {
 	responses  *consumer.Responses
 	dispatcher *dispatcher.Dispatcher
 	sweeper    *sweeper.Sweeper
+	periodic   *sweeper.Periodic
 	api        *api.Server
 	producer   *kgo.Client
 	producers  []*kgo.Client // of job types with a compression of their own
@@ -286,6 +287,9 @@ func (a *app) buildSweeper(context.Context) error {
 	a.sweeper = sweeper.New(a.log, a.st, sweeper.Config{Schedule: sw.Schedule, Retention: sw.Retention.D(),
 		DeadLetterRetention: sw.DeadLetterRetention.D(), Grace: a.cfg.Dispatch.Grace.D(), Types: a.types,
 		Metrics: a.metrics, DeadLetters: a.replyCopies, Tracer: a.tracing.Tracer})
+	if s := a.cfg.PeriodicJobs(); len(s) > 0 {
+		a.periodic = sweeper.NewPeriodic(a.log, a.st, s, a.types, a.metrics)
+	}
 	return nil
 }
 
@@ -310,7 +314,7 @@ func (a *app) buildAPI(ctx context.Context) error {
 	}
 	a.api = api.New(a.log, a.apiStore, api.Config{Listen: c.Listen, Tokens: c.Tokens, HotPath: a.st,
 		RequestTimeout: c.RequestTimeout.D(), CallbackSecret: []byte(c.CallbackSecret), MaxBodyBytes: a.cfg.Intake.MaxBytes,
-		Queues: a.queues, Types: a.types, Matchers: a.matchers, EarlyTTL: a.cfg.Responses.EarlyTTL.D(), Ready: a.kafkaPing.Ping,
+		Queues: a.queues, Types: a.types, Schedules: a.cfg.PeriodicJobs(), Matchers: a.matchers, EarlyTTL: a.cfg.Responses.EarlyTTL.D(), Ready: a.kafkaPing.Ping,
 		Metrics: a.metrics, DeadLetters: a.replyCopies, Tracer: a.tracing.Tracer, TracerProvider: a.tracing.Provider})
 	return nil
 }
@@ -335,6 +339,9 @@ func (a *app) run(ctx context.Context) error {
 	}
 	if a.sweeper != nil {
 		g.Go(func() error { return a.sweeper.Run(ctx) })
+	}
+	if a.periodic != nil {
+		g.Go(func() error { return a.periodic.Run(ctx) })
 	}
 	if a.api != nil {
 		g.Go(func() error { return a.api.Run(ctx) })

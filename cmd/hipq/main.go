@@ -9,6 +9,7 @@
 //	hipq jobs get|list|cancel|replay ...
 //	hipq queues pause|resume QUEUE
 //	hipq dead-letters list|replay ...
+//	hipq schedules list|pause|resume|trigger ... | next NAME --config FILE
 package main
 
 import (
@@ -40,6 +41,8 @@ Usage:
   hipq jobs get|list|cancel|replay ...
   hipq queues pause|resume QUEUE
   hipq dead-letters list|replay ...
+  hipq schedules list | pause|resume|trigger NAME
+  hipq schedules next NAME --config FILE [--from RFC3339] [--count N]
   hipq version
 
 ` + remoteUsage
@@ -79,6 +82,8 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 		err = cmdQueues(args[1:], stdout)
 	case "dead-letters":
 		err = cmdDeadLetters(args[1:], stdout)
+	case "schedules":
+		err = cmdSchedules(args[1:], stdout)
 	case "version", "--version", "-v":
 		cmdVersion(stdout)
 		return 0

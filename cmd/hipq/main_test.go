@@ -17,6 +17,8 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/hipq/hipq/config"
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/hipq/hipq/correlator"
 	"github.com/hipq/hipq/internal/kafkatest"
 	"github.com/hipq/hipq/internal/pgtest"
@@ -36,6 +38,7 @@ type env struct {
 	t     *testing.T
 	kafka *kafkatest.Cluster
 	dbURL string
+	db    *pgxpool.Pool // pool's, made on first use
 }
 
 func newEnv(t *testing.T, topics ...string) *env {

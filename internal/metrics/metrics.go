@@ -47,6 +47,9 @@ type Metrics struct {
 	// Waits counts the API's long polls for a job to end, by result
 	// (final, timeout, gone: the caller left).
 	Waits *prometheus.CounterVec
+	// ScheduleFires counts schedule ticks by schedule and result
+	// (enqueued, duplicate, skipped, missed, failed).
+	ScheduleFires *prometheus.CounterVec
 
 	lag *lagCollector
 }
@@ -79,13 +82,16 @@ func New() *Metrics {
 		Waits: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hipq_api_waits_total",
 			Help: "Long polls for a job to end (GET /v1/jobs/{type}/{key}?job_id=&wait=), by result (final, timeout, gone)."},
 			[]string{"result"}),
+		ScheduleFires: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hipq_schedule_fires_total",
+			Help: "Schedule ticks by schedule and result (enqueued, duplicate: a non-final job had the key, skipped: overlap, missed: left out by catch_up, failed)."},
+			[]string{"schedule", "result"}),
 		lag: &lagCollector{groups: map[string]func(context.Context) ([]PartitionLag, error){},
 			desc: prometheus.NewDesc("hipq_consumer_lag_records",
 				"Records between a partition's end offset and the next offset this instance applies, by consumer group; partitions assigned here only.",
 				[]string{"group", "topic", "partition"}, nil)},
 	}
 	m.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		m.IntakeRecords, m.Claimed, m.Dispatches, m.Deferred, m.Replies, m.RoundTrip, m.Sweeper, m.Waits, m.lag)
+		m.IntakeRecords, m.Claimed, m.Dispatches, m.Deferred, m.Replies, m.RoundTrip, m.Sweeper, m.Waits, m.ScheduleFires, m.lag)
 	return m
 }
 
