@@ -74,7 +74,7 @@ func (s *Server) callback(w http.ResponseWriter, r *http.Request) error {
 	switch v := res.Verdicts[0]; v {
 	case correlator.Apply:
 		writeJSON(w, http.StatusOK, map[string]any{"applied": true})
-	case correlator.Duplicate, correlator.Stale:
+	case correlator.Duplicate, correlator.Stale, correlator.Progressed:
 		writeJSON(w, http.StatusOK, map[string]any{"applied": false, "reason": v.String()})
 	case correlator.Early:
 		writeJSON(w, http.StatusAccepted, map[string]any{"applied": false, "reason": "early"})

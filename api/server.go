@@ -113,7 +113,8 @@ func New(log *zap.Logger, st *store.Store, cfg Config) *Server {
 	s.mux.Handle("GET /v1/jobs", auth(s.listJobs))
 	s.mux.Handle("POST /v1/jobs/{job_type}/{job_key}/cancel", auth(s.cancel))
 	s.mux.Handle("POST /v1/jobs/{job_type}/{job_key}/replay", auth(s.replay))
-	s.mux.Handle("POST /v1/jobs/{job_type}/{job_key}/response", s.handle(s.callback)) // signature or token, checked inside
+	s.mux.Handle("POST /v1/jobs/{job_type}/{job_key}/response", s.handle(s.callback))   // signature or token, checked inside
+	s.mux.Handle("POST /v1/jobs/{job_type}/{job_key}/heartbeat", s.handle(s.heartbeat)) // signature, checked inside
 	s.mux.Handle("POST /v1/queues/{queue}/pause", auth(s.pause(true)))
 	s.mux.Handle("POST /v1/queues/{queue}/resume", auth(s.pause(false)))
 	s.mux.Handle("GET /v1/schedules", auth(s.listSchedules))

@@ -173,6 +173,8 @@ type StatusField struct {
 	correlator.Field `yaml:",inline"`
 	Success          []string `yaml:"success,omitempty"`
 	Failure          []string `yaml:"failure,omitempty"`
+	// Progress values mark news of a running attempt. Defaults to [progress].
+	Progress []string `yaml:"progress,omitempty"`
 }
 
 // Dispatch is the dispatcher.
@@ -269,8 +271,14 @@ type JobType struct {
 	Transport Transport `yaml:"transport"`
 	// ReplyTopic must be one of responses.topics; optional.
 	ReplyTopic string `yaml:"reply_topic"`
-	// Timeout is how long a reply is awaited. Defaults to 24h.
+	// Timeout is how long a reply is awaited without news. Defaults to 24h.
 	Timeout Duration `yaml:"timeout"`
+	// HeartbeatTimeout is how long a running job waits after news (a
+	// progress reply or a heartbeat). Defaults to timeout.
+	HeartbeatTimeout Duration `yaml:"heartbeat_timeout"`
+	// MaxTimeout caps a running attempt from its start, news or not.
+	// Defaults to timeout (news then extends nothing).
+	MaxTimeout Duration `yaml:"max_timeout"`
 	// Priority defaults to 100; lower runs first.
 	Priority *int `yaml:"priority"`
 	// ThrottleFactor defaults to 1.

@@ -75,6 +75,7 @@ func (c *Config) Domain() correlator.Types {
 		}
 		_ = correlator.CompileWindows(d.Windows)
 		d.Critical, d.MaxConcurrency = jt.Critical, jt.MaxConcurrency
+		d.HeartbeatTimeout, d.MaxTimeout = jt.HeartbeatTimeout.D(), jt.MaxTimeout.D()
 		if jt.dataSchema != nil {
 			d.CheckData = jt.dataSchema.Check
 		}
@@ -141,6 +142,9 @@ func (rt *ResponseTopic) Matcher(maxBytes int) correlator.Matcher {
 		}
 		if s.Failure != nil {
 			m.Failure = s.Failure
+		}
+		if s.Progress != nil {
+			m.Progress = s.Progress
 		}
 	}
 	return m

@@ -353,6 +353,15 @@ func (c *Config) Validate() error {
 		if jt.Timeout < Duration(time.Second) {
 			bad(p+".timeout", "must be at least 1s")
 		}
+		if jt.HeartbeatTimeout < 0 {
+			bad(p+".heartbeat_timeout", "must not be negative")
+		}
+		if jt.MaxTimeout != 0 && jt.MaxTimeout < jt.Timeout {
+			bad(p+".max_timeout", "%v must be at least the timeout %v", jt.MaxTimeout.D(), jt.Timeout.D())
+		}
+		if jt.HeartbeatTimeout > 0 && jt.MaxTimeout == 0 {
+			bad(p+".max_timeout", "is required with heartbeat_timeout: without it news extends nothing (max_timeout defaults to timeout)")
+		}
 		if jt.ThrottleFactor < 1 {
 			bad(p+".throttle_factor", "must be at least 1")
 		} else if q != nil && !jt.Critical && q.ThrottleLimit > 0 && jt.ThrottleFactor > q.ThrottleLimit {

@@ -52,6 +52,34 @@ type JobType struct {
 	// DefaultSendTimeout); a claim not known to be sent after it plus
 	// dispatch.grace is taken for lost by the sweeper.
 	SendTimeout time.Duration
+	// HeartbeatTimeout is how long a running job waits after news (a
+	// progress reply, a heartbeat); 0: the job's timeout.
+	HeartbeatTimeout time.Duration
+	// MaxTimeout caps a running attempt from its start whatever news
+	// comes; 0: the job's timeout, so news extends nothing.
+	MaxTimeout time.Duration
+}
+
+// Extend is an attempt's deadline after news at now: now plus the
+// heartbeat timeout (or the job's timeout), never past startedAt plus
+// the max timeout (at least the job's timeout), and never earlier than
+// current, the deadline it had.
+func (jt *JobType) Extend(startedAt time.Time, timeout time.Duration, current, now time.Time) time.Time {
+	step, limit := timeout, timeout
+	if jt != nil && jt.HeartbeatTimeout > 0 {
+		step = jt.HeartbeatTimeout
+	}
+	if jt != nil && jt.MaxTimeout > limit {
+		limit = jt.MaxTimeout
+	}
+	d := now.Add(step)
+	if hard := startedAt.Add(limit); d.After(hard) {
+		d = hard
+	}
+	if d.Before(current) {
+		return current
+	}
+	return d
 }
 
 // DefaultSendTimeout bounds a send whose type names no bound of its own:

@@ -74,13 +74,15 @@ const (
 
 // Matcher extracts a Reply from a record.
 type Matcher struct {
-	JobID     Field
-	JobType   Field
-	JobKey    Field
-	Attempt   Field
-	Status    Field
-	Success   []string
-	Failure   []string
+	JobID   Field
+	JobType Field
+	JobKey  Field
+	Attempt Field
+	Status  Field
+	Success []string
+	Failure []string
+	// Progress values mark news of a running attempt, not its end.
+	Progress  []string
 	Retryable Field
 	Error     Field
 	// RetryAfter: seconds or a time before which a failure's retry may
@@ -101,6 +103,7 @@ func DefaultMatcher() Matcher {
 		Status:     Field{JSON: "/status"},
 		Success:    []string{"succeeded", "success", "ok"},
 		Failure:    []string{"failed", "failure", "error"},
+		Progress:   []string{"progress"},
 		Retryable:  Field{JSON: "/retryable"},
 		Error:      Field{JSON: "/error"},
 		RetryAfter: Field{JSON: "/retry_after"},
@@ -235,9 +238,11 @@ func (m *Matcher) Match(rec *Record) (*Reply, error) {
 		case slices.Contains(m.Success, s):
 		case slices.Contains(m.Failure, s):
 			r.Success = false
+		case slices.Contains(m.Progress, s):
+			r.Progress = true
 		default:
-			return nil, inputErrorf(CodeInvalidField, "status: %q is neither a success (%s) nor a failure (%s) value",
-				s, strings.Join(m.Success, ", "), strings.Join(m.Failure, ", "))
+			return nil, inputErrorf(CodeInvalidField, "status: %q is neither a success (%s), a failure (%s) nor a progress (%s) value",
+				s, strings.Join(m.Success, ", "), strings.Join(m.Failure, ", "), strings.Join(m.Progress, ", "))
 		}
 	}
 	if s, _, ok := x.lookup(m.Retryable); ok && s != "null" {

@@ -20,6 +20,9 @@ type Reply struct {
 	// RetryAfter, with a failure: the next attempt waits until it allows
 	// (within the policy's longest delay).
 	RetryAfter RetryAfter
+	// Progress: news of a running attempt, not its end: it moves the
+	// attempt's deadline and records Result as its progress.
+	Progress bool
 }
 
 // Target is the job row a reply was matched to.
@@ -33,6 +36,19 @@ type Target struct {
 	MaxAttempts int
 	ExpiresAt   *time.Time
 	Windows     []TimeWindow // the job's own; nil: its type's
+	// What a progress reply needs: when the attempt started, the job's
+	// timeout, and the attempt's deadline (zero: started + timeout).
+	StartedAt time.Time
+	Timeout   time.Duration
+	Deadline  time.Time
+}
+
+// CurrentDeadline is when the running attempt times out.
+func (t *Target) CurrentDeadline() time.Time {
+	if !t.Deadline.IsZero() {
+		return t.Deadline
+	}
+	return t.StartedAt.Add(t.Timeout)
 }
 
 // Running is what the retry decision needs of the target.
@@ -70,6 +86,8 @@ type ReplyDecision struct {
 	// Drop: a kept reply that is now used up (applied, ignored, or
 	// dead-lettered once its TTL passed).
 	Drop bool
+	// Deadline, with Progressed: the attempt's new deadline.
+	Deadline time.Time
 }
 
 // DecideReplies decides a whole batch of replies against their targets
@@ -109,6 +127,9 @@ func DecideReplies(batch []Pending, t Targets, types Types, now time.Time, early
 		if d.Verdict == Apply && applied[target.ID] {
 			d.Decision = Decision{Verdict: Duplicate}
 		}
+		if r.Progress {
+			d = progressed(d, jt, now)
+		}
 		switch d.Verdict {
 		case Apply:
 			applied[target.ID] = true
@@ -128,6 +149,25 @@ func DecideReplies(batch []Pending, t Targets, types Types, now time.Time, early
 	return out
 }
 
+// progressed turns the decision on a progress reply into what news of a
+// running attempt does: an attempt it would apply to gets a later
+// deadline (Progressed), unless its deadline has passed (the timeout wins:
+// Stale); one not yet dispatched or already over is counted, never kept
+// nor dead-lettered. A reply that cannot be used is dead-lettered as any.
+func progressed(d ReplyDecision, jt *JobType, now time.Time) ReplyDecision {
+	switch d.Verdict {
+	case Apply:
+		cur := d.Target.CurrentDeadline()
+		if now.After(cur) {
+			return ReplyDecision{Decision: Decision{Verdict: Stale}, Target: d.Target}
+		}
+		d.Verdict, d.Deadline = Progressed, jt.Extend(d.Target.StartedAt, d.Target.Timeout, cur, now)
+	case Early:
+		d.Verdict = Stale
+	}
+	return d
+}
+
 // Verdict is what becomes of a reply.
 type Verdict int
 
@@ -144,10 +184,12 @@ const (
 	Early
 	// DeadLetter: the reply cannot be used.
 	DeadLetter
+	// Progressed: news of the running attempt moved its deadline.
+	Progressed
 )
 
 func (v Verdict) String() string {
-	return [...]string{"applied", "duplicate", "stale", "early", "dead_letter"}[v]
+	return [...]string{"applied", "duplicate", "stale", "early", "dead_letter", "progress"}[v]
 }
 
 // Decision is a Verdict with, for DeadLetter, the reason.

@@ -167,3 +167,26 @@ func TestSchedulePlan(t *testing.T) {
 		t.Errorf("outside the window: %+v", p)
 	}
 }
+
+// News moves a deadline to now + the heartbeat timeout, never past
+// started + max_timeout and never earlier than it was.
+func TestExtend(t *testing.T) {
+	start := time.Date(2026, 11, 25, 10, 0, 0, 0, time.UTC)
+	jt := &JobType{MaxTimeout: 10 * time.Second}
+	cur := start.Add(2 * time.Second)
+	for _, c := range []struct {
+		jt        *JobType
+		now, want time.Time
+	}{
+		{jt, start.Add(time.Second), start.Add(3 * time.Second)},                                                   // now + timeout
+		{jt, start.Add(9 * time.Second), start.Add(10 * time.Second)},                                              // capped
+		{&JobType{}, start.Add(time.Second), cur},                                                                  // max_timeout = timeout: no extension
+		{&JobType{HeartbeatTimeout: 500 * time.Millisecond, MaxTimeout: time.Minute}, start.Add(time.Second), cur}, // never earlier
+		{&JobType{HeartbeatTimeout: 5 * time.Second, MaxTimeout: time.Minute}, start.Add(time.Second), start.Add(6 * time.Second)},
+		{nil, start.Add(time.Second), cur},
+	} {
+		if got := c.jt.Extend(start, 2*time.Second, cur, c.now); !got.Equal(c.want) {
+			t.Errorf("%+v at %v: %v, want %v", c.jt, c.now.Sub(start), got.Sub(start), c.want.Sub(start))
+		}
+	}
+}

@@ -258,6 +258,7 @@ func (s *HTTPSender) call(ctx context.Context, c *store.Claimed) Result {
 	}
 	if s.cfg.PublicURL != "" {
 		req.Header.Set("Hipq-Callback-Url", correlator.CallbackURL(s.cfg.PublicURL, s.cfg.CallbackSecret, c.ID, c.JobType, c.JobKey, c.Attempt))
+		req.Header.Set("Hipq-Heartbeat-Url", correlator.HeartbeatURL(s.cfg.PublicURL, s.cfg.CallbackSecret, c.ID, c.JobType, c.JobKey, c.Attempt))
 	}
 	resp, err := s.client.Do(req)
 	if err != nil {

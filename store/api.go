@@ -91,18 +91,25 @@ type Attempt struct {
 	Outcome      *string         `json:"outcome"`
 	Error        *string         `json:"error"`
 	Reply        json.RawMessage `json:"reply"`
+	// Deadline is when the attempt times out, once news moved it; the
+	// progress is what the latest news said, at ProgressAt.
+	Deadline   *time.Time      `json:"deadline,omitempty"`
+	Progress   json.RawMessage `json:"progress,omitempty"`
+	ProgressAt *time.Time      `json:"progress_at,omitempty"`
 }
 
 // AttemptList returns a job's attempts, first first.
 func (s *Store) AttemptList(ctx context.Context, jobID int64) ([]Attempt, error) {
-	rows, err := s.pool.Query(ctx, `SELECT job_id, attempt, instance, dispatched_at, sent_at, replied_at, outcome, error, reply
+	rows, err := s.pool.Query(ctx, `SELECT job_id, attempt, instance, dispatched_at, sent_at, replied_at, outcome, error, reply,
+		deadline, progress, progress_at
 		FROM hipq_attempt WHERE job_id = $1 ORDER BY attempt`, jobID)
 	if err != nil {
 		return nil, fmt.Errorf("list attempts of job %d: %w", jobID, err)
 	}
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Attempt, error) {
 		var a Attempt
-		err := r.Scan(&a.JobID, &a.Attempt, &a.Instance, &a.DispatchedAt, &a.SentAt, &a.RepliedAt, &a.Outcome, &a.Error, &a.Reply)
+		err := r.Scan(&a.JobID, &a.Attempt, &a.Instance, &a.DispatchedAt, &a.SentAt, &a.RepliedAt, &a.Outcome, &a.Error, &a.Reply,
+			&a.Deadline, &a.Progress, &a.ProgressAt)
 		return a, err
 	})
 	if err != nil {

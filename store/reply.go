@@ -40,6 +40,9 @@ type ReplyResult struct {
 	// Applies say, for each reply applied, its index in the batch, the
 	// attempt it ended and how.
 	Applies []AppliedReply
+	// Deadlines are the new deadlines progress replies gave, by index in
+	// the batch.
+	Deadlines map[int]time.Time
 }
 
 // AppliedReply is a reply of a batch that ended its attempt.
@@ -58,6 +61,12 @@ func (r *ReplyResult) Merge(o ReplyResult) {
 	for _, a := range o.Applies {
 		a.Index += len(r.Verdicts) - len(o.Verdicts) // o's replies follow r's
 		r.Applies = append(r.Applies, a)
+	}
+	for i, d := range o.Deadlines {
+		if r.Deadlines == nil {
+			r.Deadlines = map[int]time.Time{}
+		}
+		r.Deadlines[i+len(r.Verdicts)-len(o.Verdicts)] = d
 	}
 	if len(o.Counts) > 0 && r.Counts == nil {
 		r.Counts = map[correlator.Verdict]int{}
@@ -110,9 +119,13 @@ func applyReplies(ctx context.Context, tx pgx.Tx, ins []ReplyIn, types correlato
 	for i, in := range ins {
 		batch[i] = correlator.Pending{Reply: in.Reply, Kept: in.earlyID != 0, KeptUntil: in.expires}
 	}
+	if err := progressDeadlines(ctx, tx, ins, targets); err != nil {
+		return res, err
+	}
 	var resolves []Resolve
 	var early []ReplyIn
 	var drop []int64 // early rows used up
+	var news []progressNews
 	for i, d := range correlator.DecideReplies(batch, targets, types, now, earlyTTL) {
 		in := ins[i]
 		res.Verdicts[i] = d.Verdict
@@ -122,6 +135,12 @@ func applyReplies(ctx context.Context, tx pgx.Tx, ins []ReplyIn, types correlato
 			resolves = append(resolves, Resolve{JobID: d.Target.ID, Attempt: d.Target.Attempt, Reply: in.Reply.Result,
 				Result: in.Reply.Result, Res: d.Res})
 			res.Applies = append(res.Applies, AppliedReply{Index: i, AttemptRef: AttemptRef{JobID: d.Target.ID, Attempt: d.Target.Attempt}, Res: d.Res})
+		case d.Verdict == correlator.Progressed:
+			news = append(news, progressNews{AttemptRef{JobID: d.Target.ID, Attempt: d.Target.Attempt}, d.Deadline, in.Reply.Result})
+			if res.Deadlines == nil {
+				res.Deadlines = map[int]time.Time{}
+			}
+			res.Deadlines[i] = d.Deadline
 		case d.Verdict == correlator.DeadLetter:
 			res.DeadLetters = append(res.DeadLetters, DeadLetter{Kind: in.Kind, Source: in.Source, Reason: d.Reason.Error()})
 		case !d.KeepUntil.IsZero():
@@ -143,6 +162,9 @@ func applyReplies(ctx context.Context, tx pgx.Tx, ins []ReplyIn, types correlato
 	if len(res.Applied) != len(resolves) {
 		// Rows are locked, so this cannot happen; refuse to commit if it does.
 		return res, fmt.Errorf("apply replies: %d of %d guarded writes took effect", len(res.Applied), len(resolves))
+	}
+	if err := progressWrite(ctx, tx, news); err != nil {
+		return res, err
 	}
 	if err := earlyInsert(ctx, tx, early); err != nil {
 		return res, err
@@ -169,7 +191,8 @@ func lockTargets(ctx context.Context, tx pgx.Tx, ins []ReplyIn) (correlator.Targ
 		}
 	}
 	rows, err := tx.Query(ctx, `
-		SELECT id, job_type, job_key, state, attempt, max_attempts, expires_at, time_windows
+		SELECT id, job_type, job_key, state, attempt, max_attempts, expires_at, time_windows,
+		       coalesce(started_at, 'epoch'), timeout_seconds
 		FROM hipq_job
 		WHERE id IN (SELECT unnest($1::bigint[])
 		             UNION ALL
@@ -186,9 +209,12 @@ func lockTargets(ctx context.Context, tx pgx.Tx, ins []ReplyIn) (correlator.Targ
 		row     correlator.Target
 		state   string
 		windows []byte
+		timeout int
 	)
-	_, err = pgx.ForEachRow(rows, []any{&row.ID, &row.JobType, &row.JobKey, &state, &row.Attempt, &row.MaxAttempts, &row.ExpiresAt, &windows}, func() error {
+	_, err = pgx.ForEachRow(rows, []any{&row.ID, &row.JobType, &row.JobKey, &state, &row.Attempt, &row.MaxAttempts, &row.ExpiresAt, &windows,
+		&row.StartedAt, &timeout}, func() error {
 		tg := row
+		tg.Timeout = time.Duration(timeout) * time.Second
 		tg.State = correlator.State(state)
 		// Windows this build cannot read are left out of the retry's
 		// schedule (the claim still applies them): a reply to such a job
@@ -223,6 +249,86 @@ func lockTargets(ctx context.Context, tx pgx.Tx, ins []ReplyIn) (correlator.Targ
 		}
 	}
 	return t, nil
+}
+
+// progressNews is what a progress reply writes on its attempt.
+type progressNews struct {
+	AttemptRef
+	Deadline time.Time
+	Progress json.RawMessage
+}
+
+// progressDeadlines reads the deadlines of the running attempts that
+// progress replies of the batch name (their rows are locked): only a batch
+// with progress replies pays for it.
+func progressDeadlines(ctx context.Context, tx pgx.Tx, ins []ReplyIn, t correlator.Targets) error {
+	var ids []int64
+	var atts []int32
+	for _, in := range ins {
+		if !in.Reply.Progress {
+			continue
+		}
+		var tg *correlator.Target
+		if in.Reply.JobID != nil {
+			tg = t.ByID[*in.Reply.JobID]
+		} else {
+			tg = t.ByKey[correlator.TypeKey{Type: in.Reply.JobType, Key: in.Reply.JobKey}]
+		}
+		if tg != nil && tg.State == correlator.StateRunning {
+			ids, atts = append(ids, tg.ID), append(atts, int32(tg.Attempt))
+		}
+	}
+	if len(ids) == 0 {
+		return nil
+	}
+	rows, err := tx.Query(ctx, `
+		SELECT a.job_id, a.deadline FROM hipq_attempt a JOIN unnest($1::bigint[], $2::int[]) AS k(id, att)
+		  ON a.job_id = k.id AND a.attempt = k.att
+		WHERE a.deadline IS NOT NULL`, ids, atts)
+	if err != nil {
+		return fmt.Errorf("read attempt deadlines: %w", err)
+	}
+	var id int64
+	var d time.Time
+	_, err = pgx.ForEachRow(rows, []any{&id, &d}, func() error {
+		t.ByID[id].Deadline = d
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("read attempt deadlines: %w", err)
+	}
+	return nil
+}
+
+// progressWrite records news on each attempt: its new deadline (the later
+// of the one it had and the given one, applied in order) and the progress
+// payload. Guarded by the job's state and attempt.
+func progressWrite(ctx context.Context, tx pgx.Tx, news []progressNews) error {
+	if len(news) == 0 {
+		return nil
+	}
+	n := len(news)
+	ids, atts, deadlines, progress := make([]int64, n), make([]int32, n), make([]time.Time, n), make([]string, n)
+	for i, p := range news {
+		ids[i], atts[i], deadlines[i] = p.JobID, int32(p.Attempt), p.Deadline
+		progress[i] = string(p.Progress)
+		if progress[i] == "" {
+			progress[i] = "null"
+		}
+	}
+	// Of several news for one attempt in the batch, the last one's
+	// payload and the latest deadline stay.
+	_, err := tx.Exec(ctx, `
+		UPDATE hipq_attempt a SET deadline = greatest(a.deadline, u.deadline), progress = u.progress, progress_at = now()
+		FROM (SELECT DISTINCT ON (id, att) id, att, max(deadline) OVER (PARTITION BY id, att) AS deadline, progress
+		      FROM unnest($1::bigint[], $2::int[], $3::timestamptz[], $4::jsonb[]) WITH ORDINALITY AS n(id, att, deadline, progress, ord)
+		      ORDER BY id, att, ord DESC) u
+		JOIN hipq_job j ON j.id = u.id AND j.attempt = u.att AND j.state = 'running'
+		WHERE a.job_id = u.id AND a.attempt = u.att`, ids, atts, deadlines, progress)
+	if err != nil {
+		return fmt.Errorf("record progress: %w", err)
+	}
+	return nil
 }
 
 func earlyInsert(ctx context.Context, tx pgx.Tx, early []ReplyIn) error {

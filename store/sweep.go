@@ -38,18 +38,21 @@ func (s *Store) SweeperLock(ctx context.Context) (release func(), ok bool, err e
 	}, true, nil
 }
 
-// JobTimeOutStuck times out up to limit running jobs whose started_at +
-// timeout_seconds has passed: error "timeout", then the retry policy. Rows
+// JobTimeOutStuck times out up to limit running jobs whose deadline
+// (started_at + timeout_seconds, or the later one news gave the attempt)
+// has passed: error "timeout", then the retry policy. Rows
 // another transaction holds (a reply being applied) are skipped and the
 // writes are guarded, so a reply racing a timeout is never overwritten.
 func (s *Store) JobTimeOutStuck(ctx context.Context, limit int, types correlator.Types) ([]AttemptRef, error) {
 	var done []AttemptRef
 	err := s.inTx(ctx, func(tx pgx.Tx) error {
 		rows, err := tx.Query(ctx, `
-			SELECT id, job_type, attempt, max_attempts, expires_at, time_windows, now() FROM hipq_job
-			WHERE state = 'running' AND started_at + make_interval(secs => timeout_seconds) < now()
-			ORDER BY id LIMIT $1
-			FOR UPDATE SKIP LOCKED`, limit)
+			SELECT j.id, j.job_type, j.attempt, j.max_attempts, j.expires_at, j.time_windows, now() FROM hipq_job j
+			WHERE j.state = 'running' AND j.started_at + make_interval(secs => j.timeout_seconds) < now()
+			  -- news moved the attempt's deadline (never earlier than the above)
+			  AND NOT EXISTS (SELECT 1 FROM hipq_attempt a WHERE a.job_id = j.id AND a.attempt = j.attempt AND a.deadline >= now())
+			ORDER BY j.id LIMIT $1
+			FOR UPDATE OF j SKIP LOCKED`, limit)
 		if err != nil {
 			return fmt.Errorf("find timed-out jobs: %w", err)
 		}
@@ -71,11 +74,49 @@ func (s *Store) JobTimeOutStuck(ctx context.Context, limit int, types correlator
 		if err != nil {
 			return fmt.Errorf("find timed-out jobs: %w", err)
 		}
+		if rs, err = withoutNews(ctx, tx, rs); err != nil {
+			return err
+		}
 		r, err := jobResolveMany(ctx, tx, rs)
 		done = refsOf(r)
 		return err
 	})
 	return done, err
+}
+
+// withoutNews drops the candidates whose attempt got news that moved its
+// deadline past now, committed after the finding statement's snapshot but
+// before its row lock (news locks the job's row, not its attempt's, so
+// PostgreSQL's re-check of a locked row would not see it). The job rows
+// are locked now, so this statement's fresh snapshot is the last word: a
+// heartbeat racing a timeout, exactly one wins.
+func withoutNews(ctx context.Context, tx pgx.Tx, rs []Resolve) ([]Resolve, error) {
+	if len(rs) == 0 {
+		return rs, nil
+	}
+	ids, atts := make([]int64, len(rs)), make([]int32, len(rs))
+	for i, r := range rs {
+		ids[i], atts[i] = r.JobID, int32(r.Attempt)
+	}
+	rows, err := tx.Query(ctx, `
+		SELECT a.job_id FROM hipq_attempt a JOIN unnest($1::bigint[], $2::int[]) AS k(id, att)
+		  ON a.job_id = k.id AND a.attempt = k.att
+		WHERE a.deadline >= now()`, ids, atts)
+	if err != nil {
+		return nil, fmt.Errorf("re-check deadlines: %w", err)
+	}
+	moved := map[int64]bool{}
+	var id int64
+	if _, err := pgx.ForEachRow(rows, []any{&id}, func() error { moved[id] = true; return nil }); err != nil {
+		return nil, fmt.Errorf("re-check deadlines: %w", err)
+	}
+	out := rs[:0]
+	for _, r := range rs {
+		if !moved[r.JobID] {
+			out = append(out, r)
+		}
+	}
+	return out, nil
 }
 
 // Unsent is a claim whose request was never acknowledged as sent.

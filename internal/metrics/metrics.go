@@ -179,15 +179,16 @@ func (c *jobsCollector) fill(counts []correlator.JobCount) []correlator.JobCount
 }
 
 // Sources: the source label of hipq_intake_records_total (kafka, outbox,
-// api, replay) and of hipq_replies_total (kafka, callback, sync, early, replay).
+// api, replay) and of hipq_replies_total (kafka, callback, sync, heartbeat, early, replay).
 const (
-	SourceAPI      = "api"
-	SourceKafka    = "kafka"
-	SourceOutbox   = "outbox" // rows of hipq_intake, the transactional outbox
-	SourceCallback = "callback"
-	SourceSync     = "sync"
-	SourceEarly    = "early"  // kept early replies applied or expired later
-	SourceReplay   = "replay" // dead letters replayed through the API
+	SourceAPI       = "api"
+	SourceKafka     = "kafka"
+	SourceOutbox    = "outbox" // rows of hipq_intake, the transactional outbox
+	SourceCallback  = "callback"
+	SourceSync      = "sync"
+	SourceHeartbeat = "heartbeat" // POSTs to Hipq-Heartbeat-Url
+	SourceEarly     = "early"     // kept early replies applied or expired later
+	SourceReplay    = "replay"    // dead letters replayed through the API
 )
 
 // ObserveReplies counts what a reply batch did and the round trips of the
