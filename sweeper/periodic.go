@@ -92,21 +92,28 @@ func (p *Periodic) look(ctx context.Context, since *time.Time, synced *bool) (ti
 			*synced = false // the row went (a dropped schema): make it again
 			continue
 		}
+		if st.Paused {
+			continue // looked at again within MaxSleep
+		}
 		last := st.LastFire
-		if !st.Paused && !s.Next(last).After(now) {
+		if !s.Next(last).After(now) {
 			f, err := p.st.ScheduleFire(ctx, s, p.types.Get(s.JobType), *since)
 			if err != nil {
 				return 0, err
 			}
 			p.report(s, f)
+			if f.Paused {
+				continue // paused since the read
+			}
 			last = f.LastFire
 		}
 		if next := s.Next(last); !next.IsZero() {
 			wait = min(wait, next.Sub(now))
 		}
 	}
-	// Ticks fall on whole seconds: wake just after, not just before.
-	return wait + 5*time.Millisecond, nil
+	// Ticks fall on whole seconds: wake just after, not just before; and
+	// never spin, whatever the clocks say.
+	return max(wait+5*time.Millisecond, 50*time.Millisecond), nil
 }
 
 func (p *Periodic) report(s *correlator.Schedule, f store.Fired) {
