@@ -93,7 +93,12 @@ func (p *Periodic) look(ctx context.Context, since *time.Time, synced *bool) (ti
 			continue
 		}
 		if st.Paused {
-			continue // looked at again within MaxSleep
+			// Looked at again at its next tick: a resume made meanwhile
+			// is seen in time to fire that tick.
+			if next := s.Next(now); !next.IsZero() {
+				wait = min(wait, next.Sub(now))
+			}
+			continue
 		}
 		last := st.LastFire
 		if !s.Next(last).After(now) {

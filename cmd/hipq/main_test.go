@@ -14,7 +14,6 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
-	"go.uber.org/zap/zaptest"
 
 	"github.com/hipq/hipq/config"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -79,26 +78,7 @@ func (e *env) config(text string) *config.Config {
 // start runs an app until the test ends.
 func (e *env) start(cfg *config.Config, roles ...string) *app {
 	e.t.Helper()
-	log := zaptest.NewLogger(e.t, zaptest.Level(zap.WarnLevel))
-	a, err := newApp(context.Background(), cfg, log, appOptions{roles: roles, metadataMinAge: 100 * time.Millisecond})
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- a.run(ctx) }()
-	e.t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				e.t.Errorf("app: %v", err)
-			}
-		case <-time.After(30 * time.Second):
-			e.t.Error("app did not stop within 30s")
-		}
-		a.close()
-	})
+	a, _ := e.startStoppable(cfg, roles...)
 	return a
 }
 
