@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"time"
 )
 
 // Throttle is what bounds the running jobs of one queue (SPEC §8). The
@@ -22,11 +23,50 @@ type Throttle struct {
 	// MaxConcurrency caps the running jobs of a type (a count), critical
 	// or not; types not listed are not capped.
 	MaxConcurrency map[string]int
+	// Rates are sliding-window limits on requests sent, critical types
+	// included.
+	Rates []Rate
+}
+
+// Rate is a sliding-window limit: no interval of length Period holds more
+// than Limit requests that may have reached the downstream, across every
+// instance. The zero Type applies to every type of the queue; a Path makes
+// a window per value of job_data at that pointer (a missing value is "").
+type Rate struct {
+	// Key names the rate durably (its units in PostgreSQL): the queue's or
+	// type's name and the rate's position.
+	Key     string
+	Limit   int
+	Period  time.Duration
+	Type    string
+	Pointer string
+	Path    []string
+}
+
+// NewRate builds a rate; pointer, when set, is a JSON pointer into
+// job_data.
+func NewRate(key string, limit int, period time.Duration, jobType, pointer string) (Rate, error) {
+	r := Rate{Key: key, Limit: limit, Period: period, Type: jobType, Pointer: pointer}
+	switch {
+	case limit < 1:
+		return r, fmt.Errorf("limit %d must be at least 1", limit)
+	case period < time.Millisecond:
+		return r, fmt.Errorf("period %v must be at least 1ms", period)
+	}
+	if pointer != "" {
+		if !strings.HasPrefix(pointer, "/") {
+			return r, fmt.Errorf("by: %q is not a JSON pointer into job_data (it must start with /)", pointer)
+		}
+		for _, seg := range strings.Split(pointer[1:], "/") {
+			r.Path = append(r.Path, strings.ReplaceAll(strings.ReplaceAll(seg, "~1", "/"), "~0", "~"))
+		}
+	}
+	return r, nil
 }
 
 // Bounded reports whether the claim must count running jobs at all.
 func (t *Throttle) Bounded() bool {
-	return t.Limit >= 1 || len(t.MaxConcurrency) > 0
+	return t.Limit >= 1 || len(t.MaxConcurrency) > 0 || len(t.Rates) > 0
 }
 
 // OtherPartition names the pooled partition of values not listed in the

@@ -98,6 +98,9 @@ type Claim struct {
 	// DBNow is PostgreSQL's clock at the claim (zero when nothing came
 	// back); Local, this process's clock just before the claim was asked.
 	DBNow, Local time.Time
+	// RateFreeAt, on PostgreSQL's clock, is when the earliest full rate
+	// window frees (zero: none is full, or all its units are in flight).
+	RateFreeAt time.Time
 }
 
 // Now estimates PostgreSQL's clock now (see Claimed.DBNow).
@@ -134,18 +137,36 @@ func (s *Store) JobClaim(ctx context.Context, p JobClaimParams) (Claim, error) {
 			otherCap = &t.Shares.OtherCap
 		}
 	}
+	var rates any
+	if len(t.Rates) > 0 {
+		type rateJSON struct {
+			Key   string   `json:"key"`
+			Limit int      `json:"limit"`
+			Secs  float64  `json:"secs"`
+			Type  *string  `json:"type"`
+			Path  []string `json:"path"`
+		}
+		rs := make([]rateJSON, len(t.Rates))
+		for i, r := range t.Rates {
+			rs[i] = rateJSON{Key: r.Key, Limit: r.Limit, Secs: r.Period.Seconds(), Path: r.Path}
+			if r.Type != "" {
+				rs[i].Type = &t.Rates[i].Type
+			}
+		}
+		rates = rs
+	}
 	local := time.Now()
 	// now() is the claim transaction's clock, the one started_at holds.
-	rows, err := s.pool.Query(ctx, `SELECT c.*, now() FROM hipq_claim($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) c`,
+	rows, err := s.pool.Query(ctx, `SELECT c.*, now() FROM hipq_claim($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) c`,
 		p.Queue, string(cmp.Or(p.Order, OrderScheduledFirst)), p.Limit, p.Instance, p.Types, jsonbOrNull(typeWindows), t.Limit, t.Critical,
-		jsonbOrNull(t.MaxConcurrency), sharePath, jsonbOrNull(shareCaps), otherCap)
+		jsonbOrNull(t.MaxConcurrency), sharePath, jsonbOrNull(shareCaps), otherCap, rates)
 	if err != nil {
 		return Claim{}, fmt.Errorf("claim due jobs of queue %q: %w", p.Queue, err)
 	}
 	var (
 		out     = Claim{Local: local}
 		c       Claimed
-		claimed bool
+		claimed *bool
 		state   string
 		windows []byte
 		started *time.Time
@@ -159,7 +180,13 @@ func (s *Store) JobClaim(ctx context.Context, p JobClaimParams) (Claim, error) {
 		if werr != nil {
 			werr = fmt.Errorf("job %d: time_windows: %w", c.ID, werr)
 		}
-		if !claimed {
+		if claimed == nil { // the rate windows' wake-up
+			if started != nil {
+				out.RateFreeAt = *started
+			}
+			return nil
+		}
+		if !*claimed {
 			out.Closed = append(out.Closed, Closed{ID: c.ID, JobType: c.JobType, State: correlator.State(state),
 				Attempt: c.Attempt, ExpiresAt: c.ExpiresAt, TimeWindows: ws, WindowsErr: werr})
 			return nil
