@@ -255,6 +255,17 @@ type Queue struct {
 	// ThrottleLimit is the most total throttle_factor of running jobs; 0 = unlimited.
 	ThrottleLimit int     `yaml:"throttle_limit"`
 	Shares        *Shares `yaml:"shares,omitempty"`
+	// Rates limit the requests sent of every type of the queue.
+	Rates []Rate `yaml:"rates,omitempty"`
+}
+
+// Rate is a sliding-window limit on requests sent: no interval of length
+// period holds more than limit, across all instances.
+type Rate struct {
+	Limit  int      `yaml:"limit"`
+	Period Duration `yaml:"period"`
+	// By makes a window per value of a job_data field ({json: /tenant}).
+	By *correlator.Field `yaml:"by,omitempty"`
 }
 
 // Shares split a queue's limit among partitions of its jobs.
@@ -290,6 +301,8 @@ type JobType struct {
 	Delivery    correlator.Delivery     `yaml:"delivery"`
 	Retry       *Retry                  `yaml:"retry,omitempty"`
 	TimeWindows []correlator.TimeWindow `yaml:"time_windows,omitempty"`
+	// Rates limit the requests sent of this type.
+	Rates []Rate `yaml:"rates,omitempty"`
 	// DataSchema is a JSON Schema file (draft 2020-12 unless it says
 	// otherwise) that job_data must satisfy at intake; relative to the
 	// config file's folder. Optional.

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"fmt"
 	"net/url"
 	"reflect"
 	"strings"
@@ -33,6 +34,18 @@ func (q *Queue) shares() *correlator.Shares {
 	return s
 }
 
+// rate builds a rate; key names it durably (its units in PostgreSQL).
+func (r Rate) rate(key, jobType string) (correlator.Rate, error) {
+	var by string
+	if r.By != nil {
+		if r.By.JSON == "" || r.By.Header != "" {
+			return correlator.Rate{}, fmt.Errorf("by: must be {json: /pointer} into job_data")
+		}
+		by = r.By.JSON
+	}
+	return correlator.NewRate(key, r.Limit, r.Period.D(), jobType, by)
+}
+
 // Throttles returns every queue's throttle, by queue name.
 func (c *Config) Throttles() map[string]*correlator.Throttle {
 	out := map[string]*correlator.Throttle{}
@@ -40,10 +53,23 @@ func (c *Config) Throttles() map[string]*correlator.Throttle {
 		q := &c.Queues[i]
 		out[q.Name] = &correlator.Throttle{Limit: q.ThrottleLimit, Shares: q.shares()}
 	}
+	for i := range c.Queues {
+		q := &c.Queues[i]
+		for k, r := range q.Rates {
+			if cr, err := r.rate(fmt.Sprintf("q:%s#%d", q.Name, k), ""); err == nil {
+				out[q.Name].Rates = append(out[q.Name].Rates, cr)
+			}
+		}
+	}
 	for _, jt := range c.JobTypes {
 		t := out[jt.Queue]
 		if t == nil {
 			continue
+		}
+		for k, r := range jt.Rates {
+			if cr, err := r.rate(fmt.Sprintf("t:%s#%d", jt.Name, k), jt.Name); err == nil {
+				t.Rates = append(t.Rates, cr)
+			}
 		}
 		if jt.Critical {
 			t.Critical = append(t.Critical, jt.Name)

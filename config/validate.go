@@ -284,6 +284,11 @@ func (c *Config) Validate() error {
 		if q.ThrottleLimit < 0 {
 			bad(p+".throttle_limit", "must not be negative")
 		}
+		for k, r := range q.Rates {
+			if _, err := r.rate("", ""); err != nil {
+				bad(fmt.Sprintf("%s.rates[%d]", p, k), "%v", err)
+			}
+		}
 		if s := q.Shares; s != nil {
 			if q.ThrottleLimit < 1 {
 				bad(p+".shares", "need throttle_limit >= 1")
@@ -407,6 +412,11 @@ func (c *Config) Validate() error {
 				bad(p+".data_schema", "%v", err)
 			}
 			jt.dataSchema = ds
+		}
+		for k, r := range jt.Rates {
+			if _, err := r.rate("", jt.Name); err != nil {
+				bad(fmt.Sprintf("%s.rates[%d]", p, k), "%v", err)
+			}
 		}
 		for k := range jt.TimeWindows {
 			if err := jt.TimeWindows[k].Compile(); err != nil {

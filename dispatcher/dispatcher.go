@@ -164,6 +164,10 @@ type Dispatcher struct {
 	outages  map[string]*outage // by neighbour: those refusing now
 	byType   map[string]int     // claimed jobs whose sends are not recorded yet, by type
 	m        *metrics.Metrics
+	// rateWake is the pending wake-up for the earliest full rate window
+	// to free, and when it fires (local monotonic clock).
+	rateWake   *time.Timer
+	rateWakeAt time.Time
 }
 
 // outage is a neighbour refusing sends (or whose sends could not start).
@@ -226,6 +230,23 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 		case <-d.wake:
 		}
 	}
+}
+
+// wakeAt wakes the dispatcher at t (just after), unless a wake-up is
+// already due sooner: a full rate window is claimed from again the moment
+// it frees, not at the next poll.
+func (d *Dispatcher) wakeAt(t time.Time) {
+	t = t.Add(5 * time.Millisecond)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.rateWake != nil && d.rateWakeAt.After(time.Now()) && !d.rateWakeAt.After(t) {
+		return
+	}
+	if d.rateWake != nil {
+		d.rateWake.Stop()
+	}
+	d.rateWakeAt = t
+	d.rateWake = time.AfterFunc(time.Until(t), d.Wake)
 }
 
 // listen turns the store's notices of due work into wake-ups. They are
@@ -315,6 +336,9 @@ func (d *Dispatcher) claim(ctx context.Context, q QueueConfig, types []string, l
 		Instance: d.cfg.Instance, Types: types, Throttle: q.Throttle, TypeWindows: d.typeWindows})
 	if err != nil {
 		return 0, false, err
+	}
+	if !claim.RateFreeAt.IsZero() {
+		d.wakeAt(time.Now().Add(claim.RateFreeAt.Sub(claim.Now())))
 	}
 	n := len(claim.Jobs) + len(claim.Closed)
 	more := n == limit

@@ -20,6 +20,16 @@ func rate(t *testing.T, key string, limit int, period time.Duration, jobType, by
 	return r
 }
 
+// countsAgree: each window's count is its units', whatever happened.
+func countsAgree(t *testing.T, st *store.Store) {
+	t.Helper()
+	if n := count(t, st, `SELECT count(*) FROM (SELECT rate, part, count(*) AS n FROM hipq_rate_unit GROUP BY 1, 2) u
+		FULL JOIN (SELECT rate, part, n FROM hipq_rate_count WHERE n <> 0) c USING (rate, part)
+		WHERE u.n IS DISTINCT FROM c.n`); n != 0 {
+		t.Errorf("%d windows whose count is not their units'", n)
+	}
+}
+
 func refsOf(cs []store.Claimed) []store.AttemptRef {
 	var out []store.AttemptRef
 	for _, c := range cs {
@@ -78,6 +88,7 @@ func TestRateWindow(t *testing.T) {
 	if n := count(t, st, "SELECT count(*) FROM hipq_rate_unit WHERE job_id = $1 AND at IS NOT NULL", j.ID); n != 1 {
 		t.Errorf("the ended attempt's unit has no end time")
 	}
+	countsAgree(t, st)
 }
 
 // A window per value: a value at its limit is left out of the candidates,
@@ -116,4 +127,8 @@ func TestRatePerValue(t *testing.T) {
 	if c3 := claimWith(t, st, store.JobClaimParams{Throttle: th2, Limit: 5}); len(c3.Jobs) != 5 {
 		t.Fatalf("a rate of another type limited this one: %d", len(c3.Jobs))
 	}
+	if n, err := st.JobUndoClaim(ctx, refsOf(c.Jobs)); err != nil || n != 5 {
+		t.Fatalf("undo: %d %v", n, err)
+	}
+	countsAgree(t, st)
 }

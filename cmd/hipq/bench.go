@@ -52,6 +52,7 @@ func cmdBench(args []string, stdout io.Writer) error {
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of hipq to this file")
 	throttle := fs.Int("throttle-limit", 0, "give the queue this throttle_limit (0 = unlimited), to measure what limits cost")
 	shares := fs.Bool("shares", false, "with --throttle-limit: split the limit into three equal shares by job_data /r")
+	rateLimit := fs.Int("rate-limit", 0, "give the queue a rate limit of this many requests per second (0 = none), to measure what rates cost")
 	intake := fs.String("intake", "kafka", "how jobs come in: kafka (records to the intake topic) or outbox (rows of hipq_intake, 4 writers, --outbox-batch rows per transaction)")
 	outboxBatch := fs.Int("outbox-batch", 100, "with --intake outbox: rows per application transaction")
 	if err := fs.Parse(args); err != nil {
@@ -82,14 +83,21 @@ func cmdBench(args []string, stdout io.Writer) error {
 	}
 	defer sb.close()
 	conf := benchConfig
-	if *throttle > 0 {
-		share := ""
-		if *shares {
-			share = ", shares: {by: {json: /r}, weights: {a: 1, b: 1, c: 1}}"
-		}
-		conf += fmt.Sprintf("queues:\n  - {name: default, throttle_limit: %d%s}\n", *throttle, share)
-	} else if *shares {
+	if *shares && *throttle < 1 {
 		return &exitError{2, fmt.Errorf("--shares needs --throttle-limit")}
+	}
+	if *rateLimit < 0 {
+		return &exitError{2, fmt.Errorf("--rate-limit %d must not be negative", *rateLimit)}
+	}
+	if *throttle > 0 || *rateLimit > 0 {
+		extra := ""
+		if *shares {
+			extra = ", shares: {by: {json: /r}, weights: {a: 1, b: 1, c: 1}}"
+		}
+		if *rateLimit > 0 {
+			extra += fmt.Sprintf(", rates: [{limit: %d, period: 1s}]", *rateLimit)
+		}
+		conf += fmt.Sprintf("queues:\n  - {name: default, throttle_limit: %d%s}\n", *throttle, extra)
 	}
 	a, done, err := sb.newApp(ctx, conf, "hipq_bench", cmp.Or(os.Getenv("HIPQ_LOG_LEVEL"), "error"))
 	if err != nil {
@@ -118,6 +126,9 @@ func cmdBench(args []string, stdout io.Writer) error {
 		if *shares {
 			limits += " in three shares"
 		}
+	}
+	if *rateLimit > 0 {
+		limits = strings.TrimPrefix(limits+fmt.Sprintf(", rate limit %d/s", *rateLimit), "no throttle, ")
 	}
 	from := "Kafka intake"
 	if *intake == "outbox" {

@@ -4,8 +4,10 @@
 -- downstream, across every instance, durable across restarts.
 --
 -- hipq_rate_unit: one row per (claimed attempt, rate that applies to it).
--- at: when the attempt ended without an acknowledged send (set by the
--- resolve), an upper bound of when its request may have arrived.
+-- at: an upper bound of when its request may have arrived: the
+-- acknowledged send, else the end of its attempt (a send in doubt, a
+-- timeout, a cancel); NULL while it may still be in flight. An undone
+-- claim (its request surely never left) deletes its units.
 CREATE TABLE hipq_rate_unit (
     rate    text   NOT NULL,
     part    text   NOT NULL,
@@ -14,7 +16,17 @@ CREATE TABLE hipq_rate_unit (
     at      timestamptz,
     PRIMARY KEY (job_id, attempt, rate)
 );
-CREATE INDEX hipq_rate_unit_rate ON hipq_rate_unit (rate, part);
+CREATE INDEX hipq_rate_unit_window ON hipq_rate_unit (rate, at);
+
+-- hipq_rate_count: how many units each (rate, part) holds, kept with
+-- them (claim: +, prune and undo: -), so a claim reads one row per window
+-- rather than counting a window's units.
+CREATE TABLE hipq_rate_count (
+    rate text NOT NULL,
+    part text NOT NULL,
+    n    int  NOT NULL,
+    PRIMARY KEY (rate, part)
+);
 
 DROP FUNCTION hipq_claim(text, text, int, text, text[], jsonb, int, text[], jsonb, text[], jsonb, int);
 
@@ -38,11 +50,9 @@ DROP FUNCTION hipq_claim(text, text, int, text, text[], jsonb, int, text[], json
 -- "path" (NULL: one window; else a window per value of job_data #>> path,
 -- a missing value being '')}. A rate makes the claim take the queue's
 -- lock. Each claimed job leaves a unit per rate that applies to it in
--- hipq_rate_unit; a unit counts while its request may be in flight, and
--- for secs after it may have arrived: after sent_at (the transport's
--- acknowledgement, after any arrival), else after the end of its attempt
--- (hipq_rate_unit.at). An undone claim deletes its attempt row, and so
--- gives its unit back. A job is claimed only when every rate that
+-- hipq_rate_unit; a unit counts while its request may be in flight (at
+-- NULL), and for secs after it may have arrived (at). An undone claim
+-- deletes its units. A job is claimed only when every rate that
 -- applies has fewer than limit units counting; values (and types) whose
 -- window is full are left out of the candidates, so their backlog never
 -- crowds the others. The first returned row may be a wake-up: claimed
@@ -63,6 +73,10 @@ LANGUAGE plpgsql VOLATILE AS $$
 #variable_conflict use_column
 DECLARE
     v_bounded  boolean := p_limit >= 1 OR coalesce(p_max_concurrency, '{}') <> '{}' OR p_rates IS NOT NULL;
+    -- Limits that skip jobs in the walk read more candidates than the
+    -- batch; rates alone do not need to (a walk that fills a window scans
+    -- again without it).
+    v_overfetch boolean := p_limit >= 1 OR coalesce(p_max_concurrency, '{}') <> '{}' OR p_share_path IS NOT NULL;
     v_order    text := CASE WHEN p_order = 'priority_first' THEN 'priority, scheduled_run_time, id'
                             ELSE 'scheduled_run_time, priority, id' END;
     v_critical text[] := coalesce(p_critical, '{}');
@@ -118,9 +132,11 @@ BEGIN
         -- not taken. Unbounded claims lock their candidates instead (SKIP
         -- LOCKED keeps concurrent dispatchers off each other's rows).
         PERFORM pg_advisory_xact_lock(hashtextextended('hipq_claim/' || current_schema() || '/' || p_queue, 0));
-        SELECT coalesce(sum(j.throttle_factor) FILTER (WHERE NOT j.job_type = ANY(v_critical)), 0)
-          INTO v_used
-          FROM hipq_job j WHERE j.queue = p_queue AND j.state = 'running';
+        IF p_limit >= 1 THEN  -- (a queue bounded only by rates or caps sums nothing)
+            SELECT coalesce(sum(j.throttle_factor) FILTER (WHERE NOT j.job_type = ANY(v_critical)), 0)
+              INTO v_used
+              FROM hipq_job j WHERE j.queue = p_queue AND j.state = 'running';
+        END IF;
         IF v_used >= v_cap AND cardinality(v_critical) = 0 THEN
             RETURN;  -- full, and nothing here may pass a full queue
         END IF;
@@ -136,16 +152,18 @@ BEGIN
             v_rpath := v_rpath || r.path;
         END LOOP;
         v_nr := cardinality(v_rkey);
-        -- Units no longer counting go (undone, pruned, or arrived more
-        -- than a period ago); the others are counted per (rate, part).
-        DELETE FROM hipq_rate_unit u
-        USING unnest(v_rkey, v_rsecs) AS q(key, secs)
-        WHERE u.rate = q.key AND NOT EXISTS (
-            SELECT 1 FROM hipq_attempt a WHERE a.job_id = u.job_id AND a.attempt = u.attempt
-              AND coalesce(a.sent_at, u.at, CASE WHEN a.outcome IS NULL THEN 'infinity'::timestamptz END)
-                  > now() - make_interval(secs => q.secs));
-        FOR r IN SELECT array_position(v_rkey, u.rate) AS k, u.part, count(*)::int AS n
-                 FROM hipq_rate_unit u WHERE u.rate = ANY(v_rkey) GROUP BY 1, 2 LOOP
+        -- Units that arrived more than a period ago go; the others count.
+        WITH gone AS (
+            DELETE FROM hipq_rate_unit u
+            USING unnest(v_rkey, v_rsecs) AS q(key, secs)
+            WHERE u.rate = q.key AND u.at <= now() - make_interval(secs => q.secs)
+            RETURNING u.rate, u.part
+        )
+        UPDATE hipq_rate_count c SET n = c.n - g.n
+        FROM (SELECT gone.rate, gone.part, count(*)::int AS n FROM gone GROUP BY 1, 2) g
+        WHERE c.rate = g.rate AND c.part = g.part;
+        FOR r IN SELECT array_position(v_rkey, c.rate) AS k, c.part, c.n
+                 FROM hipq_rate_count c WHERE c.rate = ANY(v_rkey) AND c.n > 0 LOOP
             v_ukey := v_ukey || (r.k || chr(31) || r.part);
             v_uused := v_uused || r.n;
         END LOOP;
@@ -240,7 +258,7 @@ BEGIN
         INTO c_id, c_state, c_att, c_factor, c_type, c_part, c_open, c_parts
         USING p_queue, p_types, coalesce(p_type_windows, '{}'), v_critical, p_share_path, v_cap - v_used,
               v_full_type, coalesce(v_full_part, '{}'), coalesce(p_share_caps, '{}'), v_other_full,
-              CASE WHEN v_bounded THEN greatest(p_batch * 4, 1000) ELSE p_batch END, v_pick || v_out;
+              CASE WHEN v_overfetch THEN greatest(p_batch * 4, 1000) ELSE p_batch END, v_pick || v_out;
     v_got := cardinality(c_id);
     v_filled := false;
 
@@ -310,18 +328,17 @@ BEGIN
     -- Again without the windows this walk filled, while the scan may have
     -- left candidates behind them.
     EXIT WHEN NOT v_filled OR v_pass >= 8 OR cardinality(v_pick) >= p_batch
-              OR v_got < CASE WHEN v_bounded THEN greatest(p_batch * 4, 1000) ELSE p_batch END
+              OR v_got < CASE WHEN v_overfetch THEN greatest(p_batch * 4, 1000) ELSE p_batch END
               OR (v_used >= v_cap AND cardinality(v_critical) = 0);
     END LOOP;
 
     IF v_nr > 0 THEN
         -- When the earliest full window frees: a unit counting least long.
-        SELECT min(coalesce(a.sent_at, u.at) + make_interval(secs => v_rsecs[x.k])) INTO v_wake
+        SELECT min(u.at + make_interval(secs => v_rsecs[x.k])) INTO v_wake
         FROM unnest(v_ukey, v_uused) AS f(u, n)
         CROSS JOIN LATERAL (SELECT split_part(f.u, chr(31), 1)::int AS k, split_part(f.u, chr(31), 2) AS part) x
         JOIN hipq_rate_unit u ON u.rate = v_rkey[x.k] AND u.part = x.part
-        JOIN hipq_attempt a ON a.job_id = u.job_id AND a.attempt = u.attempt
-        WHERE f.n >= v_rlimit[x.k] AND coalesce(a.sent_at, u.at) IS NOT NULL;
+        WHERE f.n >= v_rlimit[x.k] AND u.at IS NOT NULL;
         IF v_wake IS NOT NULL THEN
             RETURN QUERY SELECT NULL::boolean, 0::bigint, ''::text, ''::text, NULL::jsonb, ''::text, 0,
                                 0, 0, NULL::timestamptz, NULL::jsonb, v_wake;
@@ -349,6 +366,11 @@ BEGIN
         FROM moved m
         JOIN jsonb_to_recordset(coalesce(p_rates, '[]')) AS x(key text, type text, path jsonb)
           ON x.type IS NULL OR x.type = m.job_type
+        RETURNING rate, part
+    ), counts AS (
+        INSERT INTO hipq_rate_count (rate, part, n)
+        SELECT units.rate, units.part, count(*) FROM units GROUP BY 1, 2
+        ON CONFLICT (rate, part) DO UPDATE SET n = hipq_rate_count.n + EXCLUDED.n
     )
     SELECT * FROM (
         SELECT true, m.id, m.job_type, m.job_key, m.job_data, m.state, m.attempt, m.max_attempts,

@@ -1,0 +1,148 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// arrivals is an HTTP downstream that notes when each request arrives.
+type arrivals struct {
+	mu sync.Mutex
+	at map[string][]time.Time // by path
+}
+
+func newArrivals(t *testing.T) (*arrivals, *httptest.Server) {
+	a := &arrivals{at: map[string][]time.Time{}}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		now := time.Now()
+		a.mu.Lock()
+		a.at[r.URL.Path] = append(a.at[r.URL.Path], now)
+		a.mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprint(w, `{"status":"succeeded"}`)
+	}))
+	t.Cleanup(srv.Close)
+	return a, srv
+}
+
+func (a *arrivals) of(path string) []time.Time {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	out := append([]time.Time(nil), a.at[path]...)
+	sort.Slice(out, func(i, j int) bool { return out[i].Before(out[j]) })
+	return out
+}
+
+// mostInWindow is the largest number of times in any interval [t, t+w).
+func mostInWindow(ts []time.Time, w time.Duration) int {
+	most := 0
+	for i := range ts {
+		n := 0
+		for j := i; j < len(ts) && ts[j].Sub(ts[i]) < w; j++ {
+			n++
+		}
+		most = max(most, n)
+	}
+	return most
+}
+
+const rateConfig = `
+name: rates
+database: {url: "{{DB}}"}
+kafka: {brokers: ["{{BROKERS}}"]}
+intake: {topics: ["{{T:jobs}}"]}
+dispatch: {interval: 1s}
+sweeper: {schedule: "@every 1s"}
+queues:
+  - name: limited
+    rates: [{limit: 5, period: 2s}]
+  - name: tenants
+    rates: [{limit: 2, period: 1s, by: {json: /tenant}}]
+job_types:
+  - {name: ping, queue: limited, transport: {http: {url: "URL/ping", mode: sync, timeout: 2s}}, timeout: 30s}
+  - {name: work, queue: tenants, transport: {http: {url: "URL/work/{job_key}", mode: sync, timeout: 2s}}, timeout: 30s}
+`
+
+// A limit of 5 per 2 s on three instances, 30 jobs: no 2 s window of the
+// downstream's arrival times holds more than 5, and the jobs still flow
+// (the dispatchers wake when a window frees, not only at their 1 s poll).
+func TestRateLimitAcrossInstances(t *testing.T) {
+	down, srv := newArrivals(t)
+	e := newEnv(t, "jobs")
+	text := strings.ReplaceAll(rateConfig, "URL", srv.URL)
+	for range 3 {
+		e.start(e.config(text), "intake", "dispatcher", "sweeper")
+	}
+	var jobs []string
+	for i := range 30 {
+		jobs = append(jobs, fmt.Sprintf(`{"job_type":"ping","job_key":"p%02d"}`, i))
+	}
+	e.produce("jobs", jobs...)
+	eventually(t, 40*time.Second, "30 arrivals", func() (bool, string) {
+		n := len(down.of("/ping"))
+		return n >= 30, fmt.Sprint(n)
+	})
+	ts := down.of("/ping")
+	if most := mostInWindow(ts, 2*time.Second); most > 5 {
+		t.Errorf("%d requests arrived within 2 s; the limit is 5 per 2 s", most)
+	}
+	t.Logf("30 requests in %v", ts[len(ts)-1].Sub(ts[0]))
+	eventually(t, 10*time.Second, "30 jobs succeeded", func() (bool, string) {
+		var n int
+		if err := e.pool().QueryRow(context.Background(), "SELECT count(*) FROM hipq_job WHERE outcome = 'succeeded'").Scan(&n); err != nil {
+			return false, err.Error()
+		}
+		return n == 30, fmt.Sprint(n)
+	})
+}
+
+// Tenant A with 200 jobs and B with 5, each limited 2/s by /tenant: B's
+// jobs are not stuck behind A's backlog; B is done in about 3 s.
+func TestRateLimitPerTenant(t *testing.T) {
+	down, srv := newArrivals(t)
+	e := newEnv(t, "jobs")
+	e.start(e.config(strings.ReplaceAll(rateConfig, "URL", srv.URL)), "intake", "dispatcher", "sweeper")
+	var jobs []string
+	for i := range 200 {
+		jobs = append(jobs, fmt.Sprintf(`{"job_type":"work","job_key":"a%03d","job_data":{"tenant":"A"}}`, i))
+	}
+	for i := range 5 {
+		jobs = append(jobs, fmt.Sprintf(`{"job_type":"work","job_key":"b%d","job_data":{"tenant":"B"}}`, i))
+	}
+	start := time.Now()
+	e.produce("jobs", jobs...)
+	bDone := func() []time.Time {
+		var out []time.Time
+		for i := range 5 {
+			out = append(out, down.of(fmt.Sprintf("/work/b%d", i))...)
+		}
+		sort.Slice(out, func(i, j int) bool { return out[i].Before(out[j]) })
+		return out
+	}
+	eventually(t, 15*time.Second, "B's 5 jobs sent", func() (bool, string) {
+		return len(bDone()) == 5, fmt.Sprint(len(bDone()))
+	})
+	b := bDone()
+	t.Logf("B done %v after the first of its jobs was sent, %v after the produce", b[4].Sub(b[0]), b[4].Sub(start))
+	if b[4].Sub(b[0]) > 3500*time.Millisecond {
+		t.Errorf("B's 5 jobs took %v from the first to the last, want about 2 s (2 per second)", b[4].Sub(b[0]))
+	}
+	if most := mostInWindow(b, time.Second); most > 2 {
+		t.Errorf("%d of B's jobs arrived within 1 s; its limit is 2/s", most)
+	}
+	var a []time.Time
+	for i := range 200 {
+		a = append(a, down.of(fmt.Sprintf("/work/a%03d", i))...)
+	}
+	sort.Slice(a, func(i, j int) bool { return a[i].Before(a[j]) })
+	if most := mostInWindow(a, time.Second); most > 2 {
+		t.Errorf("%d of A's jobs arrived within 1 s; its limit is 2/s", most)
+	}
+}
