@@ -132,3 +132,27 @@ func TestRatePerValue(t *testing.T) {
 	}
 	countsAgree(t, st)
 }
+
+// Values holding any character (the separators a naive key would use
+// included) keep windows of their own, under two rates at once.
+func TestRateOddValues(t *testing.T) {
+	t.Parallel()
+	st := pgtest.New(t)
+	var jobs []*correlator.Job
+	for i, tenant := range []string{`x\u001fy`, `x`, `x\u001fy`, `x`, `\u001e`, `\u001e`} {
+		jobs = append(jobs, job(fmt.Sprintf("o%d", i), func(j *correlator.Job) {
+			j.JobData = json.RawMessage(fmt.Sprintf(`{"tenant":"%s","region":"r\u001e%d"}`, tenant, i%2))
+		}))
+	}
+	insert(t, st, jobs...)
+	th := correlator.Throttle{Rates: []correlator.Rate{rate(t, "q:default#0", 5, time.Minute, "", "/region"),
+		rate(t, "q:default#1", 1, time.Minute, "", "/tenant")}}
+	c := claimWith(t, st, store.JobClaimParams{Throttle: th})
+	if got := keys(c.Jobs); len(got) != 3 {
+		t.Fatalf("claimed %v, want one per tenant (3)", got)
+	}
+	if again := claimWith(t, st, store.JobClaimParams{Throttle: th}); len(again.Jobs) != 0 {
+		t.Fatalf("every tenant's window is full, yet %v", keys(again.Jobs))
+	}
+	countsAgree(t, st)
+}

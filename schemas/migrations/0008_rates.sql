@@ -109,10 +109,10 @@ DECLARE
     v_rpath    jsonb[] := '{}';
     v_ukey     text[] := '{}';
     v_uused    int[] := '{}';
-    v_parts_sql text := 'NULL::text[]';
+    v_parts_sql text := 'ARRAY['''']::text[]';
     v_rate_sql  text;
     v_full     text[];
-    c_parts    text[];
+    c_parts    text[][];  -- by candidate, the part of each rate
     v_ok       boolean;
     v_pass     int := 0;
     v_filled   boolean;
@@ -214,7 +214,8 @@ BEGIN
     v_pass := v_pass + 1;
     v_rate_sql := '';
     FOR k IN 1 .. v_nr LOOP
-        v_full := ARRAY(SELECT split_part(u, chr(31), 2) FROM unnest(v_ukey, v_uused) AS x(u, n)
+        -- (a key is k, chr(31), then the part, which may hold any character)
+        v_full := ARRAY(SELECT substr(u, strpos(u, chr(31)) + 1) FROM unnest(v_ukey, v_uused) AS x(u, n)
                         WHERE split_part(u, chr(31), 1) = k::text AND n >= v_rlimit[k]);
         IF cardinality(v_full) = 0 THEN
             CONTINUE;
@@ -232,7 +233,7 @@ BEGIN
     c_id := '{}';
     EXECUTE format($q$
         SELECT coalesce(array_agg(c.id), '{}'), array_agg(c.state), array_agg(c.attempt), array_agg(c.throttle_factor),
-               array_agg(c.job_type), array_agg(c.part), array_agg(c.open), array_agg(array_to_string(c.rparts, chr(30)))
+               array_agg(c.job_type), array_agg(c.part), array_agg(c.open), array_agg(c.rparts)
         FROM (
             SELECT j.id, j.state, j.attempt, j.throttle_factor, j.job_type, %s AS rparts,
                    CASE WHEN $5::text[] IS NULL THEN NULL
@@ -281,7 +282,7 @@ BEGIN
             v_ok := true;
             FOR k IN 1 .. v_nr LOOP
                 CONTINUE WHEN v_rtype[k] IS NOT NULL AND v_rtype[k] <> c_type[i];
-                p := array_position(v_ukey, k || chr(31) || split_part(c_parts[i], chr(30), k));
+                p := array_position(v_ukey, k || chr(31) || c_parts[i][k]);
                 IF p IS NOT NULL AND v_uused[p] >= v_rlimit[k] THEN
                     v_ok := false;
                     EXIT;
@@ -307,9 +308,9 @@ BEGIN
         END IF;
         FOR k IN 1 .. v_nr LOOP
             CONTINUE WHEN v_rtype[k] IS NOT NULL AND v_rtype[k] <> c_type[i];
-            p := array_position(v_ukey, k || chr(31) || split_part(c_parts[i], chr(30), k));
+            p := array_position(v_ukey, k || chr(31) || c_parts[i][k]);
             IF p IS NULL THEN
-                v_ukey := v_ukey || (k || chr(31) || split_part(c_parts[i], chr(30), k));
+                v_ukey := v_ukey || (k || chr(31) || c_parts[i][k]);
                 v_uused := v_uused || 1;
                 p := cardinality(v_uused);
             ELSE
@@ -336,7 +337,7 @@ BEGIN
         -- When the earliest full window frees: a unit counting least long.
         SELECT min(u.at + make_interval(secs => v_rsecs[x.k])) INTO v_wake
         FROM unnest(v_ukey, v_uused) AS f(u, n)
-        CROSS JOIN LATERAL (SELECT split_part(f.u, chr(31), 1)::int AS k, split_part(f.u, chr(31), 2) AS part) x
+        CROSS JOIN LATERAL (SELECT split_part(f.u, chr(31), 1)::int AS k, substr(f.u, strpos(f.u, chr(31)) + 1) AS part) x
         JOIN hipq_rate_unit u ON u.rate = v_rkey[x.k] AND u.part = x.part
         WHERE f.n >= v_rlimit[x.k] AND u.at IS NOT NULL;
         IF v_wake IS NOT NULL THEN
