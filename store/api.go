@@ -237,14 +237,6 @@ func (s *Store) JobCancel(ctx context.Context, jobType, jobKey string) (*correla
 			if err != nil {
 				return err
 			}
-			if cur.State == correlator.StateRunning {
-				// A rate unit of the cancelled attempt counts until now at
-				// least (until its send is recorded, if it is).
-				_, err = tx.Exec(ctx, `UPDATE hipq_rate_unit SET at = now() WHERE job_id = $1 AND attempt = $2 AND at IS NULL`, cur.ID, cur.Attempt)
-				if err != nil {
-					return err
-				}
-			}
 			// The job ended (a throttle slot may be free; waits look now).
 			_, err = tx.Exec(ctx, `SELECT pg_notify('`+channelJobReady+`', $1)`, j.Queue)
 			return err

@@ -279,15 +279,8 @@ func attemptsMarkSent(ctx context.Context, tx pgx.Tx, refs []AttemptRef) error {
 	}
 	ids, atts := refArrays(refs)
 	_, err := tx.Exec(ctx, `
-		WITH u AS (
-		  SELECT * FROM unnest($1::bigint[], $2::int[]) AS u(id, att)
-		), units AS (
-		  -- A rate unit counts for its period from the acknowledged send,
-		  -- after any arrival (even when a cancel stamped it earlier).
-		  UPDATE hipq_rate_unit r SET at = now() FROM u WHERE r.job_id = u.id AND r.attempt = u.att
-		)
 		UPDATE hipq_attempt a SET sent_at = now()
-		FROM u
+		FROM unnest($1::bigint[], $2::int[]) AS u(id, att)
 		WHERE a.job_id = u.id AND a.attempt = u.att AND a.sent_at IS NULL`, ids, atts)
 	if err != nil {
 		return fmt.Errorf("mark attempts sent: %w", err)
@@ -335,15 +328,6 @@ func jobsUndoClaim(ctx context.Context, tx pgx.Tx, refs []AttemptRef) (int, erro
 		  DELETE FROM hipq_attempt a USING undone
 		  WHERE a.job_id = undone.id AND a.attempt = undone.att
 		  RETURNING 1
-		), units AS (
-		  -- The request never left: its rate units are given back.
-		  DELETE FROM hipq_rate_unit r USING undone
-		  WHERE r.job_id = undone.id AND r.attempt = undone.att
-		  RETURNING r.rate, r.part
-		), counts AS (
-		  UPDATE hipq_rate_count c SET n = c.n - g.n
-		  FROM (SELECT units.rate, units.part, count(*)::int AS n FROM units GROUP BY 1, 2) g
-		  WHERE c.rate = g.rate AND c.part = g.part
 		)
 		SELECT count(*) FROM del`, ids, atts).Scan(&n)
 	if err != nil {

@@ -85,6 +85,7 @@ func TestRateWindow(t *testing.T) {
 		Res: correlator.TimedOut(types["t"], j.Running(), time.Now())}}); err != nil {
 		t.Fatal(err)
 	}
+	claimWith(t, st, store.JobClaimParams{Throttle: correlator.Throttle{Rates: []correlator.Rate{rate(t, "q:default#1", 5, time.Minute, "", "")}}, Limit: 1})
 	if n := count(t, st, "SELECT count(*) FROM hipq_rate_unit WHERE job_id = $1 AND at IS NOT NULL", j.ID); n != 1 {
 		t.Errorf("the ended attempt's unit has no end time")
 	}

@@ -109,12 +109,6 @@ func jobResolveMany(ctx context.Context, tx pgx.Tx, rs []Resolve) ([]resolved, e
 		      sent_at = CASE WHEN done.reply IS NOT NULL OR done.sent THEN coalesce(a.sent_at, now()) ELSE a.sent_at END
 		  FROM done
 		  WHERE a.job_id = done.id AND a.attempt = done.attempt
-		), units AS (
-		  -- A rate unit of an attempt never acknowledged as sent counts
-		  -- until its end: any arrival came before it.
-		  UPDATE hipq_rate_unit r SET at = now()
-		  FROM done
-		  WHERE r.job_id = done.id AND r.attempt = done.attempt AND r.at IS NULL
 		)
 		SELECT id, attempt, job_type, extract(epoch FROM now() - started_at)::float8 FROM done
 		WHERE (SELECT count(*) FROM notify) >= 0`,

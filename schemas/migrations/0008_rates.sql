@@ -5,9 +5,11 @@
 --
 -- hipq_rate_unit: one row per (claimed attempt, rate that applies to it).
 -- at: an upper bound of when its request may have arrived: the
--- acknowledged send, else the end of its attempt (a send in doubt, a
--- timeout, a cancel); NULL while it may still be in flight. An undone
--- claim (its request surely never left) deletes its units.
+-- acknowledged send (sent_at), else a moment after its attempt ended
+-- unsent (a send in doubt, a timeout, a cancel); NULL until a claim of its
+-- queue has seen either. Claims time the units, under the queue's lock,
+-- so no hot path pays for rates; an undone claim (its request surely
+-- never left) deletes its attempt, and the next claim its units.
 CREATE TABLE hipq_rate_unit (
     rate    text   NOT NULL,
     part    text   NOT NULL,
@@ -50,9 +52,9 @@ DROP FUNCTION hipq_claim(text, text, int, text, text[], jsonb, int, text[], json
 -- "path" (NULL: one window; else a window per value of job_data #>> path,
 -- a missing value being '')}. A rate makes the claim take the queue's
 -- lock. Each claimed job leaves a unit per rate that applies to it in
--- hipq_rate_unit; a unit counts while its request may be in flight (at
--- NULL), and for secs after it may have arrived (at). An undone claim
--- deletes its units. A job is claimed only when every rate that
+-- hipq_rate_unit; a unit counts while its request may be in flight, and
+-- for secs after it may have arrived (at). An undone claim deletes its
+-- attempt row, and the next claim gives its units back. A job is claimed only when every rate that
 -- applies has fewer than limit units counting; values (and types) whose
 -- window is full are left out of the candidates, so their backlog never
 -- crowds the others. The first returned row may be a wake-up: claimed
@@ -152,6 +154,28 @@ BEGIN
             v_rpath := v_rpath || r.path;
         END LOOP;
         v_nr := cardinality(v_rkey);
+        -- Units not yet timed are timed here, under the lock, so no hot
+        -- path pays for rates: an acknowledged send at its sent_at, an
+        -- attempt that ended unsent at now (after any arrival); the
+        -- units of an attempt that is gone (an undone claim: its request
+        -- never left) are given back.
+        WITH open AS (
+            SELECT u.job_id, u.attempt, u.rate, a.job_id IS NULL AS gone,
+                   coalesce(a.sent_at, CASE WHEN a.outcome IS NOT NULL THEN now() END) AS at
+            FROM hipq_rate_unit u
+            LEFT JOIN hipq_attempt a ON a.job_id = u.job_id AND a.attempt = u.attempt
+            WHERE u.rate = ANY(v_rkey) AND u.at IS NULL
+        ), timed AS (
+            UPDATE hipq_rate_unit u SET at = o.at FROM open o
+            WHERE u.job_id = o.job_id AND u.attempt = o.attempt AND u.rate = o.rate AND NOT o.gone AND o.at IS NOT NULL
+        ), dropped AS (
+            DELETE FROM hipq_rate_unit u USING open o
+            WHERE u.job_id = o.job_id AND u.attempt = o.attempt AND u.rate = o.rate AND o.gone
+            RETURNING u.rate, u.part
+        )
+        UPDATE hipq_rate_count c SET n = c.n - g.n
+        FROM (SELECT dropped.rate, dropped.part, count(*)::int AS n FROM dropped GROUP BY 1, 2) g
+        WHERE c.rate = g.rate AND c.part = g.part;
         -- Units that arrived more than a period ago go; the others count.
         WITH gone AS (
             DELETE FROM hipq_rate_unit u
