@@ -15,9 +15,10 @@ CREATE TABLE hipq_rate_unit (
     part    text   NOT NULL,
     job_id  bigint NOT NULL,
     attempt int    NOT NULL,
-    at      timestamptz,
-    PRIMARY KEY (job_id, attempt, rate)
+    at      timestamptz
 );
+-- The one index: claims find a rate's untimed and expired units by it.
+-- (No key: only claims, under their queue's lock, write a rate's units.)
 CREATE INDEX hipq_rate_unit_window ON hipq_rate_unit (rate, at);
 
 -- hipq_rate_count: how many units each (rate, part) holds, kept with
@@ -160,17 +161,17 @@ BEGIN
         -- units of an attempt that is gone (an undone claim: its request
         -- never left) are given back.
         WITH open AS (
-            SELECT u.job_id, u.attempt, u.rate, a.job_id IS NULL AS gone,
+            SELECT u.ctid AS uid, a.job_id IS NULL AS gone,
                    coalesce(a.sent_at, CASE WHEN a.outcome IS NOT NULL THEN now() END) AS at
             FROM hipq_rate_unit u
             LEFT JOIN hipq_attempt a ON a.job_id = u.job_id AND a.attempt = u.attempt
             WHERE u.rate = ANY(v_rkey) AND u.at IS NULL
         ), timed AS (
             UPDATE hipq_rate_unit u SET at = o.at FROM open o
-            WHERE u.job_id = o.job_id AND u.attempt = o.attempt AND u.rate = o.rate AND NOT o.gone AND o.at IS NOT NULL
+            WHERE u.ctid = o.uid AND NOT o.gone AND o.at IS NOT NULL
         ), dropped AS (
             DELETE FROM hipq_rate_unit u USING open o
-            WHERE u.job_id = o.job_id AND u.attempt = o.attempt AND u.rate = o.rate AND o.gone
+            WHERE u.ctid = o.uid AND o.gone
             RETURNING u.rate, u.part
         )
         UPDATE hipq_rate_count c SET n = c.n - g.n
