@@ -79,15 +79,22 @@ func (s *Server) callback(w http.ResponseWriter, r *http.Request) error {
 	case correlator.Early:
 		writeJSON(w, http.StatusAccepted, map[string]any{"applied": false, "reason": "early"})
 	default:
-		reason := "dead-lettered"
-		if len(res.DeadLetters) > 0 {
-			reason = res.DeadLetters[len(res.DeadLetters)-1].Reason
-		}
+		err := deadLettered(res)
 		s.log.Info("callback dead-lettered", append(tracing.LogFields(r.Context()), zap.String("job_type", jobType),
-			zap.String("job_key", jobKey), zap.String("reason", reason))...)
-		return &apiError{Status: http.StatusUnprocessableEntity, Code: "dead_lettered", Message: reason}
+			zap.String("job_key", jobKey), zap.String("reason", err.Message))...)
+		return err
 	}
 	return nil
+}
+
+// deadLettered is the 422 of a reply the API took in and dead-lettered,
+// with the reason.
+func deadLettered(res store.ReplyResult) *apiError {
+	reason := "dead-lettered"
+	if len(res.DeadLetters) > 0 {
+		reason = res.DeadLetters[len(res.DeadLetters)-1].Reason
+	}
+	return &apiError{Status: http.StatusUnprocessableEntity, Code: "dead_lettered", Message: reason}
 }
 
 // callbackHeaders are what a callback's dead letter keeps of its URL, as

@@ -55,11 +55,7 @@ func (s *Server) heartbeat(w http.ResponseWriter, r *http.Request) error {
 		writeJSON(w, http.StatusOK, map[string]any{"accepted": true, "deadline": res.Deadlines[0]})
 		return nil
 	} else if v == correlator.DeadLetter {
-		reason := "dead-lettered"
-		if len(res.DeadLetters) > 0 {
-			reason = res.DeadLetters[len(res.DeadLetters)-1].Reason
-		}
-		return &apiError{Status: http.StatusUnprocessableEntity, Code: "dead_lettered", Message: reason}
+		return deadLettered(res)
 	}
 	// Stale or over: say where the job is, so the worker knows to stop.
 	out := map[string]any{"accepted": false, "cancelled": false}

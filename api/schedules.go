@@ -100,9 +100,7 @@ func (s *Server) triggerSchedule(w http.ResponseWriter, r *http.Request) error {
 			return err
 		}
 		key, created, err := s.st.ScheduleTrigger(r.Context(), sc, jt)
-		var ie *correlator.InputError
-		var fe *correlator.FieldError
-		if errors.As(err, &ie) || errors.As(err, &fe) {
+		if errors.As(err, new(*correlator.InputError)) {
 			return errorf(http.StatusUnprocessableEntity, correlator.CodeInvalidField, "schedule %s: %v", sc.Name, err)
 		}
 		if err != nil {

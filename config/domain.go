@@ -52,9 +52,6 @@ func (c *Config) Throttles() map[string]*correlator.Throttle {
 	for i := range c.Queues {
 		q := &c.Queues[i]
 		out[q.Name] = &correlator.Throttle{Limit: q.ThrottleLimit, Shares: q.shares()}
-	}
-	for i := range c.Queues {
-		q := &c.Queues[i]
 		for k, r := range q.Rates {
 			if cr, err := r.rate(fmt.Sprintf("q:%s#%d", q.Name, k), ""); err == nil {
 				out[q.Name].Rates = append(out[q.Name].Rates, cr)

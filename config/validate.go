@@ -3,7 +3,6 @@ package config
 import (
 	"cmp"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net/url"
 	"path/filepath"
@@ -440,7 +439,7 @@ func (c *Config) Validate() error {
 		}
 		s, err := sc.schedule()
 		if err != nil {
-			bad(p+"."+fieldOf(err), "%v", reasonOf(err))
+			bad(p+"."+err.Field, "%s", err.Reason)
 			continue
 		}
 		sc.compiled = s
@@ -462,7 +461,7 @@ func (c *Config) Validate() error {
 }
 
 // schedule compiles a schedule's definition.
-func (sc *Schedule) schedule() (*correlator.Schedule, error) {
+func (sc *Schedule) schedule() (*correlator.Schedule, *correlator.FieldError) {
 	s := &correlator.Schedule{Name: sc.Name, Cron: sc.Cron, JobType: sc.JobType, KeyTemplate: sc.JobKey,
 		CatchUp: sc.CatchUp, CatchUpWindow: sc.CatchUpWindow.D(), Overlap: sc.Overlap, Zone: time.UTC}
 	if sc.TZ != "" {
@@ -480,23 +479,7 @@ func (sc *Schedule) schedule() (*correlator.Schedule, error) {
 		s.JobData = b
 	}
 	if err := s.Compile(); err != nil {
-		return nil, err
+		return nil, err.(*correlator.FieldError) // Compile's errors name their field
 	}
 	return s, nil
-}
-
-func fieldOf(err error) string {
-	var fe *correlator.FieldError
-	if errors.As(err, &fe) {
-		return fe.Field
-	}
-	return "cron"
-}
-
-func reasonOf(err error) string {
-	var fe *correlator.FieldError
-	if errors.As(err, &fe) {
-		return fe.Reason
-	}
-	return err.Error()
 }

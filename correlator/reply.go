@@ -67,6 +67,15 @@ type Targets struct {
 	Finals map[TypeKey]bool    // (type, key) named without a non-final job, that have a final one
 }
 
+// Of is the row a reply names: its job id's, else the non-final job of its
+// (type, key); nil when there is none.
+func (t Targets) Of(r *Reply) *Target {
+	if r.JobID != nil {
+		return t.ByID[*r.JobID]
+	}
+	return t.ByKey[TypeKey{r.JobType, r.JobKey}]
+}
+
 // Pending is one reply of a batch: fresh (from a response topic, a
 // callback, a sync send) or kept earlier as an early reply until KeptUntil.
 type Pending struct {
@@ -103,12 +112,7 @@ func DecideReplies(batch []Pending, t Targets, types Types, now time.Time, early
 	applied := map[int64]bool{}
 	for i, p := range batch {
 		r := p.Reply
-		var target *Target
-		if r.JobID != nil {
-			target = t.ByID[*r.JobID]
-		} else {
-			target = t.ByKey[TypeKey{r.JobType, r.JobKey}]
-		}
+		target := t.Of(r)
 		name := r.JobType
 		if target != nil {
 			name = target.JobType

@@ -55,10 +55,9 @@ type Schedule struct {
 	CatchUpWindow time.Duration
 	Overlap       Overlap
 
-	spec  cron.Schedule
-	wall  bool // a cron spec, computed in wall-clock time; @every is a constant delay
-	key   *template.Template
-	ready bool
+	spec cron.Schedule
+	wall bool // a cron spec, computed in wall-clock time; @every is a constant delay
+	key  *template.Template
 }
 
 // ScheduleTick is what a key template sees: the tick's time in the
@@ -119,10 +118,8 @@ func (s *Schedule) Compile() error {
 	if s.Next(time.Now()).IsZero() {
 		return &FieldError{Field: "cron", Reason: "never fires"}
 	}
-	s.ready = true
 	if _, err := s.Request(s.Next(time.Now())); err != nil {
-		s.ready = false
-		return err
+		return &FieldError{Field: "job_key", Reason: err.(*InputError).Detail}
 	}
 	return nil
 }
@@ -133,15 +130,17 @@ type FieldError struct{ Field, Reason string }
 func (e *FieldError) Error() string { return e.Field + ": " + e.Reason }
 
 // Request is the job request of the tick at t: the rendered key, the
-// schedule's job_data.
+// schedule's job_data. A key that cannot be rendered or is not a valid
+// key is an *InputError naming job_key, like any bad request.
 func (s *Schedule) Request(t time.Time) (*Request, error) {
 	var b bytes.Buffer
 	if err := s.key.Execute(&b, ScheduleTick{Time: t.In(s.Zone), Name: s.Name}); err != nil {
-		return nil, &FieldError{Field: "job_key", Reason: err.Error()}
+		return nil, &InputError{Code: CodeInvalidField, Field: "job_key", Detail: Clip(err.Error(), MaxDetailBytes)}
 	}
 	r := &Request{JobType: s.JobType, JobKey: b.String(), JobData: s.JobData}
 	if err := r.validate(); err != nil {
-		return nil, &FieldError{Field: "job_key", Reason: fmt.Sprintf("the key of the tick at %s: %v", t.In(s.Zone).Format(time.RFC3339), err)}
+		return nil, &InputError{Code: CodeInvalidField, Field: "job_key",
+			Detail: Clip(fmt.Sprintf("the key of the tick at %s: %v", t.In(s.Zone).Format(time.RFC3339), err), MaxDetailBytes)}
 	}
 	return r, nil
 }

@@ -268,13 +268,7 @@ func progressDeadlines(ctx context.Context, tx pgx.Tx, ins []ReplyIn, t correlat
 		if !in.Reply.Progress {
 			continue
 		}
-		var tg *correlator.Target
-		if in.Reply.JobID != nil {
-			tg = t.ByID[*in.Reply.JobID]
-		} else {
-			tg = t.ByKey[correlator.TypeKey{Type: in.Reply.JobType, Key: in.Reply.JobKey}]
-		}
-		if tg != nil && tg.State == correlator.StateRunning {
+		if tg := t.Of(in.Reply); tg != nil && tg.State == correlator.StateRunning {
 			ids, atts = append(ids, tg.ID), append(atts, int32(tg.Attempt))
 		}
 	}

@@ -108,7 +108,7 @@ func (s *Store) ScheduleFire(ctx context.Context, sch *correlator.Schedule, jt *
 			}
 			key, inserted, err := scheduleInsert(ctx, tx, sch, jt, tick, now)
 			switch {
-			case err != nil && isInput(err):
+			case errors.As(err, new(*correlator.InputError)): // the tick's job cannot be built
 				f.Failed++
 				f.Errors = append(f.Errors, err)
 				continue
@@ -134,12 +134,6 @@ func (s *Store) ScheduleFire(ctx context.Context, sch *correlator.Schedule, jt *
 		return nil
 	})
 	return f, err
-}
-
-func isInput(err error) bool {
-	var ie *correlator.InputError
-	var fe *correlator.FieldError
-	return errors.As(err, &ie) || errors.As(err, &fe)
 }
 
 // scheduleInsert inserts the job of sch's tick at tick, on the caller's
