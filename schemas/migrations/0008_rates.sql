@@ -3,27 +3,30 @@
 -- period holds more than limit requests that may have reached the
 -- downstream, across every instance, durable across restarts.
 --
--- hipq_rate_unit: one row per (claimed attempt, rate that applies to it).
--- at: an upper bound of when its request may have arrived: the
--- acknowledged send (sent_at), else a moment after its attempt ended
--- unsent (a send in doubt, a timeout, a cancel); NULL until a claim of its
--- queue has seen either. Claims time the units, under the queue's lock,
--- so no hot path pays for rates; an undone claim (its request surely
--- never left) deletes its attempt, and the next claim its units.
+-- hipq_rate_unit: the requests one claim made under one window (rate,
+-- part): their attempts, how many still count (n), and at, an upper bound
+-- of when the last of them may have arrived: the latest acknowledged send
+-- (sent_at), or a moment after an attempt ended unsent (a send in doubt,
+-- a timeout, a cancel); NULL while any may still be in flight. Claims
+-- time the rows, under the queue's lock, so no hot path pays for rates;
+-- an undone claim (its request surely never left) deletes its attempt,
+-- and the next claim takes it out of n. One row per claim and window, not
+-- per request: the bookkeeping costs a few writes per batch.
 CREATE TABLE hipq_rate_unit (
-    rate    text   NOT NULL,
-    part    text   NOT NULL,
-    job_id  bigint NOT NULL,
-    attempt int    NOT NULL,
-    at      timestamptz
+    id       bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    rate     text     NOT NULL,
+    part     text     NOT NULL,
+    job_ids  bigint[] NOT NULL,
+    attempts int[]    NOT NULL,
+    n        int      NOT NULL,
+    at       timestamptz
 );
--- The one index: claims find a rate's untimed and expired units by it.
--- (No key: only claims, under their queue's lock, write a rate's units.)
+-- Claims find a rate's untimed and expired rows by it.
 CREATE INDEX hipq_rate_unit_window ON hipq_rate_unit (rate, at);
 
--- hipq_rate_count: how many units each (rate, part) holds, kept with
--- them (claim: +, prune and undo: -), so a claim reads one row per window
--- rather than counting a window's units.
+-- hipq_rate_count: how many requests each (rate, part) counts (the sum of
+-- its rows' n), kept with them (claim: +, prune and undo: -), so a claim
+-- reads one row per window rather than adding a window's rows.
 CREATE TABLE hipq_rate_count (
     rate text NOT NULL,
     part text NOT NULL,
@@ -53,9 +56,11 @@ DROP FUNCTION hipq_claim(text, text, int, text, text[], jsonb, int, text[], json
 -- "path" (NULL: one window; else a window per value of job_data #>> path,
 -- a missing value being '')}. A rate makes the claim take the queue's
 -- lock. Each claimed job leaves a unit per rate that applies to it in
--- hipq_rate_unit; a unit counts while its request may be in flight, and
--- for secs after it may have arrived (at). An undone claim deletes its
--- attempt row, and the next claim gives its units back. A job is claimed only when every rate that
+-- hipq_rate_unit (a row per window it used); a request counts while it
+-- may be in flight, and for secs after the last of its row may have
+-- arrived (at): a row's requests count together, never less than each
+-- alone would. An undone claim deletes its attempt row, and the next
+-- claim gives its request back. A job is claimed only when every rate that
 -- applies has fewer than limit units counting; values (and types) whose
 -- window is full are left out of the candidates, so their backlog never
 -- crowds the others. The first returned row may be a wake-up: claimed
@@ -155,37 +160,40 @@ BEGIN
             v_rpath := v_rpath || r.path;
         END LOOP;
         v_nr := cardinality(v_rkey);
-        -- Units not yet timed are timed here, under the lock, so no hot
-        -- path pays for rates: an acknowledged send at its sent_at, an
-        -- attempt that ended unsent at now (after any arrival); the
-        -- units of an attempt that is gone (an undone claim: its request
-        -- never left) are given back.
+        -- Rows not yet timed are timed here, under the lock, so no hot
+        -- path pays for rates: once none of its requests may be in flight,
+        -- a row's time is its latest acknowledged send (sent_at), or now
+        -- for one that ended unsent (after any arrival). Requests whose
+        -- attempt is gone (an undone claim: they never left) are given back.
         WITH open AS (
-            SELECT u.ctid AS uid, a.job_id IS NULL AS gone,
-                   coalesce(a.sent_at, CASE WHEN a.outcome IS NOT NULL THEN now() END) AS at
+            SELECT u.id, u.n, count(a.job_id)::int AS present,
+                   coalesce(bool_or(a.sent_at IS NULL AND a.outcome IS NULL), false) AS flying,
+                   max(coalesce(a.sent_at, CASE WHEN a.outcome IS NOT NULL THEN now() END)) AS at
             FROM hipq_rate_unit u
-            LEFT JOIN hipq_attempt a ON a.job_id = u.job_id AND a.attempt = u.attempt
+            CROSS JOIN LATERAL unnest(u.job_ids, u.attempts) AS m(id, att)
+            LEFT JOIN hipq_attempt a ON a.job_id = m.id AND a.attempt = m.att
             WHERE u.rate = ANY(v_rkey) AND u.at IS NULL
-        ), timed AS (
-            UPDATE hipq_rate_unit u SET at = o.at FROM open o
-            WHERE u.ctid = o.uid AND NOT o.gone AND o.at IS NOT NULL
-        ), dropped AS (
-            DELETE FROM hipq_rate_unit u USING open o
-            WHERE u.ctid = o.uid AND o.gone
-            RETURNING u.rate, u.part
+            GROUP BY u.id, u.n
+        ), fixed AS (
+            UPDATE hipq_rate_unit u
+            SET n = o.present, at = CASE WHEN o.flying THEN NULL ELSE coalesce(o.at, now()) END
+            FROM open o
+            WHERE u.id = o.id AND (o.present <> o.n OR NOT o.flying)
+            RETURNING u.rate, u.part, o.n - o.present AS gone
         )
         UPDATE hipq_rate_count c SET n = c.n - g.n
-        FROM (SELECT dropped.rate, dropped.part, count(*)::int AS n FROM dropped GROUP BY 1, 2) g
-        WHERE c.rate = g.rate AND c.part = g.part;
-        -- Units that arrived more than a period ago go; the others count.
+        FROM (SELECT fixed.rate, fixed.part, sum(fixed.gone)::int AS n FROM fixed GROUP BY 1, 2) g
+        WHERE c.rate = g.rate AND c.part = g.part AND g.n <> 0;
+        -- Rows whose last request arrived more than a period ago go; the
+        -- others count.
         WITH gone AS (
             DELETE FROM hipq_rate_unit u
             USING unnest(v_rkey, v_rsecs) AS q(key, secs)
             WHERE u.rate = q.key AND u.at <= now() - make_interval(secs => q.secs)
-            RETURNING u.rate, u.part
+            RETURNING u.rate, u.part, u.n
         )
         UPDATE hipq_rate_count c SET n = c.n - g.n
-        FROM (SELECT gone.rate, gone.part, count(*)::int AS n FROM gone GROUP BY 1, 2) g
+        FROM (SELECT gone.rate, gone.part, sum(gone.n)::int AS n FROM gone GROUP BY 1, 2) g
         WHERE c.rate = g.rate AND c.part = g.part;
         FOR r IN SELECT array_position(v_rkey, c.rate) AS k, c.part, c.n
                  FROM hipq_rate_count c WHERE c.rate = ANY(v_rkey) AND c.n > 0 LOOP
@@ -385,17 +393,19 @@ BEGIN
         INSERT INTO hipq_attempt (job_id, attempt, instance, dispatched_at)
         SELECT m.id, m.attempt, p_instance, m.started_at FROM moved m
     ), units AS (
-        INSERT INTO hipq_rate_unit (rate, part, job_id, attempt)
-        SELECT x.key, CASE WHEN x.path IS NULL THEN ''
-                           ELSE coalesce(m.job_data #>> ARRAY(SELECT jsonb_array_elements_text(x.path)), '') END,
-               m.id, m.attempt
-        FROM moved m
-        JOIN jsonb_to_recordset(coalesce(p_rates, '[]')) AS x(key text, type text, path jsonb)
-          ON x.type IS NULL OR x.type = m.job_type
-        RETURNING rate, part
+        INSERT INTO hipq_rate_unit (rate, part, job_ids, attempts, n)
+        SELECT w.key, w.part, array_agg(w.id), array_agg(w.attempt), count(*)
+        FROM (SELECT x.key, m.id, m.attempt,
+                     CASE WHEN x.path IS NULL THEN ''
+                          ELSE coalesce(m.job_data #>> ARRAY(SELECT jsonb_array_elements_text(x.path)), '') END AS part
+              FROM moved m
+              JOIN jsonb_to_recordset(coalesce(p_rates, '[]')) AS x(key text, type text, path jsonb)
+                ON x.type IS NULL OR x.type = m.job_type) w
+        GROUP BY w.key, w.part
+        RETURNING rate, part, n
     ), counts AS (
         INSERT INTO hipq_rate_count (rate, part, n)
-        SELECT units.rate, units.part, count(*) FROM units GROUP BY 1, 2
+        SELECT units.rate, units.part, sum(units.n) FROM units GROUP BY 1, 2
         ON CONFLICT (rate, part) DO UPDATE SET n = hipq_rate_count.n + EXCLUDED.n
     )
     SELECT * FROM (
