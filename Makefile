@@ -3,7 +3,7 @@
 
 GO ?= go
 
-.PHONY: test vet fmt-check postgres-check build bench demo fuzz
+.PHONY: test vet fmt-check postgres-check build bench demo fuzz screenshot
 
 test: vet fmt-check postgres-check
 	$(GO) test -race -count=1 -timeout 15m ./...
@@ -37,6 +37,11 @@ demo:
 
 bench:
 	$(GO) run ./cmd/hipq bench
+
+# The dashboard's browser test, saving its screenshot of the overview
+# with live traffic where the README shows it.
+screenshot:
+	HIPQ_UI_SCREENSHOT=$(CURDIR)/docs/ui-overview.png $(GO) test -count=1 -run TestDashboardInBrowser ./cmd/hipq
 
 # Run each fuzzer for a while (FUZZTIME=1m make fuzz).
 FUZZTIME ?= 30s

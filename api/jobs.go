@@ -198,25 +198,16 @@ func (s *Server) listJobs(w http.ResponseWriter, r *http.Request) error {
 	}
 	q := r.URL.Query()
 	for k := range q {
-		if !slices.Contains([]string{"job_type", "state", "queue", "limit", "cursor"}, k) {
-			return errorf(http.StatusBadRequest, "invalid_parameter", "%s: unknown parameter (job_type, state, queue, limit, cursor)", k)
+		if !slices.Contains([]string{"job_type", "state", "queue", "key_prefix", "limit", "cursor"}, k) {
+			return errorf(http.StatusBadRequest, "invalid_parameter", "%s: unknown parameter (job_type, state, queue, key_prefix, limit, cursor)", k)
 		}
 	}
 	state := correlator.State(q.Get("state"))
 	if state != "" && !slices.Contains(correlator.States, state) {
 		return errorf(http.StatusBadRequest, "invalid_parameter", "state: %q is not one of initial, running, error, retry, final", state)
 	}
-	var queueTypes []string
-	if queue := q.Get("queue"); queue != "" {
-		for name, jt := range s.cfg.Types {
-			if jt.Queue == queue {
-				queueTypes = append(queueTypes, name)
-			}
-		}
-		slices.Sort(queueTypes)
-	}
 	jobs, err := s.st.JobList(r.Context(), store.JobListParams{JobType: q.Get("job_type"), State: state, Queue: q.Get("queue"),
-		QueueTypes: queueTypes, BeforeID: cursor, Limit: limit + 1})
+		QueueTypes: s.queueTypes(q.Get("queue")), KeyPrefix: q.Get("key_prefix"), BeforeID: cursor, Limit: limit + 1})
 	if err != nil {
 		return err
 	}
@@ -229,6 +220,21 @@ func (s *Server) listJobs(w http.ResponseWriter, r *http.Request) error {
 	out["jobs"] = list
 	writeJSON(w, http.StatusOK, out)
 	return nil
+}
+
+// queueTypes are the configured job types of a queue, sorted; none for "".
+func (s *Server) queueTypes(queue string) []string {
+	var out []string
+	if queue == "" {
+		return nil
+	}
+	for name, jt := range s.cfg.Types {
+		if jt.Queue == queue {
+			out = append(out, name)
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 // cancel: POST /v1/jobs/{job_type}/{job_key}/cancel: non-final → final /
@@ -284,6 +290,25 @@ func (s *Server) pause(paused bool) func(http.ResponseWriter, *http.Request) err
 		writeJSON(w, http.StatusOK, map[string]any{"queue": q, "paused": paused})
 		return nil
 	}
+}
+
+// listQueues: GET /v1/queues: the declared queues and whether each is
+// paused.
+func (s *Server) listQueues(w http.ResponseWriter, r *http.Request) error {
+	paused, err := s.st.QueuesPaused(r.Context())
+	if err != nil {
+		return err
+	}
+	type queue struct {
+		Name   string `json:"name"`
+		Paused bool   `json:"paused"`
+	}
+	out := make([]queue, 0, len(s.cfg.Queues))
+	for _, q := range s.cfg.Queues {
+		out = append(out, queue{Name: q, Paused: paused[q]})
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"queues": out})
+	return nil
 }
 
 // traceOf is the trace context of an API call: the job's, when the call

@@ -1,6 +1,7 @@
 package api
 
 import (
+	"context"
 	"errors"
 	"net/http"
 	"time"
@@ -37,9 +38,19 @@ func (s *Server) schedule(name string) (*correlator.Schedule, error) {
 // listSchedules: GET /v1/schedules: every configured schedule, its state
 // and its next tick.
 func (s *Server) listSchedules(w http.ResponseWriter, r *http.Request) error {
-	states, _, err := s.st.ScheduleStates(r.Context())
+	out, err := s.scheduleList(r.Context())
 	if err != nil {
 		return err
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"schedules": out})
+	return nil
+}
+
+// scheduleList is every configured schedule with its state and next tick.
+func (s *Server) scheduleList(ctx context.Context) ([]scheduleJSON, error) {
+	states, _, err := s.st.ScheduleStates(ctx)
+	if err != nil {
+		return nil, err
 	}
 	out := make([]scheduleJSON, 0, len(s.cfg.Schedules))
 	for _, sc := range s.cfg.Schedules {
@@ -54,8 +65,7 @@ func (s *Server) listSchedules(w http.ResponseWriter, r *http.Request) error {
 		}
 		out = append(out, j)
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"schedules": out})
-	return nil
+	return out, nil
 }
 
 // withRow runs fn on a configured schedule, making its row first when no

@@ -53,8 +53,11 @@ func (c Config) WithDefaults() Config {
 
 // Config configures a Server.
 type Config struct {
-	Listen         string
+	Listen string
+	// Tokens are the admin role's bearer tokens; ReadTokens the read
+	// role's (GET only). No tokens at all: no token needed (loopback only).
 	Tokens         []string
+	ReadTokens     []string
 	CallbackSecret []byte
 	// MaxBodyBytes bounds request bodies; defaults to DefaultMaxBodyBytes.
 	MaxBodyBytes int
@@ -90,6 +93,8 @@ type Config struct {
 	// span, the parent of the job an enqueue makes); nil: no tracing work.
 	Tracer         trace.Tracer
 	TracerProvider trace.TracerProvider
+	// UI is the dashboard at {prefix}/ui/; nil: none.
+	UI *UIConfig
 }
 
 // Server serves the API.
@@ -115,6 +120,7 @@ func New(log *zap.Logger, st *store.Store, cfg Config) *Server {
 	s.mux.Handle("POST /v1/jobs/{job_type}/{job_key}/replay", auth(s.replay))
 	s.mux.Handle("POST /v1/jobs/{job_type}/{job_key}/response", s.handle(s.callback))   // signature or token, checked inside
 	s.mux.Handle("POST /v1/jobs/{job_type}/{job_key}/heartbeat", s.handle(s.heartbeat)) // signature, checked inside
+	s.mux.Handle("GET /v1/queues", auth(s.listQueues))
 	s.mux.Handle("POST /v1/queues/{queue}/pause", auth(s.pause(true)))
 	s.mux.Handle("POST /v1/queues/{queue}/resume", auth(s.pause(false)))
 	s.mux.Handle("GET /v1/schedules", auth(s.listSchedules))
@@ -129,6 +135,9 @@ func New(log *zap.Logger, st *store.Store, cfg Config) *Server {
 	s.mux.Handle("GET /readyz", s.handle(s.readyz))
 	if serveMetrics {
 		s.mux.Handle("GET /metrics", cfg.Metrics.Handler())
+	}
+	if cfg.UI != nil {
+		s.mountUI(*cfg.UI)
 	}
 	s.mux.Handle("/", s.handle(func(w http.ResponseWriter, r *http.Request) error {
 		return errorf(http.StatusNotFound, "not_found", "no such endpoint: %s %s", r.Method, r.URL.Path)
@@ -266,9 +275,15 @@ func isStatementTimeout(err error) bool {
 // checked against their limits.
 func (s *Server) authorized(h func(http.ResponseWriter, *http.Request) error) http.Handler {
 	return s.handle(func(w http.ResponseWriter, r *http.Request) error {
-		if len(s.cfg.Tokens) > 0 && !s.tokenValid(r) {
+		got, _ := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		switch s.roleOf(got) {
+		case roleNone:
 			w.Header().Set("WWW-Authenticate", `Bearer realm="hipq"`)
 			return errorf(http.StatusUnauthorized, "unauthorized", "a valid bearer token is required (Authorization: Bearer <token>)")
+		case roleRead:
+			if r.Method != http.MethodGet && r.Method != http.MethodHead {
+				return errorf(http.StatusForbidden, "forbidden", "this token has the read role: it may only GET (admin tokens are api.tokens)")
+			}
 		}
 		if err := checkPath(r); err != nil {
 			return err
@@ -292,18 +307,39 @@ func checkPath(r *http.Request) error {
 	return nil
 }
 
-// tokenValid compares the request's bearer token with every configured one
-// in constant time.
-func (s *Server) tokenValid(r *http.Request) bool {
-	got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-	if !ok || got == "" {
-		return false
+// Roles of a token: admin reads and changes, read only reads.
+type role int
+
+const (
+	roleNone role = iota
+	roleRead
+	roleAdmin
+)
+
+// roleOf is the role of a bearer token, compared with every configured
+// one in constant time. With no tokens configured everyone is admin (the
+// API then listens on loopback only).
+func (s *Server) roleOf(token string) role {
+	if len(s.cfg.Tokens) == 0 {
+		return roleAdmin
 	}
-	valid := 0
+	if token == "" {
+		return roleNone
+	}
+	admin, read := 0, 0
 	for _, t := range s.cfg.Tokens {
-		valid |= subtle.ConstantTimeCompare([]byte(got), []byte(t))
+		admin |= subtle.ConstantTimeCompare([]byte(token), []byte(t))
 	}
-	return valid == 1
+	for _, t := range s.cfg.ReadTokens {
+		read |= subtle.ConstantTimeCompare([]byte(token), []byte(t))
+	}
+	switch {
+	case admin == 1:
+		return roleAdmin
+	case read == 1:
+		return roleRead
+	}
+	return roleNone
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

@@ -204,8 +204,12 @@ type API struct {
 	Listen string `yaml:"listen"`
 	// PublicURL is how downstreams reach the API (callback URLs).
 	PublicURL string `yaml:"public_url"`
-	// Tokens are accepted bearer tokens, each at least 32 bytes.
+	// Tokens are accepted bearer tokens, each at least 32 bytes, with the
+	// admin role: they read and change (enqueue, cancel, pause, replay).
 	Tokens []string `yaml:"tokens" secret:"true"`
+	// ReadTokens are bearer tokens with the read role: GET only, in the
+	// API and the dashboard. Each at least 32 bytes.
+	ReadTokens []string `yaml:"read_tokens" secret:"true"`
 	// CallbackSecret signs callback URLs; required, at least 32 bytes.
 	CallbackSecret string `yaml:"callback_secret" secret:"true"`
 	// MaxConns bounds the API's own PostgreSQL connections, apart from
@@ -215,6 +219,20 @@ type API struct {
 	// RequestTimeout bounds each API request, its statements included
 	// (statement_timeout on the API's connections). Defaults to 10s.
 	RequestTimeout Duration `yaml:"request_timeout"`
+	// UI is the dashboard the API serves at {path_prefix}/ui/.
+	UI UI `yaml:"ui"`
+}
+
+// UI is the web dashboard.
+type UI struct {
+	// Disabled turns the dashboard off; it is on wherever the API runs.
+	Disabled bool `yaml:"disabled"`
+	// PathPrefix is where a reverse proxy mounts hipq (e.g. /hipq): the
+	// dashboard is served at {path_prefix}/ui/ and links there. Empty: /ui/.
+	PathPrefix string `yaml:"path_prefix"`
+	// Redact lists JSON pointers (e.g. /card/number) of job_data fields the
+	// dashboard shows as "[redacted]".
+	Redact []string `yaml:"redact"`
 }
 
 // Tracing exports OpenTelemetry traces over OTLP/HTTP.

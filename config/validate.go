@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/robfig/cron/v3"
@@ -246,6 +247,23 @@ func (c *Config) Validate() error {
 		for i, t := range a.Tokens {
 			if len(t) < 32 {
 				bad(fmt.Sprintf("api.tokens[%d]", i), "must be at least 32 bytes")
+			}
+		}
+		for i, t := range a.ReadTokens {
+			if len(t) < 32 {
+				bad(fmt.Sprintf("api.read_tokens[%d]", i), "must be at least 32 bytes")
+			}
+		}
+		if len(a.ReadTokens) > 0 && len(a.Tokens) == 0 {
+			bad("api.read_tokens", "needs api.tokens too: without admin tokens the API needs no token at all")
+		}
+		if p := a.UI.PathPrefix; p != "" && (!strings.HasPrefix(p, "/") || strings.HasSuffix(p, "/") ||
+			strings.ContainsAny(p, "?#%{} \"") || strings.Contains(p, "//")) {
+			bad("api.ui.path_prefix", "%q must start with / and not end with one, like /hipq (no ?, #, %%, braces, quotes or spaces)", p)
+		}
+		for i, ptr := range a.UI.Redact {
+			if !strings.HasPrefix(ptr, "/") {
+				bad(fmt.Sprintf("api.ui.redact[%d]", i), "%q is not a JSON pointer to a field, like /card/number", ptr)
 			}
 		}
 		if u, err := url.Parse(a.PublicURL); err != nil || u.Scheme == "" || u.Host == "" {

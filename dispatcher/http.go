@@ -239,7 +239,7 @@ func (s *HTTPSender) call(ctx context.Context, c *store.Claimed) Result {
 		ctx = tracing.Propagator.Extract(ctx, propagation.MapCarrier(c.Trace)) // the client span's parent: the send span
 	}
 	target := route.RequestURL(c.JobType, c.JobKey)
-	shown := redactURL(target) // errors are stored and logged: never a secret of the URL's
+	shown := RedactURL(target) // errors are stored and logged: never a secret of the URL's
 	req, err := http.NewRequestWithContext(ctx, method, target, bytes.NewReader(c.JobData))
 	if err != nil {
 		return Result{Status: Failed, Final: true, Err: fmt.Errorf("build request for %s: %v", shown, redactErr(err, target, shown))}
@@ -325,9 +325,9 @@ func classifyCallError(method, target, shown string, err error, delivery correla
 	return Result{Status: Failed, Final: delivery == correlator.AtMostOnce, Err: err}
 }
 
-// redactURL is a URL fit to store and log: a password in it is replaced
+// RedactURL is a URL fit to store and log: a password in it is replaced
 // and the query's values (where API keys go) are left out.
-func redactURL(target string) string {
+func RedactURL(target string) string {
 	u, err := url.Parse(target)
 	if err != nil {
 		return "(unparsable URL)"

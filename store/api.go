@@ -133,6 +133,8 @@ type JobListParams struct {
 	// filter reads their (job_type, job_key) index rather than walk the
 	// table for a queue with few jobs.
 	QueueTypes []string
+	// KeyPrefix keeps the jobs whose job_key starts with it.
+	KeyPrefix string
 	// BeforeID is the keyset cursor: jobs with smaller ids (newest first);
 	// 0 starts from the newest.
 	BeforeID int64
@@ -179,6 +181,10 @@ func jobListQuery(p JobListParams) (string, []any) {
 	if p.Queue != "" && len(p.QueueTypes) > 0 {
 		f.args = append(f.args, p.QueueTypes)
 		f.where = append(f.where, fmt.Sprintf("job_type = ANY($%d)", len(f.args)))
+	}
+	if p.KeyPrefix != "" {
+		f.args = append(f.args, p.KeyPrefix)
+		f.where = append(f.where, fmt.Sprintf("starts_with(job_key, $%d)", len(f.args)))
 	}
 	return f.query(`SELECT `+jobColumns+` FROM hipq_job`, p.BeforeID, p.Limit)
 }

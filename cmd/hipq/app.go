@@ -1,15 +1,18 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"slices"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap"
 	"golang.org/x/sync/errgroup"
@@ -19,6 +22,7 @@ import (
 	"github.com/hipq/hipq/consumer"
 	"github.com/hipq/hipq/correlator"
 	"github.com/hipq/hipq/dispatcher"
+	"github.com/hipq/hipq/internal/activity"
 	"github.com/hipq/hipq/internal/deadletter"
 	"github.com/hipq/hipq/internal/kafkaconn"
 	"github.com/hipq/hipq/internal/metrics"
@@ -48,6 +52,8 @@ type app struct {
 	sweeper    *sweeper.Sweeper
 	periodic   *sweeper.Periodic
 	api        *api.Server
+	activity   *activity.Recorder
+	instance   string // this process's name in claims and activity
 	producer   *kgo.Client
 	producers  []*kgo.Client // of job types with a compression of their own
 	kafkaPing  *kgo.Client   // readiness checks of the API
@@ -92,7 +98,7 @@ func newApp(ctx context.Context, cfg *config.Config, log *zap.Logger, opts appOp
 		return nil, err
 	}
 	a := &app{log: log, st: st, cfg: cfg, types: cfg.Domain(), metrics: metrics.New(), kc: kafkaConfig(cfg, opts.metadataMinAge),
-		matchers: map[string]correlator.Matcher{}, crash: os.Getenv("HIPQ_CRASHPOINT")}
+		matchers: map[string]correlator.Matcher{}, crash: os.Getenv("HIPQ_CRASHPOINT"), instance: instanceName()}
 	for _, q := range cfg.Queues {
 		a.queues = append(a.queues, q.Name)
 	}
@@ -275,7 +281,7 @@ func (a *app) buildDispatcher(context.Context) error {
 		}
 		queues = append(queues, dispatcher.QueueConfig{Name: q.Name, Order: q.Order, Throttle: *throttles[q.Name]})
 	}
-	a.dispatcher = dispatcher.New(a.log, a.st, dispatcher.Config{Instance: instanceName(), Interval: cfg.Dispatch.Interval.D(),
+	a.dispatcher = dispatcher.New(a.log, a.st, dispatcher.Config{Instance: a.instance, Interval: cfg.Dispatch.Interval.D(),
 		BatchSize: cfg.Dispatch.BatchSize, Queues: queues, Types: a.types, Senders: senders, Metrics: a.metrics,
 		DeadLetters: a.replyCopies, Tracer: a.tracing.Tracer, TraceLink: a.tracing.Link})
 	return nil
@@ -312,11 +318,67 @@ func (a *app) buildAPI(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	a.api = api.New(a.log, a.apiStore, api.Config{Listen: c.Listen, Tokens: c.Tokens, HotPath: a.st,
+	var ui *api.UIConfig
+	if !c.UI.Disabled {
+		ui = &api.UIConfig{PathPrefix: c.UI.PathPrefix, Redact: c.UI.Redact, Throttles: a.cfg.Throttles(), Lag: a.consumerLag,
+			Requests: requestShapes(a.cfg)}
+	}
+	a.api = api.New(a.log, a.apiStore, api.Config{Listen: c.Listen, Tokens: c.Tokens, ReadTokens: c.ReadTokens, HotPath: a.st, UI: ui,
 		RequestTimeout: c.RequestTimeout.D(), CallbackSecret: []byte(c.CallbackSecret), MaxBodyBytes: a.cfg.Intake.MaxBytes,
 		Queues: a.queues, Types: a.types, Schedules: a.cfg.PeriodicJobs(), Matchers: a.matchers, EarlyTTL: a.cfg.Responses.EarlyTTL.D(), Ready: a.kafkaPing.Ping,
 		Metrics: a.metrics, DeadLetters: a.replyCopies, Tracer: a.tracing.Tracer, TracerProvider: a.tracing.Provider})
 	return nil
+}
+
+// requestShapes describe each job type's requests for the dashboard,
+// without secrets: header names only, URLs without query values.
+func requestShapes(cfg *config.Config) map[string]api.RequestShape {
+	out := map[string]api.RequestShape{}
+	for _, jt := range cfg.JobTypes {
+		switch t := jt.Transport; {
+		case t.Kafka != nil:
+			out[jt.Name] = api.RequestShape{Transport: "kafka", Target: t.Kafka.Topic, ReplyTopic: jt.ReplyTopic}
+		case t.HTTP != nil:
+			names := slices.Sorted(maps.Keys(t.HTTP.Headers))
+			out[jt.Name] = api.RequestShape{Transport: "http", Headers: names,
+				Target: cmp.Or(t.HTTP.Method, dispatcher.DefaultHTTPMethod) + " " + dispatcher.RedactURL(t.HTTP.URL)}
+		}
+	}
+	return out
+}
+
+// consumerLag is, for the dashboard, each consumer group's records
+// between the partitions' end offsets and the offsets stored in
+// PostgreSQL: the lag of every instance at once.
+func (a *app) consumerLag(ctx context.Context) ([]api.GroupLag, error) {
+	offsets, err := a.st.OffsetsAll(ctx)
+	if err != nil || len(offsets) == 0 {
+		return nil, err
+	}
+	var topics []string
+	for _, o := range offsets {
+		if !slices.Contains(topics, o.Topic) {
+			topics = append(topics, o.Topic)
+		}
+	}
+	ends, err := kadm.NewClient(a.kafkaPing).ListEndOffsets(ctx, topics...)
+	if err != nil {
+		return nil, fmt.Errorf("list end offsets: %w", err)
+	}
+	var out []api.GroupLag
+	for _, o := range offsets {
+		end, ok := ends.Lookup(o.Topic, o.Partition)
+		if !ok || end.Err != nil {
+			continue
+		}
+		if n := len(out); n > 0 && out[n-1].Group == o.Group && out[n-1].Topic == o.Topic {
+			out[n-1].Records += max(end.Offset-o.Next, 0)
+			out[n-1].Partitions++
+			continue
+		}
+		out = append(out, api.GroupLag{Group: o.Group, Topic: o.Topic, Partitions: 1, Records: max(end.Offset-o.Next, 0)})
+	}
+	return out, nil
 }
 
 // run runs every component until ctx ends; each drains what it started.
@@ -346,6 +408,8 @@ func (a *app) run(ctx context.Context) error {
 	if a.api != nil {
 		g.Go(func() error { return a.api.Run(ctx) })
 	}
+	a.activity = activity.New(a.log, a.st, a.metrics, a.instance, a.types, 0)
+	g.Go(func() error { return a.activity.Run(ctx) })
 	a.log.Info("hipq running", zap.String("name", a.cfg.Name), zap.Bool("intake", a.intake != nil), zap.Bool("outbox", a.outbox != nil),
 		zap.Bool("dispatcher", a.dispatcher != nil), zap.Bool("responses", a.responses != nil), zap.Bool("sweeper", a.sweeper != nil), zap.Bool("api", a.api != nil))
 	err := g.Wait()

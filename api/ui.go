@@ -1,0 +1,504 @@
+package api
+
+// The dashboard: HTML pages at {prefix}/ui/ for the person on call, served
+// by the API from html/template and embedded files. Pages work without
+// JavaScript; ui.js (ours, embedded) only refreshes the overview in place.
+//
+// Security: the same tokens as the API, typed once on the login page and
+// kept in an HttpOnly, SameSite=Strict cookie; the read role sees no
+// buttons and its POSTs are refused. Every POST carries a CSRF token, the
+// HMAC of a random per-browser cookie (so it needs no server state and
+// holds across instances). The Content-Security-Policy allows nothing but
+// the dashboard's own files: no inline script or style.
+
+import (
+	"bytes"
+	"context"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"embed"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"html/template"
+	"io/fs"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/hipq/hipq/correlator"
+	"github.com/hipq/hipq/store"
+)
+
+//go:embed ui/*.html ui/static/*
+var uiFiles embed.FS
+
+// UIConfig configures the dashboard; nil in Config means no dashboard.
+type UIConfig struct {
+	// PathPrefix is where a reverse proxy mounts hipq ("" or like /hipq):
+	// the dashboard is at {PathPrefix}/ui/.
+	PathPrefix string
+	// Redact lists JSON pointers of job_data fields shown as "[redacted]".
+	Redact []string
+	// Throttles are the queues' limits, shown against their running weight.
+	Throttles map[string]*correlator.Throttle
+	// Lag reports the consumer groups' lag; nil: not shown.
+	Lag func(context.Context) ([]GroupLag, error)
+	// Requests describe, by job type, the request hipq sends, for the job
+	// page.
+	Requests map[string]RequestShape
+}
+
+// RequestShape is how a job type's requests are sent: transport (kafka or
+// http), target (the topic, or the method and URL without its secrets),
+// the reply topic named in a header, and the names of the configured
+// headers (never their values).
+type RequestShape struct {
+	Transport  string
+	Target     string
+	ReplyTopic string
+	Headers    []string
+}
+
+// GroupLag is a consumer group's lag on one topic: records between the
+// partitions' end offsets and the offsets stored in PostgreSQL.
+type GroupLag struct {
+	Group      string
+	Topic      string
+	Partitions int
+	Records    int64
+}
+
+const (
+	uiSessionCookie = "hipq_ui_session" // the token
+	uiNonceCookie   = "hipq_ui_nonce"   // the CSRF token is its HMAC
+	uiCSP           = "default-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
+	redacted        = "[redacted]"
+)
+
+// ui is the dashboard's state.
+type ui struct {
+	s       *Server
+	cfg     UIConfig
+	base    string // {prefix}/ui
+	pages   map[string]*template.Template
+	csrfKey []byte
+}
+
+// mountUI registers the dashboard's routes on the server's mux.
+func (s *Server) mountUI(cfg UIConfig) {
+	u := &ui{s: s, cfg: cfg, base: cfg.PathPrefix + "/ui", pages: map[string]*template.Template{}}
+	u.csrfKey = s.cfg.CallbackSecret
+	if len(u.csrfKey) == 0 {
+		u.csrfKey = make([]byte, 32)
+		_, _ = rand.Read(u.csrfKey)
+	}
+	funcs := template.FuncMap{
+		"link":     u.link,
+		"ago":      ago,
+		"when":     when,
+		"pretty":   pretty,
+		"deref":    func(s *string) string { return deref(s) },
+		"add":      func(a, b int) int { return a + b },
+		"pct":      func(a, b int64) int64 { return a * 100 / max(b, 1) },
+		"contains": slices.Contains[[]string],
+	}
+	layout := template.Must(template.New("layout.html").Funcs(funcs).ParseFS(uiFiles, "ui/layout.html"))
+	for _, p := range []string{"login", "overview", "jobs", "job", "deadletters", "queues", "schedules", "error"} {
+		u.pages[p] = template.Must(template.Must(layout.Clone()).ParseFS(uiFiles, "ui/"+p+".html"))
+	}
+	static, _ := fs.Sub(uiFiles, "ui/static")
+	files := http.StripPrefix(u.base+"/static/", http.FileServerFS(static))
+	s.mux.Handle("GET "+u.base+"/static/", u.headers(files))
+	s.mux.Handle("GET "+u.base, http.RedirectHandler(u.base+"/", http.StatusSeeOther))
+	s.mux.Handle("GET "+u.base+"/{$}", u.page(u.overview))
+	s.mux.Handle("GET "+u.base+"/login", u.headers(http.HandlerFunc(u.loginForm)))
+	s.mux.Handle("POST "+u.base+"/login", u.headers(http.HandlerFunc(u.login)))
+	s.mux.Handle("POST "+u.base+"/logout", u.headers(http.HandlerFunc(u.logout)))
+	s.mux.Handle("GET "+u.base+"/jobs", u.page(u.jobs))
+	s.mux.Handle("GET "+u.base+"/job", u.page(u.job))
+	s.mux.Handle("GET "+u.base+"/dead-letters", u.page(u.deadLetters))
+	s.mux.Handle("GET "+u.base+"/queues", u.page(u.queues))
+	s.mux.Handle("GET "+u.base+"/schedules", u.page(u.schedules))
+	s.mux.Handle("POST "+u.base+"/act/{action}", u.headers(http.HandlerFunc(u.act)))
+}
+
+// headers sets the security headers of every dashboard answer.
+func (u *ui) headers(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hd := w.Header()
+		hd.Set("Content-Security-Policy", uiCSP)
+		hd.Set("X-Content-Type-Options", "nosniff")
+		hd.Set("Referrer-Policy", "same-origin")
+		hd.Set("X-Frame-Options", "DENY")
+		if !strings.Contains(r.URL.Path, "/static/") {
+			hd.Set("Cache-Control", "no-store")
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// view is what every page template gets.
+type view struct {
+	Base    string
+	Title   string
+	Page    string
+	Admin   bool
+	CSRF    string
+	Flash   string
+	FlashOK bool
+	Live    bool
+	Data    any
+}
+
+// page serves a GET page: the session's role (else the login page), the
+// CSRF token, the page's data, the template.
+func (u *ui) page(fn func(*http.Request, *view) error) http.Handler {
+	return u.headers(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), u.s.cfg.RequestTimeout)
+		defer cancel()
+		r = r.WithContext(ctx)
+		rl := u.role(r)
+		if rl == roleNone {
+			http.Redirect(w, r, u.base+"/login?next="+url.QueryEscape(r.URL.RequestURI()), http.StatusSeeOther)
+			return
+		}
+		v := &view{Base: u.base, Admin: rl == roleAdmin, CSRF: u.csrf(w, r)}
+		if f := r.URL.Query().Get("flash"); f != "" {
+			v.Flash, v.FlashOK = correlator.Clip(f, 500), r.URL.Query().Get("ok") == "1"
+		}
+		if err := fn(r, v); err != nil {
+			u.fail(w, r, v, err)
+			return
+		}
+		u.render(w, http.StatusOK, v)
+	}))
+}
+
+// fail shows an error page: a bad parameter as such, anything else logged
+// and shown without detail.
+func (u *ui) fail(w http.ResponseWriter, r *http.Request, v *view, err error) {
+	status, msg := http.StatusInternalServerError, "internal error; see hipq's log"
+	var ae *apiError
+	switch {
+	case errors.As(err, &ae):
+		status, msg = ae.Status, ae.Message
+	case errors.Is(err, context.DeadlineExceeded) || store.IsTransient(err):
+		status, msg = http.StatusServiceUnavailable, "PostgreSQL did not answer in time; try again"
+	default:
+		u.s.log.Error("dashboard page failed", zap.String("path", correlator.Clip(r.URL.Path, 512)), zap.Error(err))
+	}
+	v.Page, v.Title, v.Data = "error", "Error", msg
+	u.render(w, status, v)
+}
+
+func (u *ui) render(w http.ResponseWriter, status int, v *view) {
+	var b bytes.Buffer
+	if err := u.pages[v.Page].ExecuteTemplate(&b, "layout.html", v); err != nil {
+		u.s.log.Error("dashboard template failed", zap.String("page", v.Page), zap.Error(err))
+		http.Error(w, "template error; see hipq's log", http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.WriteHeader(status)
+	_, _ = w.Write(b.Bytes())
+}
+
+// role is the session's role: with no tokens configured everyone is admin.
+func (u *ui) role(r *http.Request) role {
+	if len(u.s.cfg.Tokens) == 0 {
+		return roleAdmin
+	}
+	c, err := r.Cookie(uiSessionCookie)
+	if err != nil {
+		return roleNone
+	}
+	return u.s.roleOf(c.Value)
+}
+
+// csrf returns the request's CSRF token, setting the nonce cookie it is
+// made from when the browser has none yet.
+func (u *ui) csrf(w http.ResponseWriter, r *http.Request) string {
+	if c, err := r.Cookie(uiNonceCookie); err == nil && len(c.Value) == 32 {
+		return u.csrfOf(c.Value)
+	}
+	b := make([]byte, 16)
+	_, _ = rand.Read(b)
+	nonce := hex.EncodeToString(b)
+	http.SetCookie(w, u.cookie(r, uiNonceCookie, nonce))
+	return u.csrfOf(nonce)
+}
+
+func (u *ui) csrfOf(nonce string) string {
+	m := hmac.New(sha256.New, u.csrfKey)
+	m.Write([]byte("ui-csrf\n" + nonce))
+	return hex.EncodeToString(m.Sum(nil))
+}
+
+// csrfValid checks a POST's csrf field against the nonce cookie.
+func (u *ui) csrfValid(r *http.Request) bool {
+	c, err := r.Cookie(uiNonceCookie)
+	if err != nil || len(c.Value) != 32 {
+		return false
+	}
+	return hmac.Equal([]byte(r.PostFormValue("csrf")), []byte(u.csrfOf(c.Value)))
+}
+
+func (u *ui) cookie(r *http.Request, name, value string) *http.Cookie {
+	return &http.Cookie{Name: name, Value: value, Path: u.base + "/", HttpOnly: true, SameSite: http.SameSiteStrictMode,
+		Secure: r.TLS != nil || r.Header.Get("X-Forwarded-Proto") == "https"}
+}
+
+func (u *ui) loginForm(w http.ResponseWriter, r *http.Request) {
+	v := &view{Base: u.base, Page: "login", Title: "Sign in", CSRF: u.csrf(w, r), Data: u.next(r.URL.Query().Get("next"))}
+	if r.URL.Query().Get("failed") == "1" {
+		v.Flash = "That token is not one of api.tokens or api.read_tokens."
+	}
+	u.render(w, http.StatusOK, v)
+}
+
+// next keeps a redirect inside the dashboard.
+func (u *ui) next(n string) string {
+	if !strings.HasPrefix(n, u.base+"/") || strings.HasPrefix(n, "//") || strings.ContainsAny(n, "\\\r\n") {
+		return u.base + "/"
+	}
+	return n
+}
+
+func (u *ui) login(w http.ResponseWriter, r *http.Request) {
+	r.Body = http.MaxBytesReader(w, r.Body, 64<<10)
+	if !u.csrfValid(r) {
+		http.Error(w, "forbidden: the form's CSRF token is missing or wrong; reload the page", http.StatusForbidden)
+		return
+	}
+	token := strings.TrimSpace(r.PostFormValue("token"))
+	next := u.next(r.PostFormValue("next"))
+	if len(u.s.cfg.Tokens) > 0 && u.s.roleOf(token) == roleNone {
+		u.s.log.Warn("dashboard sign-in refused", zap.String("remote", r.RemoteAddr))
+		http.Redirect(w, r, u.base+"/login?failed=1&next="+url.QueryEscape(next), http.StatusSeeOther)
+		return
+	}
+	http.SetCookie(w, u.cookie(r, uiSessionCookie, token))
+	http.Redirect(w, r, next, http.StatusSeeOther)
+}
+
+func (u *ui) logout(w http.ResponseWriter, r *http.Request) {
+	if !u.csrfValid(r) {
+		http.Error(w, "forbidden: the form's CSRF token is missing or wrong; reload the page", http.StatusForbidden)
+		return
+	}
+	c := u.cookie(r, uiSessionCookie, "")
+	c.MaxAge = -1
+	http.SetCookie(w, c)
+	http.Redirect(w, r, u.base+"/login", http.StatusSeeOther)
+}
+
+// act runs a POST action through the API's own handler, so the dashboard
+// changes a job exactly as the API would, then goes back to the page it
+// came from with what happened.
+func (u *ui) act(w http.ResponseWriter, r *http.Request) {
+	r.Body = http.MaxBytesReader(w, r.Body, 64<<10)
+	if !u.csrfValid(r) {
+		http.Error(w, "forbidden: the form's CSRF token is missing or wrong; reload the page", http.StatusForbidden)
+		return
+	}
+	if u.role(r) != roleAdmin {
+		http.Error(w, "forbidden: only an admin token (api.tokens) may change anything", http.StatusForbidden)
+		return
+	}
+	f := r.PostFormValue
+	var h func(http.ResponseWriter, *http.Request) error
+	vals := map[string]string{}
+	switch r.PathValue("action") {
+	case "cancel":
+		h, vals["job_type"], vals["job_key"] = u.s.cancel, f("job_type"), f("job_key")
+	case "replay":
+		h, vals["job_type"], vals["job_key"] = u.s.replay, f("job_type"), f("job_key")
+	case "pause", "resume":
+		h, vals["queue"] = u.s.pause(r.PathValue("action") == "pause"), f("queue")
+	case "dead-letter-replay":
+		h, vals["id"] = u.s.replayDeadLetter, f("id")
+	case "schedule-pause", "schedule-resume":
+		h, vals["name"] = u.s.pauseSchedule(r.PathValue("action") == "schedule-pause"), f("name")
+	case "schedule-trigger":
+		h, vals["name"] = u.s.triggerSchedule, f("name")
+	default:
+		http.Error(w, "no such action", http.StatusNotFound)
+		return
+	}
+	in := r.Clone(r.Context())
+	in.Body, in.ContentLength = http.NoBody, 0
+	for k, v := range vals {
+		in.SetPathValue(k, v)
+	}
+	rec := &recorder{header: http.Header{}}
+	u.s.handle(func(w http.ResponseWriter, r *http.Request) error {
+		if err := checkPath(r); err != nil {
+			return err
+		}
+		return h(w, r)
+	}).ServeHTTP(rec, in)
+	ok := rec.status < 300
+	msg := r.PathValue("action") + ": done"
+	var answer struct {
+		Error  struct{ Message string }
+		Result string
+	}
+	if json.Unmarshal(rec.body.Bytes(), &answer) == nil {
+		switch {
+		case !ok:
+			msg = r.PathValue("action") + ": " + answer.Error.Message
+		case answer.Result != "":
+			msg += " (" + answer.Result + ")"
+		}
+	}
+	back := u.next(f("back"))
+	sep := "?"
+	if strings.Contains(back, "?") {
+		sep = "&"
+	}
+	back += sep + "flash=" + url.QueryEscape(msg)
+	if ok {
+		back += "&ok=1"
+	}
+	http.Redirect(w, r, back, http.StatusSeeOther)
+}
+
+// recorder keeps an in-process answer of an API handler.
+type recorder struct {
+	header http.Header
+	status int
+	body   bytes.Buffer
+}
+
+func (r *recorder) Header() http.Header { return r.header }
+func (r *recorder) Write(b []byte) (int, error) {
+	if r.status == 0 {
+		r.status = http.StatusOK
+	}
+	return r.body.Write(b)
+}
+func (r *recorder) WriteHeader(status int) { r.status = status }
+
+// link builds a dashboard URL: a page and query pairs (empty values left
+// out).
+func (u *ui) link(page string, kv ...any) string {
+	q := url.Values{}
+	for i := 0; i+1 < len(kv); i += 2 {
+		v := fmt.Sprint(kv[i+1])
+		if v != "" && v != "0" {
+			q.Set(fmt.Sprint(kv[i]), v)
+		}
+	}
+	out := u.base + "/" + page
+	if len(q) > 0 {
+		out += "?" + q.Encode()
+	}
+	return out
+}
+
+func ago(t time.Time) string {
+	if t.IsZero() {
+		return ""
+	}
+	d := time.Since(t).Round(time.Second)
+	if d < 0 {
+		return "in " + (-d).String()
+	}
+	return d.String() + " ago"
+}
+
+func when(t any) string {
+	switch v := t.(type) {
+	case time.Time:
+		if v.IsZero() {
+			return "—"
+		}
+		return v.UTC().Format("2006-01-02 15:04:05.000Z")
+	case *time.Time:
+		if v == nil {
+			return "—"
+		}
+		return when(*v)
+	}
+	return ""
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}
+
+// pretty indents JSON for a <pre>; other bytes are shown as text.
+func pretty(b []byte) string {
+	if len(b) == 0 {
+		return ""
+	}
+	var out bytes.Buffer
+	if json.Indent(&out, b, "", "  ") != nil {
+		return string(b)
+	}
+	return out.String()
+}
+
+// redact replaces the configured job_data fields with "[redacted]".
+func (u *ui) redact(data json.RawMessage) json.RawMessage {
+	if len(u.cfg.Redact) == 0 || len(data) == 0 {
+		return data
+	}
+	var doc any
+	d := json.NewDecoder(bytes.NewReader(data))
+	d.UseNumber()
+	if d.Decode(&doc) != nil {
+		return data
+	}
+	changed := false
+	for _, p := range u.cfg.Redact {
+		changed = redactAt(doc, strings.Split(p[1:], "/")) || changed
+	}
+	if !changed {
+		return data
+	}
+	b, err := json.Marshal(doc)
+	if err != nil {
+		return json.RawMessage(`"` + redacted + `"`)
+	}
+	return b
+}
+
+// redactAt replaces the value at the pointer's tokens in doc.
+func redactAt(doc any, toks []string) bool {
+	tok := strings.ReplaceAll(strings.ReplaceAll(toks[0], "~1", "/"), "~0", "~")
+	switch d := doc.(type) {
+	case map[string]any:
+		v, ok := d[tok]
+		if !ok {
+			return false
+		}
+		if len(toks) == 1 {
+			d[tok] = redacted
+			return true
+		}
+		return redactAt(v, toks[1:])
+	case []any:
+		i, err := strconv.Atoi(tok)
+		if err != nil || i < 0 || i >= len(d) {
+			return false
+		}
+		if len(toks) == 1 {
+			d[i] = redacted
+			return true
+		}
+		return redactAt(d[i], toks[1:])
+	}
+	return false
+}
