@@ -1,6 +1,6 @@
 // hipq dashboard: refreshes a page whose <main> has data-live="N" every N
-// seconds, in place, while the tab is visible. Written for hipq (same
-// licence as hipq); no library. Without it the page still works: reload.
+// seconds, in place, while the tab is visible. hipq's own code, under
+// hipq's terms; no third-party code. Without it the page still works.
 (function () {
   "use strict";
   var main = document.querySelector("main[data-live]");
