@@ -36,16 +36,17 @@ func (s *Store) RunSummary(ctx context.Context) (Summary, error) {
 // produced (as hipq bench writes them).
 type Latencies struct {
 	Last                 time.Time  // the last job's end
-	P50, P99             float64    // produced → final
+	P50, P99, Max        float64    // produced → final
 	Intake, Claim, Reply [2]float64 // p50, p99 of produced → stored, stored → claimed, claimed → final
 }
 
-// BenchLatencies reads the latencies of a bench run.
-func (s *Store) BenchLatencies(ctx context.Context) (Latencies, error) {
+// BenchLatencies reads the latencies of a bench run: the succeeded jobs
+// of jobType.
+func (s *Store) BenchLatencies(ctx context.Context, jobType string) (Latencies, error) {
 	var l Latencies
 	err := s.pool.QueryRow(ctx, `
 		SELECT max(update_time),
-		       percentile_cont(0.5) WITHIN GROUP (ORDER BY lat), percentile_cont(0.99) WITHIN GROUP (ORDER BY lat),
+		       percentile_cont(0.5) WITHIN GROUP (ORDER BY lat), percentile_cont(0.99) WITHIN GROUP (ORDER BY lat), max(lat),
 		       percentile_cont(0.5) WITHIN GROUP (ORDER BY intake), percentile_cont(0.99) WITHIN GROUP (ORDER BY intake),
 		       percentile_cont(0.5) WITHIN GROUP (ORDER BY claim), percentile_cont(0.99) WITHIN GROUP (ORDER BY claim),
 		       percentile_cont(0.5) WITHIN GROUP (ORDER BY reply), percentile_cont(0.99) WITHIN GROUP (ORDER BY reply)
@@ -54,7 +55,7 @@ func (s *Store) BenchLatencies(ctx context.Context) (Latencies, error) {
 		             (extract(epoch FROM created_at) * 1e9 - (job_data->>'t')::float8) / 1e6 AS intake,
 		             extract(epoch FROM started_at - created_at) * 1e3 AS claim,
 		             extract(epoch FROM update_time - started_at) * 1e3 AS reply
-		      FROM hipq_job WHERE outcome = 'succeeded') l`).Scan(&l.Last, &l.P50, &l.P99,
+		      FROM hipq_job WHERE job_type = $1 AND outcome = 'succeeded') l`, jobType).Scan(&l.Last, &l.P50, &l.P99, &l.Max,
 		&l.Intake[0], &l.Intake[1], &l.Claim[0], &l.Claim[1], &l.Reply[0], &l.Reply[1])
 	if err != nil {
 		return l, fmt.Errorf("read bench latencies: %w", err)
@@ -81,4 +82,108 @@ func (s *Store) DropSchema(ctx context.Context) error {
 		return fmt.Errorf("drop schema %s: %w", s.schema, err)
 	}
 	return nil
+}
+
+// BenchSeed fills the table before a bench run: backlog jobs of jobType
+// scheduled a day ahead (waiting, never due during the run), and final
+// succeeded jobs of type "bench.old" with an attempt each, finished at
+// finalAt and the hour before it. Inserted in chunks; progress is told
+// after each.
+func (s *Store) BenchSeed(ctx context.Context, queue, jobType string, backlog, finals int, finalAt time.Time, progress func(what string, done int)) error {
+	const chunk = 200000
+	for lo := 0; lo < backlog; lo += chunk {
+		if _, err := s.pool.Exec(ctx, `INSERT INTO hipq_job (queue, job_type, job_key, job_data, scheduled_run_time)
+			SELECT $1, $2, 'backlog-' || i, jsonb_build_object('i', i), now() + interval '1 day'
+			FROM generate_series($3::int, $4::int - 1) i`, queue, jobType, lo, min(lo+chunk, backlog)); err != nil {
+			return fmt.Errorf("seed the backlog: %w", err)
+		}
+		progress("backlog", min(lo+chunk, backlog))
+	}
+	for lo := 0; lo < finals; lo += chunk {
+		if _, err := s.pool.Exec(ctx, `
+			WITH j AS (
+			  INSERT INTO hipq_job (queue, job_type, job_key, job_data, state, outcome, attempt, started_at, created_at, update_time, result)
+			  SELECT $1, 'bench.old', 'old-' || i, jsonb_build_object('i', i), 'final', 'succeeded', 1,
+			         t - interval '1 second', t - interval '2 seconds', t, '{"ok": true}'
+			  FROM generate_series($2::int, $3::int - 1) i, LATERAL (SELECT $4::timestamptz - (i % 3600) * interval '1 second' AS t) x
+			  RETURNING id, started_at, update_time
+			)
+			INSERT INTO hipq_attempt (job_id, attempt, instance, dispatched_at, sent_at, replied_at, outcome, reply)
+			SELECT id, 1, 'seed', started_at, started_at, update_time, 'succeeded', '{"status": "succeeded"}' FROM j`,
+			queue, lo, min(lo+chunk, finals), finalAt); err != nil {
+			return fmt.Errorf("seed final jobs: %w", err)
+		}
+		progress("final rows", min(lo+chunk, finals))
+	}
+	if backlog > 0 || finals > 0 {
+		if _, err := s.pool.Exec(ctx, `VACUUM ANALYZE hipq_job`); err != nil {
+			return fmt.Errorf("vacuum the seeded table: %w", err)
+		}
+		if _, err := s.pool.Exec(ctx, `VACUUM ANALYZE hipq_attempt`); err != nil {
+			return fmt.Errorf("vacuum the seeded table: %w", err)
+		}
+	}
+	return nil
+}
+
+// StatementTime is where PostgreSQL's time went for one family of
+// statements during a bench run.
+type StatementTime struct {
+	Family string
+	Calls  int64
+	Rows   int64
+	Millis float64
+}
+
+// StatementsReset starts a profile: pg_stat_statements is reset. It says
+// why when the extension cannot be used (not in shared_preload_libraries,
+// or not installable by this user).
+func (s *Store) StatementsReset(ctx context.Context) error {
+	if _, err := s.pool.Exec(ctx, `CREATE EXTENSION IF NOT EXISTS pg_stat_statements SCHEMA public`); err != nil {
+		return fmt.Errorf("pg_stat_statements is not available: %w", err)
+	}
+	if _, err := s.pool.Exec(ctx, `SELECT public.pg_stat_statements_reset()`); err != nil {
+		return fmt.Errorf("pg_stat_statements is not usable (is it in shared_preload_libraries?): %w", err)
+	}
+	return nil
+}
+
+// StatementsRead returns the top-level statements' time since the reset,
+// by family (what the statement is for), most expensive first.
+func (s *Store) StatementsRead(ctx context.Context) ([]StatementTime, error) {
+	rows, err := s.pool.Query(ctx, `
+		SELECT family, sum(calls)::bigint, sum(rows)::bigint, sum(total_exec_time)::float8
+		FROM (SELECT calls, rows, total_exec_time, CASE
+		        WHEN q ILIKE '%hipq_claim(%' THEN 'claim (hipq_claim)'
+		        WHEN q ILIKE 'SELECT $2 FROM ONLY%FOR KEY SHARE%' THEN 'foreign-key checks'
+		        WHEN q ILIKE '%INSERT INTO hipq_job%' THEN 'job inserts (intake, API, outbox)'
+		        WHEN q ILIKE '%SET state = u.state%' THEN 'resolve (replies, timeouts)'
+		        WHEN q ILIKE '%SET sent_at%' THEN 'sent marks'
+		        WHEN q ILIKE '%FROM hipq_job WHERE id IN (SELECT unnest%' THEN 'reply lookup'
+		        WHEN q ILIKE '%hipq_offset%' THEN 'consumed offsets'
+		        WHEN q ILIKE '%hipq_intake%' THEN 'outbox reads'
+		        WHEN q ILIKE '%DELETE FROM hipq_job%' OR q ILIKE '%DELETE FROM hipq_attempt%' THEN 'retention prune'
+		        WHEN q ILIKE '%hipq_activity%' THEN 'dashboard activity'
+		        WHEN q ILIKE 'BEGIN%' OR q ILIKE 'COMMIT%' OR q ILIKE 'ROLLBACK%' THEN 'transaction control'
+		        WHEN q ILIKE '%hipq_attempt%' OR q ILIKE '%hipq_early_reply%' THEN 'sweeper and attempts'
+		        WHEN q ILIKE '%pg_notify%' OR q ILIKE 'LISTEN%' THEN 'notifications'
+		        ELSE 'other' END AS family
+		      FROM (SELECT calls, rows, total_exec_time, regexp_replace(query, '\s+', ' ', 'g') AS q
+		            FROM public.pg_stat_statements
+		            WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+		              AND toplevel) s
+		      WHERE q NOT ILIKE '%pg_stat_statements%' AND q NOT ILIKE '%percentile_cont%') f
+		GROUP BY family ORDER BY 4 DESC`)
+	if err != nil {
+		return nil, fmt.Errorf("read pg_stat_statements: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (StatementTime, error) {
+		var t StatementTime
+		err := r.Scan(&t.Family, &t.Calls, &t.Rows, &t.Millis)
+		return t, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read pg_stat_statements: %w", err)
+	}
+	return out, nil
 }

@@ -1,22 +1,18 @@
 package main
 
 import (
-	"bufio"
-	"cmp"
 	"context"
 	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
-	"os"
-	"runtime/pprof"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/hipq/hipq/correlator"
+	"github.com/hipq/hipq/store"
 )
 
 const benchConfig = `
@@ -41,69 +37,172 @@ type benchResult struct {
 	JobsPerSec   float64 `json:"jobs_per_sec"`
 	P50ms        float64 `json:"p50_ms"`
 	P99ms        float64 `json:"p99_ms"`
-	PeakRSSBytes int64   `json:"peak_rss_bytes"`
+	MaxMs        float64 `json:"max_ms"`
+	PeakRSSBytes int64   `json:"peak_rss_bytes"` // the largest of the instances'
+	Instances    int     `json:"instances"`
+	Rate         float64 `json:"rate,omitempty"` // offered load, jobs/s (open loop)
+	Backlog      int     `json:"backlog,omitempty"`
+	FinalRows    int     `json:"final_rows,omitempty"`
+	PrunedPerSec float64 `json:"pruned_per_sec,omitempty"`
+	// StatementUsPerJob is PostgreSQL's statement time per job (with
+	// --db-profile).
+	StatementUsPerJob float64 `json:"statement_us_per_job,omitempty"`
 }
 
-func cmdBench(args []string, stdout io.Writer) error {
+// benchOpts are the bench's flags.
+type benchOpts struct {
+	n, partitions, instances, backlog, finalRows int
+	rate                                         float64
+	duration                                     time.Duration
+	expired, dbProfile, asJSON                   bool
+	throttle, rateLimit                          int
+	shares                                       bool
+	intake                                       string
+	outboxBatch                                  int
+	cpuProfile                                   string
+}
+
+func parseBench(args []string) (*benchOpts, error) {
+	o := &benchOpts{}
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
-	n := fs.Int("n", 20000, "jobs to run end to end")
-	asJSON := fs.Bool("json", false, "print one JSON object on the last line")
-	partitions := fs.Int("partitions", 6, "partitions of each topic")
-	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of hipq to this file")
-	throttle := fs.Int("throttle-limit", 0, "give the queue this throttle_limit (0 = unlimited), to measure what limits cost")
-	shares := fs.Bool("shares", false, "with --throttle-limit: split the limit into three equal shares by job_data /r")
-	rateLimit := fs.Int("rate-limit", 0, "give the queue a rate limit of this many requests per second (0 = none), to measure what rates cost")
-	intake := fs.String("intake", "kafka", "how jobs come in: kafka (records to the intake topic) or outbox (rows of hipq_intake, 4 writers, --outbox-batch rows per transaction)")
-	outboxBatch := fs.Int("outbox-batch", 100, "with --intake outbox: rows per application transaction")
+	fs.IntVar(&o.n, "n", 20000, "jobs to run end to end, produced at once (a burst); see --rate")
+	fs.BoolVar(&o.asJSON, "json", false, "print one JSON object on the last line")
+	fs.IntVar(&o.partitions, "partitions", 6, "partitions of each topic")
+	fs.IntVar(&o.instances, "instances", 1, "hipq processes sharing the database and the consumer groups")
+	fs.Float64Var(&o.rate, "rate", 0, "open loop: produce this many jobs per second for --duration (instead of -n at once) and report round trips")
+	fs.DurationVar(&o.duration, "duration", 10*time.Second, "with --rate: how long to produce")
+	fs.IntVar(&o.backlog, "backlog", 0, "jobs waiting in the table (scheduled a day ahead) while the run goes")
+	fs.IntVar(&o.finalRows, "final-rows", 0, "final jobs (with their attempts) in the table before the run, as retention keeps them")
+	fs.BoolVar(&o.expired, "expired", false, "with --final-rows: make them older than retention, so the sweeper prunes them during the run (its rate is printed)")
+	fs.BoolVar(&o.dbProfile, "db-profile", false, "print where PostgreSQL's time went, per statement family (pg_stat_statements)")
+	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the first hipq instance to this file")
+	fs.IntVar(&o.throttle, "throttle-limit", 0, "give the queue this throttle_limit (0 = unlimited), to measure what limits cost")
+	fs.BoolVar(&o.shares, "shares", false, "with --throttle-limit: split the limit into three equal shares by job_data /r")
+	fs.IntVar(&o.rateLimit, "rate-limit", 0, "give the queue a rate limit of this many requests per second (0 = none), to measure what rates cost")
+	fs.StringVar(&o.intake, "intake", "kafka", "how jobs come in: kafka (records to the intake topic) or outbox (rows of hipq_intake, 4 writers, --outbox-batch rows per transaction)")
+	fs.IntVar(&o.outboxBatch, "outbox-batch", 100, "with --intake outbox: rows per application transaction")
 	if err := fs.Parse(args); err != nil {
-		return &exitError{2, err}
+		return nil, &exitError{2, err}
 	}
-	if *intake != "kafka" && *intake != "outbox" {
-		return &exitError{2, fmt.Errorf("--intake: %q is not kafka or outbox", *intake)}
+	bad := func(format string, a ...any) (*benchOpts, error) { return nil, &exitError{2, fmt.Errorf(format, a...)} }
+	switch {
+	case o.intake != "kafka" && o.intake != "outbox":
+		return bad("--intake: %q is not kafka or outbox", o.intake)
+	case o.outboxBatch < 1:
+		return bad("--outbox-batch: must be at least 1")
+	case o.n < 1:
+		return bad("-n: must be at least 1")
+	case o.instances < 1 || o.instances > 16:
+		return bad("--instances: %d is not between 1 and 16", o.instances)
+	case o.rate < 0 || o.rate > 1e6:
+		return bad("--rate: %v is not between 0 and 1000000 jobs/s", o.rate)
+	case o.rate > 0 && o.duration <= 0:
+		return bad("--duration: must be positive")
+	case o.backlog < 0 || o.finalRows < 0:
+		return bad("--backlog and --final-rows must not be negative")
+	case o.expired && o.finalRows == 0:
+		return bad("--expired needs --final-rows")
+	case o.shares && o.throttle < 1:
+		return bad("--shares needs --throttle-limit")
+	case o.rateLimit < 0:
+		return bad("--rate-limit %d must not be negative", o.rateLimit)
 	}
-	if *outboxBatch < 1 {
-		return &exitError{2, fmt.Errorf("--outbox-batch: must be at least 1")}
+	if o.rate > 0 {
+		o.n = max(int(o.rate*o.duration.Seconds()), 1)
 	}
-	if *cpuProfile != "" {
-		f, err := os.Create(*cpuProfile)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
-			return err
-		}
-		defer pprof.StopCPUProfile()
+	return o, nil
+}
+
+// cmdBench runs jobs end to end through hipq and prints what it measured.
+// The bench process holds the embedded Kafka, the producer and the
+// responder; each hipq instance is a process of its own (hipq run), so its
+// memory is its own, and the bench watches them through their /metrics,
+// never by counting rows in the database it measures.
+func cmdBench(args []string, stdout io.Writer) error {
+	o, err := parseBench(args)
+	if err != nil {
+		return err
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
-	sb, err := newSandbox(ctx, true, int32(*partitions), "hipq.jobs", "bench.requests", "bench.responses")
+	var pgSettings map[string]string
+	if o.dbProfile {
+		pgSettings = map[string]string{"shared_preload_libraries": "pg_stat_statements", "pg_stat_statements.track": "top"}
+	}
+	sb, err := newSandboxWith(ctx, true, int32(o.partitions), pgSettings, "hipq.jobs", "bench.requests", "bench.responses")
 	if err != nil {
 		return err
 	}
 	defer sb.close()
 	conf := benchConfig
-	if *shares && *throttle < 1 {
-		return &exitError{2, fmt.Errorf("--shares needs --throttle-limit")}
-	}
-	if *rateLimit < 0 {
-		return &exitError{2, fmt.Errorf("--rate-limit %d must not be negative", *rateLimit)}
-	}
-	if *throttle > 0 || *rateLimit > 0 {
+	if o.throttle > 0 || o.rateLimit > 0 {
 		extra := ""
-		if *shares {
+		if o.shares {
 			extra = ", shares: {by: {json: /r}, weights: {a: 1, b: 1, c: 1}}"
 		}
-		if *rateLimit > 0 {
-			extra += fmt.Sprintf(", rates: [{limit: %d, period: 1s}]", *rateLimit)
+		if o.rateLimit > 0 {
+			extra += fmt.Sprintf(", rates: [{limit: %d, period: 1s}]", o.rateLimit)
 		}
-		conf += fmt.Sprintf("queues:\n  - {name: default, throttle_limit: %d%s}\n", *throttle, extra)
+		conf += fmt.Sprintf("queues:\n  - {name: default, throttle_limit: %d%s}\n", o.throttle, extra)
 	}
-	a, done, err := sb.newApp(ctx, conf, "hipq_bench", cmp.Or(os.Getenv("HIPQ_LOG_LEVEL"), "error"))
+	if o.expired {
+		conf = strings.Replace(conf, `sweeper: {schedule: "@every 5s"}`, `sweeper: {schedule: "@every 1s", retention: 1h}`, 1)
+	}
+	schema := fmt.Sprintf("hipq_bench_%d", time.Now().UnixNano())
+	cfg, err := sb.config(conf, schema)
 	if err != nil {
 		return err
 	}
-	defer done()
+	st, err := openStore(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	if _, err := st.Migrate(ctx); err != nil {
+		return err
+	}
+	if sb.pg == nil {
+		defer func() { _ = st.DropSchema(context.Background()) }()
+	}
+
+	limits := "no throttle"
+	if o.throttle > 0 {
+		limits = fmt.Sprintf("throttle_limit %d", o.throttle)
+		if o.shares {
+			limits += " in three shares"
+		}
+	}
+	if o.rateLimit > 0 {
+		limits = strings.TrimPrefix(limits+fmt.Sprintf(", rate limit %d/s", o.rateLimit), "no throttle, ")
+	}
+	from := "Kafka intake"
+	if o.intake == "outbox" {
+		from = fmt.Sprintf("outbox (transactions of %d rows)", o.outboxBatch)
+	}
+	load := fmt.Sprintf("%d jobs at once", o.n)
+	if o.rate > 0 {
+		load = fmt.Sprintf("%.0f jobs/s for %v (%d jobs)", o.rate, o.duration, o.n)
+	}
+	fmt.Fprintf(stdout, "hipq bench: %s, %s → dispatch → responder → match → final, embedded Kafka (%d partitions), %d hipq instance(s), %s, %s\n",
+		load, from, o.partitions, o.instances, sb.dbDescription(), limits)
+	if o.backlog > 0 || o.finalRows > 0 {
+		seedStart := time.Now()
+		finalAt := time.Now().Add(-time.Minute)
+		if o.expired {
+			finalAt = time.Now().Add(-2 * time.Hour) // past the bench's 1h retention
+		}
+		err := st.BenchSeed(ctx, "default", "bench.noop", o.backlog, o.finalRows, finalAt, func(what string, done int) {
+			if !o.asJSON || done%1000000 == 0 {
+				fmt.Fprintf(stdout, "  seeded %d %s\n", done, what)
+			}
+		})
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "  table seeded in %.0fs: %d waiting a day ahead, %d final%s\n", time.Since(seedStart).Seconds(),
+			o.backlog, o.finalRows, map[bool]string{true: " (past retention: pruned during the run)"}[o.expired])
+	}
+
 	runCtx, stopRun := context.WithCancel(ctx)
 	defer stopRun()
 	resp, err := newResponder(sb.brokers, "bench-responder", "bench.requests", "bench.responses",
@@ -112,54 +211,61 @@ func cmdBench(args []string, stdout io.Writer) error {
 		return err
 	}
 	go resp.run(runCtx)
-	runDone := make(chan error, 1)
-	go func() { runDone <- a.run(runCtx) }()
+	insts, err := startInstances(ctx, sb, conf, schema, o)
+	if err != nil {
+		return err
+	}
+	defer stopInstances(insts)
 
 	prod, err := kgo.NewClient(kgo.SeedBrokers(sb.brokers...), kgo.ProducerLinger(5*time.Millisecond))
 	if err != nil {
 		return err
 	}
 	defer prod.Close()
-	limits := "no throttle"
-	if *throttle > 0 {
-		limits = fmt.Sprintf("throttle_limit %d", *throttle)
-		if *shares {
-			limits += " in three shares"
-		}
+	var profileErr error
+	if o.dbProfile {
+		profileErr = st.StatementsReset(ctx)
 	}
-	if *rateLimit > 0 {
-		limits = strings.TrimPrefix(limits+fmt.Sprintf(", rate limit %d/s", *rateLimit), "no throttle, ")
-	}
-	from := "Kafka intake"
-	if *intake == "outbox" {
-		from = fmt.Sprintf("outbox (transactions of %d rows)", *outboxBatch)
-	}
-	fmt.Fprintf(stdout, "hipq bench: %d jobs, %s → dispatch → responder → match → final, embedded Kafka (%d partitions), %s, %s\n",
-		*n, from, *partitions, sb.dbDescription(), limits)
 	start := time.Now()
 	value := func(i int) string {
 		return fmt.Sprintf(`{"job_type":"bench.noop","job_key":"k%d","job_data":{"t":%d,"r":"%c"}}`, i, time.Now().UnixNano(), 'a'+i%3)
 	}
 	writeErr := make(chan error, 4)
-	if *intake == "kafka" {
+	switch {
+	case o.intake == "kafka" && o.rate > 0:
+		// Open loop: the i-th job leaves at start + i/rate, whatever hipq does.
 		go func() {
-			for i := range *n {
+			for i := 0; i < o.n && ctx.Err() == nil; {
+				due := min(int(time.Since(start).Seconds()*o.rate)+1, o.n)
+				for ; i < due; i++ {
+					prod.Produce(ctx, &kgo.Record{Topic: "hipq.jobs", Key: []byte("k" + strconv.Itoa(i)), Value: []byte(value(i))}, nil)
+				}
+				time.Sleep(time.Millisecond)
+			}
+			prod.Flush(ctx)
+		}()
+	case o.intake == "kafka":
+		go func() {
+			for i := range o.n {
 				prod.Produce(ctx, &kgo.Record{Topic: "hipq.jobs", Key: []byte("k" + strconv.Itoa(i)), Value: []byte(value(i))}, nil)
 			}
 			prod.Flush(ctx)
 		}()
-	} else {
+	default:
 		// Applications: 4 writers, each committing transactions of
-		// outbox-batch rows.
+		// outbox-batch rows (at --rate, paced like the Kafka producer).
 		const writers = 4
 		for w := range writers {
 			go func() {
-				for lo := w * *outboxBatch; lo < *n; lo += writers * *outboxBatch {
-					vals := make([]string, 0, *outboxBatch)
-					for i := lo; i < min(lo+*outboxBatch, *n); i++ {
+				for lo := w * o.outboxBatch; lo < o.n; lo += writers * o.outboxBatch {
+					if o.rate > 0 {
+						time.Sleep(time.Until(start.Add(time.Duration(float64(lo) / o.rate * float64(time.Second)))))
+					}
+					vals := make([]string, 0, o.outboxBatch)
+					for i := lo; i < min(lo+o.outboxBatch, o.n); i++ {
 						vals = append(vals, value(i))
 					}
-					if err := a.st.OutboxWrite(ctx, vals); err != nil {
+					if err := st.OutboxWrite(ctx, vals); err != nil {
 						writeErr <- err
 						return
 					}
@@ -167,58 +273,79 @@ func cmdBench(args []string, stdout io.Writer) error {
 			}()
 		}
 	}
-	var final int
-	for final < *n {
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("bench did not finish: %d of %d final", final, *n)
-		case err := <-runDone:
-			return fmt.Errorf("hipq stopped: %v", err)
-		case err := <-writeErr:
-			return err
-		case <-time.After(100 * time.Millisecond):
-		}
-		counts, err := a.st.JobCountByState(ctx)
+	// Done when the instances together have seen n replies end an attempt
+	// (every bench job ends at its first).
+	var pruned float64
+	for {
+		m, err := scrapeInstances(ctx, insts)
 		if err != nil {
 			return err
 		}
-		final = counts[correlator.StateFinal]
+		pruned = m["hipq_sweeper_actions_total{action=\"pruned\"}"]
+		if int(m["hipq_round_trip_seconds_count"]) >= o.n {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("bench did not finish: %.0f of %d jobs ended", m["hipq_round_trip_seconds_count"], o.n)
+		case err := <-writeErr:
+			return err
+		case in := <-exited(insts):
+			return fmt.Errorf("hipq instance %d stopped: %v", in.n, in.err)
+		case <-time.After(100 * time.Millisecond):
+		}
 	}
-	lat, err := a.st.BenchLatencies(ctx)
+	res := benchResult{Jobs: o.n, Instances: o.instances, Rate: o.rate, Backlog: o.backlog, FinalRows: o.finalRows}
+	for _, in := range insts {
+		res.PeakRSSBytes = max(res.PeakRSSBytes, in.peakRSS())
+	}
+	var profile []store.StatementTime
+	if o.dbProfile && profileErr == nil {
+		profile, profileErr = st.StatementsRead(ctx)
+	}
+	lat, err := st.BenchLatencies(ctx, "bench.noop")
 	if err != nil {
 		return err
 	}
-	res := benchResult{Jobs: *n, P50ms: lat.P50, P99ms: lat.P99}
+	res.P50ms, res.P99ms, res.MaxMs = lat.P50, lat.P99, lat.Max
 	last, stages := lat.Last, [3][2]float64{lat.Intake, lat.Claim, lat.Reply}
-	stopRun()
-	<-runDone
 	res.Seconds = last.Sub(start).Seconds()
-	res.JobsPerSec = float64(*n) / res.Seconds
-	res.PeakRSSBytes = peakRSS()
-	fmt.Fprintf(stdout, "  %d jobs in %.2fs: %.0f jobs/s; round trip p50 %.1f ms, p99 %.1f ms; peak RSS %.0f MiB (hipq and embedded Kafka; PostgreSQL apart)\n",
-		res.Jobs, res.Seconds, res.JobsPerSec, res.P50ms, res.P99ms, float64(res.PeakRSSBytes)/(1<<20))
+	res.JobsPerSec = float64(o.n) / res.Seconds
+	if o.expired {
+		res.PrunedPerSec = pruned / time.Since(start).Seconds()
+	}
+	fmt.Fprintf(stdout, "  %d jobs in %.2fs: %.0f jobs/s; round trip p50 %.1f ms, p99 %.1f ms, max %.1f ms; peak RSS %.0f MiB per hipq instance (largest of %d)\n",
+		res.Jobs, res.Seconds, res.JobsPerSec, res.P50ms, res.P99ms, res.MaxMs, float64(res.PeakRSSBytes)/(1<<20), o.instances)
 	fmt.Fprintf(stdout, "  where jobs waited, p50/p99 ms: produce→stored %.0f/%.0f, stored→claimed %.0f/%.0f, claimed→final %.0f/%.0f\n",
 		stages[0][0], stages[0][1], stages[1][0], stages[1][1], stages[2][0], stages[2][1])
-	if *asJSON {
+	if o.expired {
+		fmt.Fprintf(stdout, "  retention prune: %.0f rows/s over the run (%.0f of %d past retention)\n", res.PrunedPerSec, pruned, o.finalRows)
+	}
+	if o.dbProfile {
+		res.StatementUsPerJob = printProfile(stdout, profile, profileErr, o.n)
+	}
+	if o.asJSON {
 		b, _ := json.Marshal(res)
 		fmt.Fprintln(stdout, string(b))
 	}
 	return nil
 }
 
-// peakRSS is this process's high-water resident set (VmHWM), in bytes.
-func peakRSS() int64 {
-	f, err := os.Open("/proc/self/status")
+// printProfile prints PostgreSQL's statement time per family and per job,
+// and returns the total per job in µs.
+func printProfile(w io.Writer, profile []store.StatementTime, err error, n int) float64 {
 	if err != nil {
+		fmt.Fprintf(w, "  db profile: none (%v); with $HIPQ_DATABASE_URL the server needs shared_preload_libraries = pg_stat_statements\n", err)
 		return 0
 	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if rest, ok := strings.CutPrefix(sc.Text(), "VmHWM:"); ok {
-			kb, _ := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")), 10, 64)
-			return kb * 1024
-		}
+	var total float64
+	for _, p := range profile {
+		total += p.Millis
 	}
-	return 0
+	fmt.Fprintf(w, "  db profile (pg_stat_statements, top-level statements): %.0f ms in all, %.1f µs per job\n", total, total*1000/float64(n))
+	fmt.Fprintf(w, "    %-34s %8s %10s %10s %8s %6s\n", "family", "calls", "rows", "ms", "µs/job", "share")
+	for _, p := range profile {
+		fmt.Fprintf(w, "    %-34s %8d %10d %10.0f %8.1f %5.1f%%\n", p.Family, p.Calls, p.Rows, p.Millis, p.Millis*1000/float64(n), 100*p.Millis/max(total, 1))
+	}
+	return total * 1000 / float64(n)
 }

@@ -25,4 +25,36 @@ func TestBenchRuns(t *testing.T) {
 	if err := cmdBench([]string{"--intake", "carrier-pigeon"}, &out); err == nil || !strings.Contains(err.Error(), "--intake") {
 		t.Fatalf("a bad --intake: %v", err)
 	}
+	for _, bad := range [][]string{{"--instances", "0"}, {"--rate", "-1"}, {"--expired"}, {"--backlog", "-5"}} {
+		if err := cmdBench(bad, &out); err == nil {
+			t.Errorf("%v: no error", bad)
+		}
+	}
+}
+
+// Every flag of the bench, together, on a small run: two instances, an
+// open-loop rate, a backlog, expired final rows pruned during the run,
+// and a database profile (or the reason there is none).
+func TestBenchFlags(t *testing.T) {
+	t.Parallel()
+	var out strings.Builder
+	err := cmdBench([]string{"--json", "--instances", "2", "--rate", "200", "--duration", "2s", "--backlog", "500",
+		"--final-rows", "3000", "--expired", "--db-profile"}, &out)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	var res benchResult
+	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &res); err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	if res.Jobs != 400 || res.Instances != 2 || res.Rate != 200 || res.Backlog != 500 || res.FinalRows != 3000 ||
+		res.MaxMs < res.P99ms || res.PeakRSSBytes <= 0 {
+		t.Fatalf("%+v\n%s", res, out.String())
+	}
+	for _, want := range []string{"2 hipq instance(s)", "retention prune:", "db profile"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("the output does not say %q:\n%s", want, out.String())
+		}
+	}
 }

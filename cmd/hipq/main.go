@@ -20,6 +20,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"strings"
 	"syscall"
 	"time"
@@ -156,7 +157,18 @@ func cmdRun(args []string, stderr io.Writer) error {
 		return err
 	}
 	log := newLogger(cfg.Log.Level, cfg.Log.Format, stderr)
-	defer log.Sync() //nolint:errcheck
+	defer log.Sync()                                      //nolint:errcheck
+	if path := os.Getenv("HIPQ_CPUPROFILE"); path != "" { // hipq bench --cpuprofile
+		f, err := os.Create(path)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	startCtx, cancel := context.WithTimeout(ctx, time.Minute)

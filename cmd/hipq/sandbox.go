@@ -26,6 +26,12 @@ type sandbox struct {
 }
 
 func newSandbox(ctx context.Context, durable bool, partitions int32, topics ...string) (*sandbox, error) {
+	return newSandboxWith(ctx, durable, partitions, nil, topics...)
+}
+
+// newSandboxWith is newSandbox with PostgreSQL settings for the throwaway
+// cluster (unused with $HIPQ_DATABASE_URL).
+func newSandboxWith(ctx context.Context, durable bool, partitions int32, pgSettings map[string]string, topics ...string) (*sandbox, error) {
 	sb := &sandbox{}
 	fake, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(partitions, topics...))
 	if err != nil {
@@ -37,7 +43,7 @@ func newSandbox(ctx context.Context, durable bool, partitions int32, topics ...s
 		sb.dbURL = u
 		return sb, nil
 	}
-	pg, err := localpg.Start(ctx, localpg.Options{Durable: durable})
+	pg, err := localpg.Start(ctx, localpg.Options{Durable: durable, Settings: pgSettings})
 	if err != nil {
 		fake.Close()
 		return nil, fmt.Errorf("start a throwaway PostgreSQL: %w", err)

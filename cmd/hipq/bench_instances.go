@@ -1,0 +1,213 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// instance is one hipq process of a bench run.
+type instance struct {
+	n       int
+	cmd     *exec.Cmd
+	metrics string // its /metrics URL
+	done    chan struct{}
+	err     error
+}
+
+type exitedInstance struct {
+	n   int
+	err error
+}
+
+// startInstances starts o.instances hipq processes (hipq run) on the bench's
+// config, each with an API on a free loopback port for its /metrics, and
+// waits until each is ready.
+func startInstances(ctx context.Context, sb *sandbox, conf, schema string, o *benchOpts) ([]*instance, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, fmt.Errorf("find hipq's binary: %w", err)
+	}
+	dir, err := os.MkdirTemp("", "hipq-bench-")
+	if err != nil {
+		return nil, err
+	}
+	var out []*instance
+	for i := range o.instances {
+		port, err := freePort()
+		if err != nil {
+			return out, err
+		}
+		text := strings.NewReplacer("BROKERS", strings.Join(sb.brokers, ","), "SCHEMA", schema).Replace(conf) +
+			fmt.Sprintf("api: {listen: \"127.0.0.1:%d\", public_url: \"http://127.0.0.1:%d\", callback_secret: %q}\n",
+				port, port, strings.Repeat("b", 32))
+		path := filepath.Join(dir, fmt.Sprintf("hipq-%d.yaml", i+1))
+		if err := os.WriteFile(path, []byte(text), 0o600); err != nil {
+			return out, err
+		}
+		cmd := exec.CommandContext(ctx, exe, "run", "--config", path)
+		cmd.Env = append(os.Environ(), "DB="+sb.dbURL)
+		if testing.Testing() { // a test binary runs hipq's main when asked so
+			cmd.Args = []string{exe}
+			cmd.Env = append(cmd.Env, "HIPQ_TEST_MAIN=run --config "+path)
+		}
+		if i == 0 && o.cpuProfile != "" {
+			cmd.Env = append(cmd.Env, "HIPQ_CPUPROFILE="+o.cpuProfile)
+		}
+		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+		cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
+		cmd.WaitDelay = 20 * time.Second
+		if err := cmd.Start(); err != nil {
+			return out, fmt.Errorf("start hipq instance %d: %w", i+1, err)
+		}
+		in := &instance{n: i + 1, cmd: cmd, metrics: fmt.Sprintf("http://127.0.0.1:%d/metrics", port), done: make(chan struct{})}
+		go func() { in.err = cmd.Wait(); close(in.done) }()
+		out = append(out, in)
+	}
+	for _, in := range out {
+		ready := strings.TrimSuffix(in.metrics, "/metrics") + "/readyz"
+		deadline := time.Now().Add(60 * time.Second)
+		for {
+			resp, err := http.Get(ready)
+			if err == nil {
+				resp.Body.Close()
+				if resp.StatusCode == http.StatusOK {
+					break
+				}
+			}
+			select {
+			case <-in.done:
+				return out, fmt.Errorf("hipq instance %d exited at start: %v", in.n, in.err)
+			default:
+			}
+			if time.Now().After(deadline) {
+				return out, fmt.Errorf("hipq instance %d not ready within 60s (%v)", in.n, err)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	return out, nil
+}
+
+// stopInstances stops the instances (SIGTERM: they drain) and waits.
+func stopInstances(insts []*instance) {
+	for _, in := range insts {
+		_ = in.cmd.Process.Signal(syscall.SIGTERM)
+	}
+	for _, in := range insts {
+		select {
+		case <-in.done:
+		case <-time.After(30 * time.Second):
+			_ = in.cmd.Process.Kill()
+			<-in.done
+		}
+	}
+}
+
+// exited yields the first instance that stopped.
+func exited(insts []*instance) <-chan exitedInstance {
+	ch := make(chan exitedInstance, 1)
+	for _, in := range insts {
+		select {
+		case <-in.done:
+			ch <- exitedInstance{in.n, cmp2(in.err)}
+			return ch
+		default:
+		}
+	}
+	return ch
+}
+
+func cmp2(err error) error {
+	if err == nil {
+		return errors.New("exited")
+	}
+	return err
+}
+
+// peakRSS is the instance's high-water resident set (VmHWM).
+func (in *instance) peakRSS() int64 {
+	return vmHWM(fmt.Sprintf("/proc/%d/status", in.cmd.Process.Pid))
+}
+
+// scrapeInstances sums the instances' metrics: series as printed
+// (name{labels}) to values, and each name alone summed over its labels.
+func scrapeInstances(ctx context.Context, insts []*instance) (map[string]float64, error) {
+	sum := map[string]float64{}
+	for _, in := range insts {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, in.metrics, nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return nil, fmt.Errorf("read the metrics of hipq instance %d: %w", in.n, err)
+		}
+		err = addMetrics(resp.Body, sum)
+		resp.Body.Close()
+		if err != nil {
+			return nil, fmt.Errorf("read the metrics of hipq instance %d: %w", in.n, err)
+		}
+	}
+	return sum, nil
+}
+
+func addMetrics(r io.Reader, sum map[string]float64) error {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if line == "" || line[0] == '#' {
+			continue
+		}
+		i := strings.LastIndexByte(line, ' ')
+		if i < 0 {
+			continue
+		}
+		v, err := strconv.ParseFloat(line[i+1:], 64)
+		if err != nil {
+			continue
+		}
+		series := line[:i]
+		sum[series] += v
+		if name, _, ok := strings.Cut(series, "{"); ok {
+			sum[name] += v
+		}
+	}
+	return sc.Err()
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// vmHWM reads a process's peak resident set from its status file.
+func vmHWM(path string) int64 {
+	f, err := os.Open(path)
+	if err != nil {
+		return 0
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if rest, ok := strings.CutPrefix(sc.Text(), "VmHWM:"); ok {
+			kb, _ := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")), 10, 64)
+			return kb * 1024
+		}
+	}
+	return 0
+}
