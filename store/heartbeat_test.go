@@ -136,3 +136,25 @@ func TestHeartbeatRacingTimeout(t *testing.T) {
 	}
 	t.Logf("%d extended, %d timed out", running, timedOut)
 }
+
+// News of an attempt proves its request left: an attempt whose sent mark
+// is missing (a progress reply came before it) is never taken for unsent.
+func TestNewsIsNeverUnsent(t *testing.T) {
+	t.Parallel()
+	st := pgtest.New(t)
+	insert(t, st, job("quiet"), job("newsy"))
+	claim(t, st, 2)
+	if _, err := st.ReplyApply(ctx, store.ReplyBatch{Replies: []store.ReplyIn{progress("newsy", 1)}, EarlyTTL: time.Minute}, types); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Pool().Exec(ctx, `UPDATE hipq_attempt SET dispatched_at = now() - interval '1 hour'`); err != nil {
+		t.Fatal(err)
+	}
+	unsent, err := st.AttemptFindUnsent(ctx, types, time.Second, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(unsent) != 1 || unsent[0].JobID != get(t, st, "quiet").ID {
+		t.Fatalf("unsent: %+v, want only the quiet attempt", unsent)
+	}
+}

@@ -127,7 +127,8 @@ type Unsent struct {
 }
 
 // AttemptFindUnsent lists running jobs whose current attempt has no
-// sent_at though it was claimed longer ago than its type's send bound
+// sent_at (nor news: progress proves the request left) though it was
+// claimed longer ago than its type's send bound
 // (JobType.SendBound; a type not configured here gets the default) plus
 // grace. The deadline is PostgreSQL's, on the clock that stamped
 // dispatched_at: no other clock enters it.
@@ -141,7 +142,7 @@ func (s *Store) AttemptFindUnsent(ctx context.Context, types correlator.Types, g
 		SELECT a.job_id, a.attempt, j.job_type, a.dispatched_at
 		FROM hipq_attempt a JOIN hipq_job j ON j.id = a.job_id AND j.attempt = a.attempt AND j.state = 'running'
 		LEFT JOIN unnest($1::text[], $2::float8[]) AS t(job_type, secs) ON t.job_type = j.job_type
-		WHERE a.sent_at IS NULL AND a.outcome IS NULL AND a.dispatched_at < now() - $4::interval
+		WHERE a.sent_at IS NULL AND a.outcome IS NULL AND a.progress_at IS NULL AND a.dispatched_at < now() - $4::interval
 		  AND a.dispatched_at < now() - make_interval(secs => coalesce(t.secs, $3)) - $4::interval
 		ORDER BY a.dispatched_at LIMIT $5`, names, secs, correlator.DefaultSendTimeout.Seconds(), grace, limit)
 	if err != nil {
