@@ -9,9 +9,11 @@ import (
 	"github.com/hipq/hipq/correlator"
 )
 
-// JobCounts counts jobs by queue and state, for hipq_jobs.
+// JobCounts counts the non-final jobs by queue and state, for hipq_jobs,
+// through the partial index of non-final jobs: never the final rows
+// retention keeps (a scan of millions at every scrape).
 func (s *Store) JobCounts(ctx context.Context) ([]correlator.JobCount, error) {
-	rows, err := s.pool.Query(ctx, "SELECT queue, state::text, count(*) FROM hipq_job GROUP BY 1, 2")
+	rows, err := s.pool.Query(ctx, "SELECT queue, state::text, count(*) FROM hipq_job WHERE state <> 'final' GROUP BY 1, 2")
 	if err != nil {
 		return nil, fmt.Errorf("count jobs: %w", err)
 	}

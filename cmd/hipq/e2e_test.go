@@ -93,7 +93,6 @@ func TestRoundTrip(t *testing.T) {
 		`hipq_replies_total{result="applied",source="kafka"}`:                                               26,
 		`hipq_round_trip_seconds_count{job_type="e2e"}`:                                                     26,
 		`hipq_sweeper_actions_total{action="timed_out"}`:                                                    1,
-		`hipq_jobs{queue="default",state="final"}`:                                                          23,
 		`hipq_jobs{queue="default",state="running"}`:                                                        0,
 		`hipq_consumer_lag_records{group="e2e-intake",partition="0",topic="` + e.kafka.Topic("jobs") + `"}`: 0,
 	})

@@ -99,7 +99,6 @@ job_types:
 		`hipq_dispatches_total{queue="default",result="sent",transport="http"}`: 1,
 		`hipq_replies_total{result="applied",source="callback"}`:                1,
 		`hipq_round_trip_seconds_count{job_type="label.print"}`:                 1,
-		`hipq_jobs{queue="default",state="final"}`:                              1,
 		`hipq_jobs{queue="default",state="initial"}`:                            0,
 	})
 }

@@ -113,8 +113,10 @@ func (m *Metrics) Handler() http.Handler {
 func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
 
 // CountJobs registers hipq_jobs{queue,state}, read from PostgreSQL at
-// scrape time with count. Every state of every queue in queues (and of any
-// other queue found) is reported, 0 included. A count is a scan of
+// scrape time with count, of the non-final states only (final rows are
+// what retention keeps: millions, never counted). Every non-final state of
+// every queue in queues (and of any other queue found) is reported, 0
+// included. A count is a scan of
 // hipq_job, so a result is reused for minAge; a scrape that cannot count
 // reports no hipq_jobs and bumps hipq_jobs_count_errors_total rather than
 // show stale figures.
@@ -169,6 +171,9 @@ func (c *jobsCollector) fill(counts []correlator.JobCount) []correlator.JobCount
 	}
 	for _, q := range queues {
 		for _, st := range correlator.States {
+			if st == correlator.StateFinal {
+				continue
+			}
 			if !seen[[2]string{q, string(st)}] {
 				seen[[2]string{q, string(st)}] = true
 				counts = append(counts, correlator.JobCount{Queue: q, State: st})

@@ -16,7 +16,7 @@ func TestCountJobs(t *testing.T) {
 	m := New()
 	calls := 0
 	var fail error
-	counts := []correlator.JobCount{{Queue: "default", State: "running", N: 3}, {Queue: "other", State: "final", N: 2}}
+	counts := []correlator.JobCount{{Queue: "default", State: "running", N: 3}, {Queue: "other", State: "retry", N: 2}}
 	m.CountJobs(func(context.Context) ([]correlator.JobCount, error) {
 		calls++
 		return counts, fail
@@ -29,8 +29,11 @@ func TestCountJobs(t *testing.T) {
 		}
 		return v
 	}
-	if get("default", "running") != 3 || get("other", "final") != 2 || get("default", "final") != 0 || get("empty", "initial") != 0 {
+	if get("default", "running") != 3 || get("other", "retry") != 2 || get("default", "retry") != 0 || get("empty", "initial") != 0 {
 		t.Fatal("counts not reported as counted, with zeros for the rest")
+	}
+	if _, ok := m.Value("hipq_jobs", map[string]string{"queue": "default", "state": "final"}); ok {
+		t.Fatal("final jobs reported: they are never counted")
 	}
 	counts[0].N = 9
 	if get("default", "running") != 3 || calls != 1 {
