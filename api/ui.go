@@ -109,6 +109,13 @@ func (s *Server) mountUI(cfg UIConfig) {
 		"add":      func(a, b int) int { return a + b },
 		"pct":      func(a, b int64) int64 { return a * 100 / max(b, 1) },
 		"contains": slices.Contains[[]string],
+		"args": func(kv ...any) map[string]any { // a template's named arguments
+			m := map[string]any{}
+			for i := 0; i+1 < len(kv); i += 2 {
+				m[fmt.Sprint(kv[i])] = kv[i+1]
+			}
+			return m
+		},
 	}
 	layout := template.Must(template.New("layout.html").Funcs(funcs).ParseFS(uiFiles, "ui/layout.html"))
 	for _, p := range []string{"login", "overview", "jobs", "job", "deadletters", "queues", "schedules", "error"} {

@@ -11,6 +11,26 @@ import (
 	"github.com/hipq/hipq/internal/localpg"
 )
 
+// planStore is a store on a private cluster of its own (plans must not
+// see other tests' rows), migrated; both close when the test ends.
+func planStore(t *testing.T) (*localpg.Cluster, *Store) {
+	t.Helper()
+	pg, err := localpg.Start(context.Background(), localpg.Options{})
+	if err != nil {
+		t.Skip(err)
+	}
+	t.Cleanup(pg.Stop)
+	st, err := Open(context.Background(), Config{URL: pg.URL("postgres")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(st.Close)
+	if _, err := st.Migrate(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return pg, st
+}
+
 // Issue 9.17: every list the API makes reads an index for its filter, on
 // a table of 100k jobs where a state, a type and a queue are rare, also at
 // the sixth run of a prepared statement (where PostgreSQL may switch to a
@@ -19,20 +39,8 @@ import (
 // committed row is never in error.
 func TestListsUseAnIndexForEachFilter(t *testing.T) {
 	t.Parallel()
-	pg, err := localpg.Start(context.Background(), localpg.Options{})
-	if err != nil {
-		t.Skip(err)
-	}
-	defer pg.Stop()
+	pg, st := planStore(t)
 	ctx := context.Background()
-	st, err := Open(ctx, Config{URL: pg.URL("postgres")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	if _, err := st.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
 	if _, err := st.pool.Exec(ctx, `
 		INSERT INTO hipq_job (queue, job_type, job_key, state, outcome)
 		SELECT 'q' || (i % 5), 't' || (i % 20), 'k' || i,

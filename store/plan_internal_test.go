@@ -6,8 +6,6 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
-
-	"github.com/hipq/hipq/internal/localpg"
 )
 
 // Sent marks look each attempt up by its key whatever the statistics
@@ -17,20 +15,8 @@ import (
 // statement, the control, scanned the table and joined quadratically.
 func TestSentMarksProbeByKey(t *testing.T) {
 	t.Parallel()
-	pg, err := localpg.Start(context.Background(), localpg.Options{})
-	if err != nil {
-		t.Skip(err)
-	}
-	defer pg.Stop()
+	_, st := planStore(t)
 	ctx := context.Background()
-	st, err := Open(ctx, Config{URL: pg.URL("postgres")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	if _, err := st.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
 	if _, err := st.pool.Exec(ctx, `
 		WITH j AS (
 		  INSERT INTO hipq_job (queue, job_type, job_key, state, outcome, attempt)
