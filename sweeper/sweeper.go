@@ -129,7 +129,7 @@ func (s *Sweeper) RunOnce(ctx context.Context) (Report, error) {
 			errs = append(errs, err)
 		}
 	}
-	add(s.drain(ctx, &rep.TimedOut, func() (int, error) {
+	add(s.drain(ctx, "timed_out", &rep.TimedOut, func() (int, error) {
 		done, err := s.st.JobTimeOutStuck(ctx, s.cfg.BatchSize, types)
 		s.traceTimeouts(ctx, done)
 		return len(done), err
@@ -137,10 +137,10 @@ func (s *Sweeper) RunOnce(ctx context.Context) (Report, error) {
 	if err := s.rescue(ctx, &rep); err != nil {
 		errs = append(errs, err)
 	}
-	add(s.drain(ctx, &rep.Expired, func() (int, error) { return s.st.JobExpire(ctx, s.cfg.BatchSize) }))
+	add(s.drain(ctx, "expired", &rep.Expired, func() (int, error) { return s.st.JobExpire(ctx, s.cfg.BatchSize) }))
 	add(s.earlyReplies(ctx, &rep, types))
-	add(s.drain(ctx, &rep.Pruned, func() (int, error) { return s.st.JobPrune(ctx, s.cfg.Retention, s.cfg.BatchSize) }))
-	add(s.drain(ctx, &rep.DeadLettersPruned, func() (int, error) {
+	add(s.drain(ctx, "pruned", &rep.Pruned, func() (int, error) { return s.st.JobPrune(ctx, s.cfg.Retention, s.cfg.BatchSize) }))
+	add(s.drain(ctx, "dead_letters_pruned", &rep.DeadLettersPruned, func() (int, error) {
 		return s.st.DeadLetterPrune(ctx, s.cfg.DeadLetterRetention, s.cfg.BatchSize)
 	}))
 	s.count(rep)
@@ -170,23 +170,28 @@ func (s *Sweeper) earlyReplies(ctx context.Context, rep *Report, types correlato
 	return nil
 }
 
-// count adds a sweep's report to hipq_sweeper_actions_total.
+// count adds what a sweep's report holds and drain has not counted yet
+// to hipq_sweeper_actions_total; every action shows, 0 included.
 func (s *Sweeper) count(rep Report) {
-	for action, n := range map[string]int{"timed_out": rep.TimedOut, "rescued": rep.Rescued, "failed_unsent": rep.FailedUnsent,
-		"expired": rep.Expired, "early_applied": rep.EarlyApplied, "early_dead_lettered": rep.EarlyDeadLettered,
-		"pruned": rep.Pruned, "dead_letters_pruned": rep.DeadLettersPruned} {
-		c := s.cfg.Metrics.Sweeper.WithLabelValues(action) // every action shows, 0 included
+	for action, n := range map[string]int{"rescued": rep.Rescued, "failed_unsent": rep.FailedUnsent,
+		"early_applied": rep.EarlyApplied, "early_dead_lettered": rep.EarlyDeadLettered,
+		"timed_out": 0, "expired": 0, "pruned": 0, "dead_letters_pruned": 0} {
+		c := s.cfg.Metrics.Sweeper.WithLabelValues(action)
 		if n > 0 {
 			c.Add(float64(n))
 		}
 	}
 }
 
-// drain runs one batched step until a batch comes back short.
-func (s *Sweeper) drain(ctx context.Context, total *int, step func() (int, error)) error {
+// drain runs one batched step until a batch comes back short, counting
+// each batch in hipq_sweeper_actions_total{action} as it lands.
+func (s *Sweeper) drain(ctx context.Context, action string, total *int, step func() (int, error)) error {
 	for ctx.Err() == nil {
 		n, err := step()
 		*total += n
+		if n > 0 { // counted batch by batch: a long prune shows while it goes
+			s.cfg.Metrics.Sweeper.WithLabelValues(action).Add(float64(n))
+		}
 		if err != nil || n < s.cfg.BatchSize {
 			return err
 		}

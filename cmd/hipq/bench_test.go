@@ -49,7 +49,7 @@ func TestBenchFlags(t *testing.T) {
 		t.Fatalf("%v\n%s", err, out.String())
 	}
 	if res.Jobs != 400 || res.Instances != 2 || res.Rate != 200 || res.Backlog != 500 || res.FinalRows != 3000 ||
-		res.MaxMs < res.P99ms || res.PeakRSSBytes <= 0 {
+		res.MaxMs < res.P99ms || res.PeakRSSBytes <= 0 || res.PrunedPerSec <= 0 {
 		t.Fatalf("%+v\n%s", res, out.String())
 	}
 	for _, want := range []string{"2 hipq instance(s)", "retention prune:", "db profile"} {
