@@ -31,6 +31,21 @@ func planStore(t *testing.T) (*localpg.Cluster, *Store) {
 	return pg, st
 }
 
+// planText reads an EXPLAIN's lines as one text.
+func planText(t *testing.T) func(pgx.Rows, error) string {
+	return func(rows pgx.Rows, err error) string {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.Join(lines, "\n")
+	}
+}
+
 // Issue 9.17: every list the API makes reads an index for its filter, on
 // a table of 100k jobs where a state, a type and a queue are rare, also at
 // the sixth run of a prepared statement (where PostgreSQL may switch to a
@@ -119,18 +134,7 @@ func TestListsUseAnIndexForEachFilter(t *testing.T) {
 		}
 		var out string
 		for range 6 { // the sixth run is where PostgreSQL may switch to the generic plan
-			rows, err := conn.Query(ctx, "EXPLAIN EXECUTE l("+strings.Join(lits, ", ")+")", pgx.QueryExecModeSimpleProtocol)
-			if err != nil {
-				t.Fatal(err)
-			}
-			var lines []string
-			for rows.Next() {
-				var l string
-				_ = rows.Scan(&l)
-				lines = append(lines, l)
-			}
-			rows.Close()
-			out = strings.Join(lines, "\n")
+			out = planText(t)(conn.Query(ctx, "EXPLAIN EXECUTE l("+strings.Join(lits, ", ")+")", pgx.QueryExecModeSimpleProtocol))
 		}
 		return out
 	}

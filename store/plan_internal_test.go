@@ -48,18 +48,7 @@ func TestSentMarksProbeByKey(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		rows, err := tx.Query(ctx, "EXPLAIN ANALYZE "+q, ids, atts)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var lines []string
-		for rows.Next() {
-			var l string
-			_ = rows.Scan(&l)
-			lines = append(lines, l)
-		}
-		rows.Close()
-		return strings.Join(lines, "\n")
+		return planText(t)(tx.Query(ctx, "EXPLAIN ANALYZE "+q, ids, atts))
 	}
 	old := `UPDATE hipq_attempt a SET sent_at = now() FROM unnest($1::bigint[], $2::int[]) AS u(id, att)
 		WHERE a.job_id = u.id AND a.attempt = u.att AND a.sent_at IS NULL`
