@@ -394,14 +394,22 @@ func (r *recorder) Write(b []byte) (int, error) {
 }
 func (r *recorder) WriteHeader(status int) { r.status = status }
 
-// link builds a dashboard URL: a page and query pairs (empty values left
-// out).
+// link builds a dashboard URL: a page and query pairs (empty strings and
+// zero numbers left out; a key "0" is a key).
 func (u *ui) link(page string, kv ...any) string {
 	q := url.Values{}
 	for i := 0; i+1 < len(kv); i += 2 {
-		v := fmt.Sprint(kv[i+1])
-		if v != "" && v != "0" {
-			q.Set(fmt.Sprint(kv[i]), v)
+		switch v := kv[i+1].(type) {
+		case string:
+			if v != "" {
+				q.Set(fmt.Sprint(kv[i]), v)
+			}
+		case int64, int:
+			if fmt.Sprint(v) != "0" {
+				q.Set(fmt.Sprint(kv[i]), fmt.Sprint(v))
+			}
+		default:
+			q.Set(fmt.Sprint(kv[i]), fmt.Sprint(v))
 		}
 	}
 	out := u.base + "/" + page

@@ -114,3 +114,14 @@ func TestDashboardGuards(t *testing.T) {
 		t.Errorf("redact of a string: %s", got)
 	}
 }
+
+// Links keep a key "0" (only empty strings and zero numbers are left out).
+func TestDashboardLinks(t *testing.T) {
+	u := &ui{base: "/ui"}
+	if got := u.link("job", "job_type", "t", "job_key", "0", "id", int64(0)); got != "/ui/job?job_key=0&job_type=t" {
+		t.Errorf("link: %s", got)
+	}
+	if got := u.link("jobs", "queue", "", "before", int64(42)); got != "/ui/jobs?before=42" {
+		t.Errorf("link: %s", got)
+	}
+}

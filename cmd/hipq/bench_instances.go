@@ -67,6 +67,7 @@ func startInstances(ctx context.Context, sb *sandbox, conf, schema string, o *be
 			cmd.Env = append(cmd.Env, "HIPQ_CPUPROFILE="+o.cpuProfile)
 		}
 		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM} // a bench killed outright leaves no instance behind
 		cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
 		cmd.WaitDelay = 20 * time.Second
 		if err := cmd.Start(); err != nil {
