@@ -61,6 +61,17 @@ func TestSentMarksProbeByKey(t *testing.T) {
 			t.Errorf("generic plan %v:\n%s\nwant primary-key probes marking 1000 rows", generic, p)
 		}
 	}
+	// The unsent claims are found through the running jobs, each attempt
+	// by its key, on the same table.
+	tx, err := st.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := planText(t)(tx.Query(ctx, "EXPLAIN ANALYZE "+findUnsentSQL, []string{"new"}, []float64{1}, 30.0, "1 second", 100))
+	_ = tx.Rollback(ctx)
+	if strings.Contains(p, "Seq Scan on hipq_attempt") || !strings.Contains(p, "hipq_attempt_pkey") {
+		t.Errorf("unsent claims:\n%s\nwant primary-key probes of the running jobs' attempts", p)
+	}
 	if err := st.AttemptMarkSent(ctx, refs[:10]); err != nil {
 		t.Fatal(err)
 	}

@@ -126,6 +126,21 @@ type Unsent struct {
 	DispatchedAt time.Time
 }
 
+// findUnsentSQL finds unsent claims through the running jobs: each
+// one's current attempt is looked up by its key (OFFSET 0: never
+// flattened into a scan of hipq_attempt for unsent rows, which statistics
+// may say do not exist).
+const findUnsentSQL = `
+		SELECT j.id, j.attempt, j.job_type, a.dispatched_at
+		FROM hipq_job j
+		CROSS JOIN LATERAL (SELECT b.dispatched_at, b.sent_at, b.outcome, b.progress_at FROM hipq_attempt b
+		                    WHERE b.job_id = j.id AND b.attempt = j.attempt OFFSET 0) a
+		LEFT JOIN unnest($1::text[], $2::float8[]) AS t(job_type, secs) ON t.job_type = j.job_type
+		WHERE j.state = 'running'
+		  AND a.sent_at IS NULL AND a.outcome IS NULL AND a.progress_at IS NULL AND a.dispatched_at < now() - $4::interval
+		  AND a.dispatched_at < now() - make_interval(secs => coalesce(t.secs, $3)) - $4::interval
+		ORDER BY a.dispatched_at LIMIT $5`
+
 // AttemptFindUnsent lists running jobs whose current attempt has no
 // sent_at (nor news: progress proves the request left) though it was
 // claimed longer ago than its type's send bound
@@ -138,13 +153,7 @@ func (s *Store) AttemptFindUnsent(ctx context.Context, types correlator.Types, g
 	for name, jt := range types {
 		names, secs = append(names, name), append(secs, jt.SendBound().Seconds())
 	}
-	rows, err := s.pool.Query(ctx, `
-		SELECT a.job_id, a.attempt, j.job_type, a.dispatched_at
-		FROM hipq_attempt a JOIN hipq_job j ON j.id = a.job_id AND j.attempt = a.attempt AND j.state = 'running'
-		LEFT JOIN unnest($1::text[], $2::float8[]) AS t(job_type, secs) ON t.job_type = j.job_type
-		WHERE a.sent_at IS NULL AND a.outcome IS NULL AND a.progress_at IS NULL AND a.dispatched_at < now() - $4::interval
-		  AND a.dispatched_at < now() - make_interval(secs => coalesce(t.secs, $3)) - $4::interval
-		ORDER BY a.dispatched_at LIMIT $5`, names, secs, correlator.DefaultSendTimeout.Seconds(), grace, limit)
+	rows, err := s.pool.Query(ctx, findUnsentSQL, names, secs, correlator.DefaultSendTimeout.Seconds(), grace, limit)
 	if err != nil {
 		return nil, fmt.Errorf("find unsent claims: %w", err)
 	}
@@ -184,14 +193,21 @@ func (s *Store) JobExpire(ctx context.Context, limit int) (int, error) {
 // JobPrune deletes up to limit final jobs (and their attempts) last updated
 // longer than retention ago, on PostgreSQL's clock.
 func (s *Store) JobPrune(ctx context.Context, retention time.Duration, limit int) (int, error) {
-	tag, err := s.pool.Exec(ctx, `
-		DELETE FROM hipq_job WHERE id IN (
-		  SELECT id FROM hipq_job WHERE state = 'final' AND update_time < now() - $1::interval
-		  ORDER BY update_time LIMIT $2 FOR UPDATE SKIP LOCKED)`, retention, limit)
+	var n int
+	err := s.pool.QueryRow(ctx, `
+		WITH gone AS (
+		  DELETE FROM hipq_job WHERE id IN (
+		    SELECT id FROM hipq_job WHERE state = 'final' AND update_time < now() - $1::interval
+		    ORDER BY update_time LIMIT $2 FOR UPDATE SKIP LOCKED)
+		  RETURNING id
+		), attempts AS (
+		  DELETE FROM hipq_attempt a USING gone WHERE a.job_id = gone.id
+		)
+		SELECT count(*) FROM gone`, retention, limit).Scan(&n)
 	if err != nil {
 		return 0, fmt.Errorf("prune final jobs: %w", err)
 	}
-	return int(tag.RowsAffected()), nil
+	return n, nil
 }
 
 // DeadLetterPrune deletes up to limit dead letters received longer than
