@@ -18,6 +18,7 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"embed"
+	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -54,6 +55,10 @@ type UIConfig struct {
 	// Requests describe, by job type, the request hipq sends, for the job
 	// page.
 	Requests map[string]RequestShape
+	// SecureCookies marks the cookies Secure whatever the request says
+	// (api.public_url is https: a TLS proxy in front); otherwise only
+	// requests over TLS or with X-Forwarded-Proto: https get them.
+	SecureCookies bool
 }
 
 // RequestShape is how a job type's requests are sent: transport (kafka or
@@ -90,16 +95,22 @@ type ui struct {
 	base    string // {prefix}/ui
 	pages   map[string]*template.Template
 	csrfKey []byte
+	counts  countCache
 }
 
 // mountUI registers the dashboard's routes on the server's mux.
 func (s *Server) mountUI(cfg UIConfig) {
 	u := &ui{s: s, cfg: cfg, base: cfg.PathPrefix + "/ui", pages: map[string]*template.Template{}}
-	u.csrfKey = s.cfg.CallbackSecret
-	if len(u.csrfKey) == 0 {
-		u.csrfKey = make([]byte, 32)
-		_, _ = rand.Read(u.csrfKey)
+	// The dashboard's own key, derived from the callback secret (shared
+	// by every instance), so no signature of one purpose serves another.
+	secret := s.cfg.CallbackSecret
+	if len(secret) == 0 {
+		secret = make([]byte, 32)
+		_, _ = rand.Read(secret)
 	}
+	m := hmac.New(sha256.New, secret)
+	m.Write([]byte("hipq dashboard key"))
+	u.csrfKey = m.Sum(nil)
 	funcs := template.FuncMap{
 		"link":     u.link,
 		"ago":      ago,
@@ -123,8 +134,12 @@ func (s *Server) mountUI(cfg UIConfig) {
 	}
 	static, _ := fs.Sub(uiFiles, "ui/static")
 	files := http.StripPrefix(u.base+"/static/", http.FileServerFS(static))
-	s.mux.Handle("GET "+u.base+"/static/", u.headers(files))
-	s.mux.Handle("GET "+u.base, http.RedirectHandler(u.base+"/", http.StatusSeeOther))
+	s.mux.Handle("GET "+u.base+"/static/{file}", u.headers(files)) // files only: no listing
+	s.mux.Handle("GET "+u.base, u.headers(http.RedirectHandler(u.base+"/", http.StatusSeeOther)))
+	s.mux.Handle(u.base+"/", u.headers(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		v := &view{Base: u.base, Page: "error", Title: "Not found", Data: "No such page of the dashboard."}
+		u.render(w, http.StatusNotFound, v)
+	})))
 	s.mux.Handle("GET "+u.base+"/{$}", u.page(u.overview))
 	s.mux.Handle("GET "+u.base+"/login", u.headers(http.HandlerFunc(u.loginForm)))
 	s.mux.Handle("POST "+u.base+"/login", u.headers(http.HandlerFunc(u.login)))
@@ -178,8 +193,8 @@ func (u *ui) page(fn func(*http.Request, *view) error) http.Handler {
 			return
 		}
 		v := &view{Base: u.base, Admin: rl == roleAdmin, CSRF: u.csrf(w, r)}
-		if f := r.URL.Query().Get("flash"); f != "" {
-			v.Flash, v.FlashOK = correlator.Clip(f, 500), r.URL.Query().Get("ok") == "1"
+		if f := r.URL.Query().Get("flash"); f != "" && hmac.Equal([]byte(r.URL.Query().Get("fs")), []byte(u.sign("ui-flash", f))) {
+			v.Flash, v.FlashOK = correlator.Clip(f, 500), strings.HasPrefix(f, "✓ ")
 		}
 		if err := fn(r, v); err != nil {
 			u.fail(w, r, v, err)
@@ -223,44 +238,69 @@ func (u *ui) role(r *http.Request) role {
 	if len(u.s.cfg.Tokens) == 0 {
 		return roleAdmin
 	}
-	c, err := r.Cookie(uiSessionCookie)
-	if err != nil {
-		return roleNone
+	if t := u.session(r); t != "" {
+		return u.s.roleOf(t)
 	}
-	return u.s.roleOf(c.Value)
+	return roleNone
 }
 
 // csrf returns the request's CSRF token, setting the nonce cookie it is
-// made from when the browser has none yet.
+// made from when the browser has none yet. The token is bound to the
+// nonce and to the session (a token of one session, or of the sign-in
+// page, is worth nothing in another).
 func (u *ui) csrf(w http.ResponseWriter, r *http.Request) string {
 	if c, err := r.Cookie(uiNonceCookie); err == nil && len(c.Value) == 32 {
-		return u.csrfOf(c.Value)
+		return u.csrfOf(c.Value, u.session(r))
 	}
+	nonce := u.newNonce(w, r)
+	return u.csrfOf(nonce, u.session(r))
+}
+
+func (u *ui) newNonce(w http.ResponseWriter, r *http.Request) string {
 	b := make([]byte, 16)
 	_, _ = rand.Read(b)
 	nonce := hex.EncodeToString(b)
 	http.SetCookie(w, u.cookie(r, uiNonceCookie, nonce))
-	return u.csrfOf(nonce)
+	return nonce
 }
 
-func (u *ui) csrfOf(nonce string) string {
+func (u *ui) csrfOf(nonce, session string) string {
+	return u.sign("ui-csrf", nonce+"\n"+session)
+}
+
+// sign is the hex HMAC of a purpose and a value under the dashboard's key.
+func (u *ui) sign(purpose, value string) string {
 	m := hmac.New(sha256.New, u.csrfKey)
-	m.Write([]byte("ui-csrf\n" + nonce))
+	m.Write([]byte(purpose + "\n" + value))
 	return hex.EncodeToString(m.Sum(nil))
 }
 
-// csrfValid checks a POST's csrf field against the nonce cookie.
+// csrfValid checks a POST's csrf field against the nonce cookie and the
+// session.
 func (u *ui) csrfValid(r *http.Request) bool {
 	c, err := r.Cookie(uiNonceCookie)
 	if err != nil || len(c.Value) != 32 {
 		return false
 	}
-	return hmac.Equal([]byte(r.PostFormValue("csrf")), []byte(u.csrfOf(c.Value)))
+	return hmac.Equal([]byte(r.PostFormValue("csrf")), []byte(u.csrfOf(c.Value, u.session(r))))
+}
+
+// session is the session cookie's token ("" when signed out).
+func (u *ui) session(r *http.Request) string {
+	c, err := r.Cookie(uiSessionCookie)
+	if err != nil {
+		return ""
+	}
+	b, err := base64.RawURLEncoding.DecodeString(c.Value)
+	if err != nil {
+		return ""
+	}
+	return string(b)
 }
 
 func (u *ui) cookie(r *http.Request, name, value string) *http.Cookie {
 	return &http.Cookie{Name: name, Value: value, Path: u.base + "/", HttpOnly: true, SameSite: http.SameSiteStrictMode,
-		Secure: r.TLS != nil || r.Header.Get("X-Forwarded-Proto") == "https"}
+		Secure: u.cfg.SecureCookies || r.TLS != nil || r.Header.Get("X-Forwarded-Proto") == "https"}
 }
 
 func (u *ui) loginForm(w http.ResponseWriter, r *http.Request) {
@@ -292,7 +332,11 @@ func (u *ui) login(w http.ResponseWriter, r *http.Request) {
 		http.Redirect(w, r, u.base+"/login?failed=1&next="+url.QueryEscape(next), http.StatusSeeOther)
 		return
 	}
-	http.SetCookie(w, u.cookie(r, uiSessionCookie, token))
+	// The token is kept encoded (a cookie value cannot hold every byte a
+	// token may), and the nonce is new: nothing of the signed-out browser
+	// carries over into the session.
+	http.SetCookie(w, u.cookie(r, uiSessionCookie, base64.RawURLEncoding.EncodeToString([]byte(token))))
+	u.newNonce(w, r)
 	http.Redirect(w, r, next, http.StatusSeeOther)
 }
 
@@ -353,7 +397,7 @@ func (u *ui) act(w http.ResponseWriter, r *http.Request) {
 		return h(w, r)
 	}).ServeHTTP(rec, in)
 	ok := rec.status < 300
-	msg := r.PathValue("action") + ": done"
+	msg := "✓ " + r.PathValue("action") + ": done"
 	var answer struct {
 		Error  struct{ Message string }
 		Result string
@@ -361,7 +405,7 @@ func (u *ui) act(w http.ResponseWriter, r *http.Request) {
 	if json.Unmarshal(rec.body.Bytes(), &answer) == nil {
 		switch {
 		case !ok:
-			msg = r.PathValue("action") + ": " + answer.Error.Message
+			msg = "✗ " + r.PathValue("action") + ": " + answer.Error.Message
 		case answer.Result != "":
 			msg += " (" + answer.Result + ")"
 		}
@@ -371,10 +415,8 @@ func (u *ui) act(w http.ResponseWriter, r *http.Request) {
 	if strings.Contains(back, "?") {
 		sep = "&"
 	}
-	back += sep + "flash=" + url.QueryEscape(msg)
-	if ok {
-		back += "&ok=1"
-	}
+	msg = correlator.Clip(msg, 500)
+	back += sep + "flash=" + url.QueryEscape(msg) + "&fs=" + u.sign("ui-flash", msg)
 	http.Redirect(w, r, back, http.StatusSeeOther)
 }
 

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"sort"
 	"strconv"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -61,7 +62,7 @@ type overviewData struct {
 func (u *ui) overview(r *http.Request, v *view) error {
 	v.Page, v.Title, v.Live = "overview", "Overview", true
 	ctx := r.Context()
-	counts, err := u.s.st.QueueCounts(ctx)
+	counts, err := u.counts.get(ctx, u.s.st.QueueCounts)
 	if err != nil {
 		return err
 	}
@@ -187,6 +188,11 @@ func (u *ui) jobs(r *http.Request, v *view) error {
 	v.Data = d
 	if d.State != "" && !slices.Contains(d.States, d.State) {
 		return errorf(http.StatusBadRequest, "invalid_parameter", "state: %q is not one of initial, retry, running, final", d.State)
+	}
+	if d.Queue != "" && !slices.Contains(u.s.cfg.Queues, d.Queue) {
+		// (a queue's filter reads the index of its configured types; an
+		// unknown one would walk the table)
+		return errorf(http.StatusBadRequest, "invalid_parameter", "queue: %q is not a configured queue", correlator.Clip(d.Queue, 64))
 	}
 	for name, val := range map[string]string{"queue": d.Queue, "job_type": d.Type, "key_prefix": d.KeyPrefix} {
 		if len(val) > correlator.MaxJobKeyBytes || !utf8.ValidString(val) {
@@ -393,4 +399,28 @@ func (u *ui) schedules(r *http.Request, v *view) error {
 	out, err := u.s.scheduleList(r.Context())
 	v.Data = out
 	return err
+}
+
+// countCache keeps the non-final counts for a few seconds: every open
+// overview refreshes every 5 s, and a count walks every waiting job.
+type countCache struct {
+	mu  sync.Mutex
+	at  time.Time
+	val []store.QueueCount
+}
+
+const countCacheAge = 3 * time.Second
+
+func (c *countCache) get(ctx context.Context, count func(context.Context) ([]store.QueueCount, error)) ([]store.QueueCount, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.at.IsZero() && time.Since(c.at) < countCacheAge {
+		return c.val, nil
+	}
+	v, err := count(ctx)
+	if err != nil {
+		return nil, err
+	}
+	c.val, c.at = v, time.Now()
+	return v, nil
 }

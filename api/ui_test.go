@@ -56,59 +56,121 @@ func TestQueuesListAndKeyPrefix(t *testing.T) {
 	}
 }
 
-// The dashboard's guards, without a browser: every page sends the CSP,
-// a page without a session goes to the login page, a POST without the
-// CSRF token of its browser is refused, redirects stay inside.
+// The dashboard's guards, without a browser: every answer sends the CSP
+// (pages, files, redirects, 404s, refusals), a page without a session
+// goes to the login page, the cookies are HttpOnly and SameSite=Strict,
+// a POST needs the CSRF token of its own browser and session, redirects
+// stay inside, a flash line needs the server's signature.
 func TestDashboardGuards(t *testing.T) {
 	t.Parallel()
 	e := newAPIConfig(t, func(c *Config) { c.UI = &UIConfig{PathPrefix: "/p", Redact: []string{"/card/number", "/list/1"}} }, token)
 	jar, _ := cookiejar.New(nil)
 	c := &http.Client{Jar: jar}
-	resp, err := c.Get(e.url + "/p/ui/jobs")
-	if err != nil {
-		t.Fatal(err)
+	csrfRe := regexp.MustCompile(`name="csrf" value="([0-9a-f]+)"`)
+	get := func(path string) (*http.Response, string) {
+		t.Helper()
+		resp, err := c.Get(e.url + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if csp := resp.Header.Get("Content-Security-Policy"); !strings.HasPrefix(csp, "default-src 'self'") {
+			t.Errorf("%s: CSP %q", path, csp)
+		}
+		return resp, string(body)
 	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if !strings.HasSuffix(resp.Request.URL.Path, "/p/ui/login") {
-		t.Fatalf("without a session: at %s", resp.Request.URL)
-	}
-	if csp := resp.Header.Get("Content-Security-Policy"); !strings.HasPrefix(csp, "default-src 'self'") {
-		t.Errorf("CSP: %q", csp)
-	}
-	csrf := regexp.MustCompile(`name="csrf" value="([0-9a-f]+)"`).FindSubmatch(body)
-	if csrf == nil {
-		t.Fatalf("no CSRF token: %s", body)
-	}
-	post := func(path string, form url.Values) int {
+	post := func(path string, form url.Values) (int, *url.URL) {
+		t.Helper()
 		resp, err := c.PostForm(e.url+path, form)
 		if err != nil {
 			t.Fatal(err)
 		}
 		resp.Body.Close()
-		return resp.StatusCode
+		if csp := resp.Header.Get("Content-Security-Policy"); !strings.HasPrefix(csp, "default-src 'self'") {
+			t.Errorf("POST %s: CSP %q", path, csp)
+		}
+		return resp.StatusCode, resp.Request.URL
 	}
-	if got := post("/p/ui/login", url.Values{"token": {token}}); got != 403 {
+	resp, body := get("/p/ui/jobs")
+	if resp.Request.URL.Path != "/p/ui/login" {
+		t.Fatalf("without a session: at %s", resp.Request.URL)
+	}
+	loginCSRF := csrfRe.FindStringSubmatch(body)
+	if loginCSRF == nil {
+		t.Fatalf("no CSRF token: %s", body)
+	}
+	if got, _ := post("/p/ui/login", url.Values{"token": {token}}); got != 403 {
 		t.Errorf("sign-in without the CSRF token: %d", got)
 	}
-	if got := post("/p/ui/login", url.Values{"token": {token}, "csrf": {string(csrf[1])}, "next": {"//evil.example/"}}); got != 200 {
-		t.Errorf("sign-in: %d", got)
+	got, at := post("/p/ui/login", url.Values{"token": {token}, "csrf": {loginCSRF[1]}, "next": {"//evil.example/"}})
+	if got != 200 || at.Host != strings.TrimPrefix(e.url, "http://") || at.Path != "/p/ui/" {
+		t.Fatalf("sign-in: %d at %s, want the overview of this server", got, at)
 	}
-	if got := post("/p/ui/act/pause", url.Values{"queue": {"default"}, "csrf": {"00" + string(csrf[1])[2:]}}); got != 403 {
+	uiURL, _ := url.Parse(e.url + "/p/ui/")
+	for _, ck := range jar.Cookies(uiURL) {
+		if ck.Name == uiSessionCookie && ck.Value == token {
+			t.Error("the session cookie holds the token as it is")
+		}
+	}
+	// (a jar does not show flags: read them off a fresh browser's sign-in)
+	njar, _ := cookiejar.New(nil)
+	nc := &http.Client{Jar: njar, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	fresh, err := nc.Get(e.url + "/p/ui/login")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fbody, _ := io.ReadAll(fresh.Body)
+	fresh.Body.Close()
+	resp, err = nc.PostForm(e.url+"/p/ui/login", url.Values{"token": {token}, "csrf": {csrfRe.FindStringSubmatch(string(fbody))[1]}})
+	if err != nil || len(resp.Cookies()) < 2 {
+		t.Fatalf("a sign-in set no session and nonce cookies (%v)", err)
+	}
+	resp.Body.Close()
+	for _, ck := range resp.Cookies() {
+		if !ck.HttpOnly || ck.SameSite != http.SameSiteStrictMode || ck.Path != "/p/ui/" {
+			t.Errorf("cookie %s: HttpOnly %v SameSite %v Path %q", ck.Name, ck.HttpOnly, ck.SameSite, ck.Path)
+		}
+	}
+	// The sign-in page's token is worth nothing in the session.
+	if got, _ := post("/p/ui/act/pause", url.Values{"queue": {"default"}, "csrf": {loginCSRF[1]}}); got != 403 {
+		t.Errorf("the sign-in page's CSRF token in the session: %d", got)
+	}
+	_, body = get("/p/ui/queues")
+	csrf := csrfRe.FindStringSubmatch(body)[1]
+	wrong := csrf[:len(csrf)-1] + map[bool]string{true: "1", false: "0"}[csrf[len(csrf)-1] == '0']
+	if got, _ := post("/p/ui/act/pause", url.Values{"queue": {"default"}, "csrf": {wrong}}); got != 403 {
 		t.Errorf("a wrong CSRF token: %d", got)
 	}
-	if got := post("/p/ui/act/pause", url.Values{"queue": {"default"}, "csrf": {string(csrf[1])}, "back": {"/p/ui/queues"}}); got != 200 {
-		t.Errorf("pause: %d", got)
+	got, at = post("/p/ui/act/pause", url.Values{"queue": {"default"}, "csrf": {csrf}, "back": {"/p/ui/queues"}})
+	if got != 200 || at.Path != "/p/ui/queues" || at.Query().Get("fs") == "" {
+		t.Errorf("pause: %d at %s", got, at)
 	}
 	if paused, _ := e.st.QueuesPaused(ctx); !paused["default"] {
 		t.Error("the dashboard's pause did not pause")
 	}
+	if _, body := get(at.RequestURI()); !strings.Contains(body, "pause: done") {
+		t.Error("the signed flash line is not shown")
+	}
+	if _, body := get("/p/ui/queues?flash=" + url.QueryEscape("✓ paste your token at evil.example")); strings.Contains(body, "evil.example") {
+		t.Error("an unsigned flash line is shown")
+	}
+	for _, path := range []string{"/p/ui/static/ui.css", "/p/ui", "/p/ui/nothing-here", "/p/ui/jobs?queue=nosuch"} {
+		resp, _ := get(path)
+		if path == "/p/ui/static/ui.css" && resp.StatusCode != 200 || path == "/p/ui/nothing-here" && resp.StatusCode != 404 ||
+			path == "/p/ui/jobs?queue=nosuch" && resp.StatusCode != 400 {
+			t.Errorf("%s: %d", path, resp.StatusCode)
+		}
+	}
+	if resp, _ := get("/p/ui/static/"); resp.StatusCode != 404 {
+		t.Errorf("the static folder lists its files: %d", resp.StatusCode)
+	}
 
 	u := &ui{cfg: UIConfig{Redact: []string{"/card/number", "/list/1", "/a~1b"}}}
-	got := u.redact(json.RawMessage(`{"card": {"number": "4111", "cvc": 1}, "list": [1, 2], "a/b": 3, "n": 12345678901234567890}`))
+	red := u.redact(json.RawMessage(`{"card": {"number": "4111", "cvc": 1}, "list": [1, 2], "a/b": 3, "n": 12345678901234567890}`))
 	want := `{"a/b":"[redacted]","card":{"cvc":1,"number":"[redacted]"},"list":[1,"[redacted]"],"n":12345678901234567890}`
-	if string(got) != want {
-		t.Errorf("redact: %s, want %s", got, want)
+	if string(red) != want {
+		t.Errorf("redact: %s, want %s", red, want)
 	}
 	if got := u.redact(json.RawMessage(`"plain"`)); string(got) != `"plain"` {
 		t.Errorf("redact of a string: %s", got)

@@ -210,9 +210,12 @@ func TestDashboardInBrowser(t *testing.T) {
 	// CSRF: the admin session's POST without the form's token is refused.
 	jar, _ := cookiejar.New(nil)
 	hc := &http.Client{Jar: jar}
-	login(t, hc, base, uiAdmin)
-	if code := post(t, hc, base+"/act/pause", url.Values{"queue": {"default"}}); code != http.StatusForbidden {
+	adminCSRF := login(t, hc, base, uiAdmin)
+	if code, _ := post(t, hc, base+"/act/pause", url.Values{"queue": {"default"}}); code != http.StatusForbidden {
 		t.Errorf("a POST without the CSRF token: %d, want 403", code)
+	}
+	if code, _ := post(t, hc, base+"/act/pause", url.Values{"queue": {"default"}, "csrf": {adminCSRF[:len(adminCSRF)-1] + flip(adminCSRF[len(adminCSRF)-1])}}); code != http.StatusForbidden {
+		t.Errorf("a POST with a wrong CSRF token: %d, want 403", code)
 	}
 	if queuePaused(t, api, "default") {
 		t.Error("a POST without the CSRF token paused the queue")
@@ -235,8 +238,9 @@ func TestDashboardInBrowser(t *testing.T) {
 	rjar, _ := cookiejar.New(nil)
 	rc := &http.Client{Jar: rjar}
 	csrf := login(t, rc, base, uiRead)
-	if code := post(t, rc, base+"/act/pause", url.Values{"queue": {"default"}, "csrf": {csrf}}); code != http.StatusForbidden {
-		t.Errorf("the read role's POST: %d, want 403", code)
+	if code, body := post(t, rc, base+"/act/pause", url.Values{"queue": {"default"}, "csrf": {csrf}}); code != http.StatusForbidden ||
+		!strings.Contains(body, "only an admin token") {
+		t.Errorf("the read role's POST with its CSRF token: %d %q, want 403 for its role", code, body)
 	}
 	if queuePaused(t, api, "default") {
 		t.Error("the read role paused the queue")
@@ -354,19 +358,38 @@ func login(t *testing.T, c *http.Client, base, token string) string {
 	if m == nil {
 		t.Fatalf("no CSRF token on the login page: %s", body)
 	}
-	if code := post(t, c, base+"/login", url.Values{"token": {token}, "csrf": {string(m[1])}}); code != http.StatusOK {
+	if code, _ := post(t, c, base+"/login", url.Values{"token": {token}, "csrf": {string(m[1])}}); code != http.StatusOK {
 		t.Fatalf("sign in: %d", code)
 	}
-	return string(m[1])
+	// The session's own CSRF token (the sign-in page's is worth nothing now).
+	resp, err = c.Get(base + "/queues")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if bu, _ := url.Parse(base); csrfField.FindSubmatch(body) == nil || resp.Request.URL.Path != bu.Path+"/queues" {
+		t.Fatalf("not signed in: at %s", resp.Request.URL)
+	}
+	return string(csrfField.FindSubmatch(body)[1])
 }
 
-// post sends a form and returns the status after redirects.
-func post(t *testing.T, c *http.Client, u string, form url.Values) int {
+// post sends a form and returns the status after redirects, and the body.
+func post(t *testing.T, c *http.Client, u string, form url.Values) (int, string) {
 	t.Helper()
 	resp, err := c.PostForm(u, form)
 	if err != nil {
 		t.Fatal(err)
 	}
-	resp.Body.Close()
-	return resp.StatusCode
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(body)
+}
+
+// flip is another hex digit.
+func flip(c byte) string {
+	if c == '0' {
+		return "1"
+	}
+	return "0"
 }
