@@ -3,7 +3,6 @@ package api
 import (
 	"net/http"
 	"strconv"
-	"strings"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -128,7 +127,7 @@ func (s *Server) callbackAuthorized(r *http.Request, jobType, jobKey string, job
 		}
 		return nil
 	}
-	if got, _ := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); s.roleOf(got) != roleAdmin {
+	if s.bearerRole(r) != roleAdmin {
 		return unauthorized("use the signed Hipq-Callback-Url of the request, or an admin bearer token (api.tokens)")
 	}
 	return nil

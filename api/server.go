@@ -275,8 +275,7 @@ func isStatementTimeout(err error) bool {
 // checked against their limits.
 func (s *Server) authorized(h func(http.ResponseWriter, *http.Request) error) http.Handler {
 	return s.handle(func(w http.ResponseWriter, r *http.Request) error {
-		got, _ := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-		switch s.roleOf(got) {
+		switch s.bearerRole(r) {
 		case roleNone:
 			w.Header().Set("WWW-Authenticate", `Bearer realm="hipq"`)
 			return errorf(http.StatusUnauthorized, "unauthorized", "a valid bearer token is required (Authorization: Bearer <token>)")
@@ -315,6 +314,12 @@ const (
 	roleRead
 	roleAdmin
 )
+
+// bearerRole is the role of the request's bearer token.
+func (s *Server) bearerRole(r *http.Request) role {
+	token, _ := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	return s.roleOf(token)
+}
 
 // roleOf is the role of a bearer token, compared with every configured
 // one in constant time. With no tokens configured everyone is admin (the

@@ -520,7 +520,7 @@ func (u *ui) redact(data json.RawMessage) json.RawMessage {
 	}
 	changed := false
 	for _, p := range u.cfg.Redact {
-		changed = redactAt(doc, strings.Split(p[1:], "/")) || changed
+		changed = redactAt(doc, correlator.PointerTokens(p)) || changed
 	}
 	if !changed {
 		return data
@@ -532,9 +532,9 @@ func (u *ui) redact(data json.RawMessage) json.RawMessage {
 	return b
 }
 
-// redactAt replaces the value at the pointer's tokens in doc.
+// redactAt replaces the value at the pointer's (unescaped) tokens in doc.
 func redactAt(doc any, toks []string) bool {
-	tok := strings.ReplaceAll(strings.ReplaceAll(toks[0], "~1", "/"), "~0", "~")
+	tok := toks[0]
 	switch d := doc.(type) {
 	case map[string]any:
 		v, ok := d[tok]

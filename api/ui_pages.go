@@ -171,7 +171,7 @@ type jobsData struct {
 	Queue, Type, State, KeyPrefix string
 	Queues, Types, States         []string
 	Jobs                          []*correlator.Job
-	Next                          int64
+	Next                          any // the keyset cursor of the next page, nil on the last
 }
 
 // jobs: the job list, filtered by queue, type, state and key prefix,
@@ -206,11 +206,7 @@ func (u *ui) jobs(r *http.Request, v *view) error {
 	if err != nil {
 		return err
 	}
-	if len(jobs) > limit {
-		jobs = jobs[:limit]
-		d.Next = jobs[limit-1].ID
-	}
-	d.Jobs = jobs
+	d.Jobs, d.Next = page(jobs, limit, func(j *correlator.Job) int64 { return j.ID })
 	return nil
 }
 
@@ -304,7 +300,7 @@ type deadLettersData struct {
 	Source  string
 	Sources []string
 	Letters []deadLetterRow
-	Next    int64
+	Next    any // as jobsData.Next
 	Back    string
 }
 
@@ -325,10 +321,7 @@ func (u *ui) deadLetters(r *http.Request, v *view) error {
 	if err != nil {
 		return err
 	}
-	if len(dls) > limit {
-		dls = dls[:limit]
-		d.Next = dls[limit-1].ID
-	}
+	dls, d.Next = page(dls, limit, func(d store.DeadLetter) int64 { return d.ID })
 	d.Back = u.link("dead-letters", "source", d.Source, "before", before)
 	for _, dl := range dls {
 		row := deadLetterRow{DeadLetter: dl, Key: text(dl.Source.Key), Value: pretty(u.redactRecord(dl.Source.Value))}

@@ -145,9 +145,9 @@ func (x *extracted) lookup(f Field) (text string, raw json.RawMessage, ok bool) 
 	return "", nil, false
 }
 
-// pointerTokens splits a non-empty RFC 6901 JSON pointer into its
+// PointerTokens splits a non-empty RFC 6901 JSON pointer into its
 // unescaped reference tokens.
-func pointerTokens(p string) []string {
+func PointerTokens(p string) []string {
 	toks := strings.Split(p[1:], "/")
 	for i, t := range toks {
 		toks[i] = strings.ReplaceAll(strings.ReplaceAll(t, "~1", "/"), "~0", "~")
@@ -160,7 +160,7 @@ func pointer(doc any, p string) (any, bool) {
 	if p == "" {
 		return doc, true
 	}
-	for _, tok := range pointerTokens(p) {
+	for _, tok := range PointerTokens(p) {
 		switch d := doc.(type) {
 		case map[string]any:
 			v, ok := d[tok]

@@ -107,7 +107,7 @@ func NewShares(pointer string, weights map[string]int, limit int) (*Shares, erro
 	if total == 0 {
 		return nil, fmt.Errorf("at least one weight is required")
 	}
-	s := &Shares{Pointer: pointer, Path: pointerTokens(pointer), Caps: map[string]int{}}
+	s := &Shares{Pointer: pointer, Path: PointerTokens(pointer), Caps: map[string]int{}}
 	for k, w := range weights {
 		c := max(1, int(int64(limit)*int64(w)/int64(total)))
 		if k == OtherPartition {

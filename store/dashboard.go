@@ -23,7 +23,9 @@ type QueueCount struct {
 	Weight int64
 }
 
-// QueueCounts counts the non-final jobs by queue and state.
+// QueueCounts counts the non-final jobs by queue and state, through the
+// partial index of non-final jobs: never the final rows retention keeps
+// (a scan of millions).
 func (s *Store) QueueCounts(ctx context.Context) ([]QueueCount, error) {
 	rows, err := s.pool.Query(ctx, `SELECT queue, state::text, count(*), coalesce(sum(throttle_factor), 0)
 		FROM hipq_job WHERE state <> 'final' GROUP BY 1, 2 ORDER BY 1, 2`)

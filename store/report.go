@@ -116,11 +116,8 @@ func (s *Store) BenchSeed(ctx context.Context, queue, jobType string, backlog, f
 		progress("final rows", min(lo+chunk, finals))
 	}
 	if backlog > 0 || finals > 0 {
-		if _, err := s.pool.Exec(ctx, `VACUUM ANALYZE hipq_job`); err != nil {
-			return fmt.Errorf("vacuum the seeded table: %w", err)
-		}
-		if _, err := s.pool.Exec(ctx, `VACUUM ANALYZE hipq_attempt`); err != nil {
-			return fmt.Errorf("vacuum the seeded table: %w", err)
+		if _, err := s.pool.Exec(ctx, `VACUUM ANALYZE hipq_job, hipq_attempt`); err != nil {
+			return fmt.Errorf("vacuum the seeded tables: %w", err)
 		}
 		// The seeding's writes are flushed now rather than by a checkpoint
 		// during the run (needs superuser or pg_checkpoint: else the run
@@ -159,7 +156,6 @@ func (s *Store) StatementsRead(ctx context.Context) ([]StatementTime, error) {
 		SELECT family, sum(calls)::bigint, sum(rows)::bigint, sum(total_exec_time)::float8
 		FROM (SELECT calls, rows, total_exec_time, CASE
 		        WHEN q ILIKE '%hipq_claim(%' THEN 'claim (hipq_claim)'
-		        WHEN q ILIKE 'SELECT $2 FROM ONLY%FOR KEY SHARE%' THEN 'foreign-key checks'
 		        WHEN q ILIKE '%INSERT INTO hipq_job%' THEN 'job inserts (intake, API, outbox)'
 		        WHEN q ILIKE '%SET state = u.state%' THEN 'resolve (replies, timeouts)'
 		        WHEN q ILIKE '%SET sent_at%' THEN 'sent marks'

@@ -123,7 +123,7 @@ func exited(insts []*instance) <-chan exitedInstance {
 	for _, in := range insts {
 		select {
 		case <-in.done:
-			ch <- exitedInstance{in.n, cmp2(in.err)}
+			ch <- exitedInstance{in.n, exitErr(in.err)}
 			return ch
 		default:
 		}
@@ -131,7 +131,8 @@ func exited(insts []*instance) <-chan exitedInstance {
 	return ch
 }
 
-func cmp2(err error) error {
+// exitErr says why an instance stopped: its error, or that it exited.
+func exitErr(err error) error {
 	if err == nil {
 		return errors.New("exited")
 	}
