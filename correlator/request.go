@@ -76,6 +76,42 @@ func CheckJSON(b []byte, maxBytes int) error {
 	if !utf8.Valid(b) {
 		return inputErrorf(CodeInvalidUTF8, "the value is not valid UTF-8")
 	}
+	if json.Valid(b) {
+		return checkShape(b) // the common case: one pass, no allocation
+	}
+	return checkTokens(b) // says where and why, as encoding/json words it
+}
+
+// checkShape applies CheckJSON's depth and NUL rules to well-formed JSON
+// (json.Valid), in the order checkTokens meets them: an opening bracket
+// past MaxDepth, or a \u0000 escape in a string or a key.
+func checkShape(b []byte) error {
+	depth := 0
+	for i := 0; i < len(b); i++ {
+		switch b[i] {
+		case '{', '[':
+			if depth++; depth > MaxDepth {
+				return inputErrorf(CodeTooDeep, "nested deeper than %d", MaxDepth)
+			}
+		case '}', ']':
+			depth--
+		case '"':
+			for i++; b[i] != '"'; i++ {
+				if b[i] != '\\' {
+					continue
+				}
+				i++ // the escaped byte; valid JSON has all of an escape
+				if b[i] == 'u' && string(b[i+1:i+5]) == "0000" {
+					return inputErrorf(CodeNullChar, "a string holds \\u0000, which PostgreSQL cannot store")
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// checkTokens is CheckJSON token by token: slow, but it names the fault.
+func checkTokens(b []byte) error {
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.UseNumber()
 	depth := 0
@@ -118,12 +154,14 @@ func DecodeRequest(b []byte, maxBytes int) (*Request, error) {
 	if t := bytes.TrimLeft(b, " \t\r\n"); len(t) == 0 || t[0] != '{' {
 		return nil, inputErrorf(CodeNotObject, "the value must be a JSON object")
 	}
-	if err := checkFields(b, requestFields); err != nil {
-		return nil, err
-	}
-	var req Request
-	if err := json.Unmarshal(b, &req); err != nil {
-		return nil, fieldError(err)
+	req, ok := decodePlain(b)
+	if !ok {
+		if err := checkFields(b, requestFields); err != nil {
+			return nil, err
+		}
+		if err := json.Unmarshal(b, &req); err != nil {
+			return nil, fieldError(err)
+		}
 	}
 	if err := req.validate(); err != nil {
 		return nil, err
@@ -135,9 +173,12 @@ func (r *Request) validate() error {
 	if err := CheckJobName(r.JobType, r.JobKey); err != nil {
 		return err
 	}
-	for name, v := range map[string]*int{"priority": r.Priority, "timeout_seconds": r.TimeoutSeconds, "throttle_factor": r.ThrottleFactor} {
-		if v != nil && (*v > math.MaxInt32 || *v < math.MinInt32) {
-			return inputErrorf(CodeInvalidField, "%s: %d is out of range (32-bit integer)", name, *v)
+	for _, f := range [...]struct {
+		name string
+		v    *int
+	}{{"priority", r.Priority}, {"timeout_seconds", r.TimeoutSeconds}, {"throttle_factor", r.ThrottleFactor}} {
+		if f.v != nil && (*f.v > math.MaxInt32 || *f.v < math.MinInt32) {
+			return inputErrorf(CodeInvalidField, "%s: %d is out of range (32-bit integer)", f.name, *f.v)
 		}
 	}
 	if r.TimeoutSeconds != nil && *r.TimeoutSeconds <= 0 {
@@ -155,6 +196,106 @@ func (r *Request) validate() error {
 }
 
 var requestFields = fieldSet(Request{})
+
+// decodePlain decodes the request most producers send, in one pass and
+// without reflection: an object (well-formed: CheckJSON passed) whose keys
+// are only job_type, job_key and job_data, none escaped, the first two
+// unescaped strings. Anything else is not ok and goes the general way
+// (checkFields and encoding/json), which also words every error; on what
+// it takes, decodePlain agrees with that way (FuzzDecodePlain).
+func decodePlain(b []byte) (req Request, ok bool) {
+	i := skipSpace(b, 0) + 1 // past '{'
+	for {
+		i = skipSpace(b, i)
+		if b[i] == '}' {
+			return req, skipSpace(b, i+1) == len(b) // (trailing data: the general way refuses it)
+		}
+		if b[i] == ',' {
+			i = skipSpace(b, i+1)
+		}
+		key, end, plain := plainString(b, i)
+		if !plain {
+			return req, false
+		}
+		i = skipSpace(b, end)
+		i = skipSpace(b, i+1) // past ':'
+		switch key {
+		case "job_type", "job_key":
+			if b[i] != '"' {
+				return req, false
+			}
+			v, end, plain := plainString(b, i)
+			if !plain {
+				return req, false
+			}
+			if key == "job_type" {
+				req.JobType = v
+			} else {
+				req.JobKey = v
+			}
+			i = end
+		case "job_data":
+			end := skipValue(b, i)
+			req.JobData = bytes.Clone(b[i:end])
+			i = end
+		default:
+			return req, false
+		}
+	}
+}
+
+// plainString reads the string starting at b[i] ('"') of well-formed JSON:
+// its text and the index past it; plain is false when it holds an escape.
+func plainString(b []byte, i int) (s string, end int, plain bool) {
+	for j := i + 1; ; j++ {
+		switch b[j] {
+		case '"':
+			return string(b[i+1 : j]), j + 1, true
+		case '\\':
+			return "", 0, false
+		}
+	}
+}
+
+// skipValue returns the index past the value starting at b[i] of
+// well-formed JSON.
+func skipValue(b []byte, i int) int {
+	depth := 0
+	for ; i < len(b); i++ {
+		switch b[i] {
+		case '"':
+			for i++; b[i] != '"'; i++ {
+				if b[i] == '\\' {
+					i++
+				}
+			}
+			if depth == 0 {
+				return i + 1
+			}
+		case '{', '[':
+			depth++
+		case '}', ']':
+			if depth--; depth == 0 {
+				return i + 1
+			}
+			if depth < 0 {
+				return i
+			}
+		case ',', ' ', '\t', '\r', '\n':
+			if depth == 0 {
+				return i
+			}
+		}
+	}
+	return i
+}
+
+func skipSpace(b []byte, i int) int {
+	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\r' || b[i] == '\n') {
+		i++
+	}
+	return i
+}
 
 // fieldSet lists the JSON names of a struct's fields.
 func fieldSet(v any) map[string]bool {

@@ -1,10 +1,15 @@
 package correlator
 
 import (
+	"bytes"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
+	"reflect"
 	"testing"
 	"time"
+	"unicode/utf8"
 )
 
 // TestDecodeRequestBadInput covers every bad-input case of SPEC §4.
@@ -113,6 +118,75 @@ func FuzzDecodeRequest(f *testing.F) {
 		}
 		if CheckJSON(req.JobData, 0) != nil && len(req.JobData) > 0 {
 			t.Fatalf("accepted job_data PostgreSQL cannot store: %q", req.JobData)
+		}
+	})
+}
+
+// FuzzCheckJSON holds CheckJSON's one-pass check of well-formed input to
+// the token walk it stands in for: the same verdict, code and detail.
+func FuzzCheckJSON(f *testing.F) {
+	deep := strings.Repeat("[", MaxDepth) + strings.Repeat("]", MaxDepth)
+	for _, s := range []string{
+		`{}`, `[]`, `1`, `"x"`, `null`, ` {"a": [1, 2, {"b": "c"}]} `, `{"a\u0000": 1}`, `{"a": "\u0000"}`,
+		`["\\u0000"]`, `["\\\u0000"]`, `["\"\u0000"]`, `"\u00001"`, `["\u0001", "\u1000", "\u000A"]`,
+		deep, "[" + deep + "]", `{"a":` + deep + `}`, `[` + strings.Repeat(`{"k":[`, 40) + `"\u0000"`,
+		"[" + deep + `, "\u0000"]`, `["\u0000", ` + "[" + deep + "]]", `{} {}`, ``, ` `, `{`, `[1,]`, `"a\u000"`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		fast, slow := CheckJSON(b, 0), error(nil)
+		if utf8.Valid(b) {
+			slow = checkTokens(b)
+		} else if fast == nil {
+			t.Fatalf("CheckJSON took invalid UTF-8 %q", b)
+		}
+		if utf8.Valid(b) && fmt.Sprint(fast) != fmt.Sprint(slow) {
+			t.Fatalf("CheckJSON(%q) = %v; the token walk says %v", b, fast, slow)
+		}
+	})
+}
+
+func BenchmarkCheckJSON(b *testing.B) {
+	v := []byte(`{"job_type":"bench.noop","job_key":"k12345","job_data":{"t":1795625315529804960,"r":"a","list":[1,2,3],"s":"caf\u00e9"}}`)
+	for b.Loop() {
+		if err := CheckJSON(v, 0); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// FuzzDecodePlain holds the one-pass decoding of plain requests to the
+// general way (checkFields, then encoding/json) on everything it takes.
+func FuzzDecodePlain(f *testing.F) {
+	for _, s := range []string{
+		`{"job_type":"t","job_key":"k"}`, ` { "job_type" : "t" , "job_key" : "k" , "job_data" : {"a": [1, "]", {"}": 2}]} } `,
+		`{"job_type":"t","job_key":"k","job_data":null}`, `{"job_type":"t","job_key":"k","job_data":"x\"}"}`,
+		`{"job_type":"t","job_key":"k","job_data":12.5e3}`, `{"job_type":"t","job_key":"k","job_data":true }`,
+		`{"job_type":"t","job_type":"u","job_key":"k","job_data":1,"job_data":[]}`, `{"job_type":"t\u0041","job_key":"k"}`,
+		`{"job_typ\u0065":"t","job_key":"k"}`, `{"job_type":5,"job_key":"k"}`, `{"JOB_TYPE":"t","job_key":"k"}`,
+		`{"job_type":"t","job_key":"k","priority":3}`, `{}`, `{"job_data":{}}`, `{"job_key":"", "job_data":[[],[{}]]}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		if CheckJSON(b, 0) != nil {
+			return
+		}
+		if t := bytes.TrimLeft(b, " \t\r\n"); len(t) == 0 || t[0] != '{' {
+			return
+		}
+		fast, ok := decodePlain(b)
+		if !ok {
+			return
+		}
+		var slow Request
+		err := checkFields(b, requestFields)
+		if err == nil {
+			err = json.Unmarshal(b, &slow)
+		}
+		if err != nil || !reflect.DeepEqual(fast, slow) {
+			t.Fatalf("%q: one pass %+v (%s), encoding/json %+v (%s), %v", b, fast, fast.JobData, slow, slow.JobData, err)
 		}
 	})
 }
