@@ -170,10 +170,23 @@ func (s *Store) JobList(ctx context.Context, p JobListParams) ([]*correlator.Job
 // jobListQuery is JobList's statement: only the filters given, each a
 // parameter. Planned for its values (the API's connections plan each
 // statement afresh, Config.CustomPlans), each filter reads an index:
-// job_type its (job_type, job_key) index when the type is rare, else the
+// job_type its (job_type, job_key) indexes when the type is rare, else the
 // primary key newest first, where it soon finds enough; a waiting or running
-// state its partial index; a queue the index of its job types.
+// state its partial index; a queue the index of its job types. The
+// (job_type, job_key) indexes are two, of non-final and of final jobs, so a
+// type, queue or key filter without a state reads each part and merges.
 func jobListQuery(p JobListParams) (string, []any) {
+	if p.State == "" && (p.JobType != "" || (p.Queue != "" && len(p.QueueTypes) > 0) || p.KeyPrefix != "") {
+		live, args := jobListFilter(p).query(`SELECT `+jobColumns+` FROM hipq_job`, p.BeforeID, p.Limit)
+		n := len(args)
+		final := strings.Replace(live, " WHERE ", " WHERE state = 'final' AND ", 1)
+		live = strings.Replace(live, " WHERE ", " WHERE state <> 'final' AND ", 1)
+		return fmt.Sprintf(`SELECT * FROM ((%s) UNION ALL (%s)) j ORDER BY id DESC LIMIT $%d`, live, final, n), args
+	}
+	return jobListFilter(p).query(`SELECT `+jobColumns+` FROM hipq_job`, p.BeforeID, p.Limit)
+}
+
+func jobListFilter(p JobListParams) *listFilter {
 	f := listFilter{}
 	f.add("job_type", p.JobType)
 	f.add("state", string(p.State))
@@ -186,7 +199,7 @@ func jobListQuery(p JobListParams) (string, []any) {
 		f.args = append(f.args, p.KeyPrefix)
 		f.where = append(f.where, fmt.Sprintf("starts_with(job_key, $%d)", len(f.args)))
 	}
-	return f.query(`SELECT `+jobColumns+` FROM hipq_job`, p.BeforeID, p.Limit)
+	return &f
 }
 
 // listFilter builds a keyset-paginated list statement, newest first.

@@ -35,8 +35,13 @@ func scanJob(row pgx.Row) (*correlator.Job, error) {
 // JobGet returns the non-final job of (type, key), else the latest final
 // one, else correlator.ErrNotFound.
 func (s *Store) JobGet(ctx context.Context, jobType, jobKey string) (*correlator.Job, error) {
-	j, err := scanJob(s.pool.QueryRow(ctx, `SELECT `+jobColumns+` FROM hipq_job
-		WHERE job_type = $1 AND job_key = $2 ORDER BY (state <> 'final') DESC, id DESC LIMIT 1`, jobType, jobKey))
+	// Each branch reads its partial index: the unique one of non-final
+	// jobs, then the final versions' newest first.
+	j, err := scanJob(s.pool.QueryRow(ctx, `
+		(SELECT `+jobColumns+` FROM hipq_job WHERE job_type = $1 AND job_key = $2 AND state <> 'final')
+		UNION ALL
+		(SELECT `+jobColumns+` FROM hipq_job WHERE job_type = $1 AND job_key = $2 AND state = 'final' ORDER BY id DESC LIMIT 1)
+		LIMIT 1`, jobType, jobKey))
 	if err != nil && !errors.Is(err, correlator.ErrNotFound) {
 		return nil, fmt.Errorf("get job %s/%s: %w", jobType, jobKey, err)
 	}

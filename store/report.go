@@ -55,7 +55,7 @@ func (s *Store) BenchLatencies(ctx context.Context, jobType string) (Latencies, 
 		             (extract(epoch FROM created_at) * 1e9 - (job_data->>'t')::float8) / 1e6 AS intake,
 		             extract(epoch FROM started_at - created_at) * 1e3 AS claim,
 		             extract(epoch FROM update_time - started_at) * 1e3 AS reply
-		      FROM hipq_job WHERE job_type = $1 AND outcome = 'succeeded') l`, jobType).Scan(&l.Last, &l.P50, &l.P99, &l.Max,
+		      FROM hipq_job WHERE job_type = $1 AND state = 'final' AND outcome = 'succeeded') l`, jobType).Scan(&l.Last, &l.P50, &l.P99, &l.Max,
 		&l.Intake[0], &l.Intake[1], &l.Claim[0], &l.Claim[1], &l.Reply[0], &l.Reply[1])
 	if err != nil {
 		return l, fmt.Errorf("read bench latencies: %w", err)
