@@ -109,7 +109,73 @@ func TestClaimOrder(t *testing.T) {
 			if !slices.Equal(got, tc.want) {
 				t.Fatalf("order %v, want %v", got, tc.want)
 			}
+			// Without limits (one statement, no walk): all at once, in order.
+			st = pgtest.New(t)
+			insert(t, st, job("new-p2", prio(2), at(time.Second)), job("mid-p5", prio(5), at(time.Minute)),
+				job("old-p9", prio(9), at(time.Hour)), job("new-p1", prio(1), at(time.Second)), job("later", at(-time.Hour)))
+			c := claimWith(t, st, store.JobClaimParams{Order: tc.order})
+			if got := keys(c.Jobs); !slices.Equal(got, tc.want) || len(c.Closed) != 0 {
+				t.Fatalf("unbounded claim took %v (closed %v), want %v", got, c.Closed, tc.want)
+			}
+			c = claimWith(t, st, store.JobClaimParams{Order: tc.order, Limit: 2})
+			if len(c.Jobs)+len(c.Closed) != 0 {
+				t.Fatalf("claimed again: %+v", c)
+			}
 		})
+	}
+}
+
+// Claimers of a queue without limits, many at once, each claim a job at
+// most once (its locked rows are skipped by the others) and write exactly
+// one attempt row per claim; together they take every due job.
+func TestClaimUnboundedConcurrent(t *testing.T) {
+	t.Parallel()
+	st := pgtest.New(t)
+	var js []*correlator.Job
+	for i := range 2000 {
+		js = append(js, job(fmt.Sprintf("j%d", i), prio(i%7)))
+	}
+	insert(t, st, js...)
+	seen := make(chan []int64, 8)
+	for w := range 8 {
+		go func() {
+			var ids []int64
+			for {
+				c, err := st.JobClaim(ctx, store.JobClaimParams{Queue: "default", Limit: 50 + 25*w, Instance: fmt.Sprint("w", w)})
+				if err != nil {
+					t.Error(err)
+					break
+				}
+				if len(c.Jobs) == 0 {
+					break
+				}
+				for _, j := range c.Jobs {
+					if j.Attempt != 1 {
+						t.Errorf("job %d claimed at attempt %d", j.ID, j.Attempt)
+					}
+					ids = append(ids, j.ID)
+				}
+			}
+			seen <- ids
+		}()
+	}
+	claimed := map[int64]bool{}
+	for range 8 {
+		for _, id := range <-seen {
+			if claimed[id] {
+				t.Fatalf("job %d claimed twice", id)
+			}
+			claimed[id] = true
+		}
+	}
+	if len(claimed) != 2000 {
+		t.Fatalf("%d of 2000 jobs claimed", len(claimed))
+	}
+	if n := count(t, st, "SELECT count(*) FROM hipq_attempt"); n != 2000 {
+		t.Fatalf("%d attempt rows for 2000 claims", n)
+	}
+	if n := count(t, st, "SELECT count(*) FROM hipq_job WHERE state = 'running' AND attempt = 1"); n != 2000 {
+		t.Fatalf("%d of 2000 jobs running", n)
 	}
 }
 
