@@ -114,7 +114,75 @@ func DefaultMatcher() Matcher {
 type extracted struct {
 	rec    *Record
 	isJSON bool
-	doc    any
+	// top holds the value's top-level members (their JSON text) when it
+	// is one object with unescaped keys: pointers of one token read them
+	// without decoding the whole value; any other pointer decodes doc.
+	top     map[string][]byte
+	doc     any
+	decoded bool
+}
+
+// value returns the decoded value, decoding it on first use.
+func (x *extracted) value() any {
+	if !x.decoded {
+		x.decoded = true
+		dec := json.NewDecoder(bytes.NewReader(x.rec.Value))
+		dec.UseNumber()
+		_ = dec.Decode(&x.doc) // CheckJSON passed: it decodes
+	}
+	return x.doc
+}
+
+// topMembers returns the members of b, one well-formed JSON value, when it
+// is an object whose keys hold no escape (a later member of the same name
+// wins, as when decoding); ok is false otherwise.
+func topMembers(b []byte) (top map[string][]byte, ok bool) {
+	i := skipSpace(b, 0)
+	if b[i] != '{' {
+		return nil, false
+	}
+	top = map[string][]byte{}
+	for i++; ; {
+		i = skipSpace(b, i)
+		switch b[i] {
+		case '}':
+			return top, true
+		case ',':
+			i = skipSpace(b, i+1)
+		}
+		key, end, plain := plainString(b, i)
+		if !plain {
+			return nil, false
+		}
+		i = skipSpace(b, skipSpace(b, end)+1) // past ':'
+		end = skipValue(b, i)
+		top[key] = b[i:end]
+		i = end
+	}
+}
+
+// member reads a one-token pointer from the top-level members, as pointer
+// and lookup would from the decoded value; ok is false when it cannot.
+func (x *extracted) member(p string) (text string, raw json.RawMessage, found, ok bool) {
+	if x.top == nil || strings.ContainsAny(p[1:], "/~") {
+		return "", nil, false, false // (a pointer of more tokens, or escaped: decoded)
+	}
+	v, found := x.top[p[1:]]
+	switch {
+	case !found:
+		return "", nil, false, true
+	case v[0] == '"':
+		var s string
+		if _, end, plain := plainString(v, 0); plain && end == len(v) {
+			s = string(v[1 : len(v)-1])
+		} else if json.Unmarshal(v, &s) != nil {
+			return "", nil, false, false
+		}
+		return s, nil, true, true // (raw: what result makes of the text, as it is)
+	case v[0] == '{' || v[0] == '[':
+		return "", nil, false, false // re-encoded from the decoded value
+	}
+	return string(v), json.RawMessage(v), true, true // a number, true, false or null: as written
 }
 
 // lookup returns the field's raw text (JSON values as their JSON text, but
@@ -132,7 +200,10 @@ func (x *extracted) lookup(f Field) (text string, raw json.RawMessage, ok bool) 
 		if !x.isJSON {
 			return "", nil, false
 		}
-		v, ok := pointer(x.doc, f.JSON)
+		if text, raw, found, ok := x.member(f.JSON); ok {
+			return text, raw, found
+		}
+		v, ok := pointer(x.value(), f.JSON)
 		if !ok {
 			return "", nil, false
 		}
@@ -183,16 +254,19 @@ func pointer(doc any, p string) (any, bool) {
 
 // Match extracts the reply. Errors are *InputError: the reply is to be
 // dead-lettered.
-func (m *Matcher) Match(rec *Record) (*Reply, error) {
+func (m *Matcher) Match(rec *Record) (*Reply, error) { return m.match(rec, true) }
+
+// match is Match; members false decodes the whole value for every pointer
+// (the tests' reference for the one-pass reading of top-level members).
+func (m *Matcher) match(rec *Record, members bool) (*Reply, error) {
 	if m.MaxBytes > 0 && len(rec.Value) > m.MaxBytes {
 		return nil, inputErrorf(CodeTooLarge, "%d bytes is more than the limit of %d", len(rec.Value), m.MaxBytes)
 	}
 	x := &extracted{rec: rec}
 	if err := CheckJSON(rec.Value, 0); err == nil {
-		dec := json.NewDecoder(bytes.NewReader(rec.Value))
-		dec.UseNumber()
-		if dec.Decode(&x.doc) == nil {
-			x.isJSON = true
+		x.isJSON = true // (well-formed: it decodes)
+		if members && json.Valid(rec.Value) {
+			x.top, _ = topMembers(rec.Value)
 		}
 	} else if ie := err.(*InputError); ie.Code != CodeInvalidJSON {
 		// Valid JSON that PostgreSQL cannot store, or text that is not UTF-8.

@@ -2,6 +2,8 @@ package correlator
 
 import (
 	"errors"
+	"fmt"
+	"reflect"
 	"testing"
 )
 
@@ -95,6 +97,38 @@ func FuzzMatch(f *testing.F) {
 		}
 		if r.Attempt != nil && *r.Attempt < 1 {
 			t.Fatalf("attempt %d accepted", *r.Attempt)
+		}
+	})
+}
+
+// FuzzMatchMembers holds the one-pass reading of top-level members to the
+// decoding of the whole value: with every field read from JSON, by
+// one-token pointers, escaped ones and deeper ones, both give the same
+// reply or the same error.
+func FuzzMatchMembers(f *testing.F) {
+	for _, s := range []string{
+		`{"status":"ok","id":"7","type":"t","key":"k","attempt":2,"result":{"b":1,"a":[1,"<&>"]}}`,
+		`{"status":"failed","retryable":false,"error":"boom \u00e9","retry_after":"3","id":7,"type":"t","key":"k"}`,
+		`{"status":"progress","result":"<b>","type":"t","key":"k\"q","a/b":1,"m~n":2,"x":{"y":"ok"}}`,
+		`{"status":"ok","status":"failed","type":"t","key":"k","result":null,"retryable":null,"error":12.50}`,
+		`{"st\u0061tus":"ok","type":"t","key":"k"}`, `[1]`, `"x"`, `{} {}`, `{"type":"t","key":"k","error":true}`,
+	} {
+		f.Add([]byte(s))
+	}
+	m := DefaultMatcher()
+	m.JobID, m.JobType, m.JobKey, m.Attempt = Field{JSON: "/id"}, Field{JSON: "/type"}, Field{JSON: "/key"}, Field{JSON: "/attempt"}
+	deep := m
+	deep.Error, deep.Result, deep.Status = Field{JSON: "/a~1b"}, Field{JSON: "/x/y"}, Field{JSON: "/m~0n"}
+	each := m
+	each.Result = Field{JSON: "/result"}
+	f.Fuzz(func(t *testing.T, value []byte) {
+		for _, m := range []Matcher{m, deep, each} {
+			rec := &Record{Value: value}
+			fast, ferr := m.match(rec, true)
+			slow, serr := m.match(rec, false)
+			if fmt.Sprint(ferr) != fmt.Sprint(serr) || !reflect.DeepEqual(fast, slow) {
+				t.Fatalf("%q: one pass %+v, %v; decoded %+v, %v", value, fast, ferr, slow, serr)
+			}
 		}
 	})
 }
