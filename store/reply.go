@@ -180,6 +180,21 @@ func applyReplies(ctx context.Context, tx pgx.Tx, ins []ReplyIn, types correlato
 // lockTargets reads and locks, in id order, the rows the replies name: by
 // job id, else the non-final job of (type, key); and finds which (type,
 // key) without a non-final job have a final one.
+// lockTargetsSQL is lockTargets' statement.
+const lockTargetsSQL = `
+		SELECT id, job_type, job_key, state, attempt, max_attempts, expires_at, time_windows,
+		       coalesce(started_at, 'epoch'), timeout_seconds
+		FROM hipq_job
+		WHERE id IN (SELECT unnest($1::bigint[])
+		             UNION ALL
+		             -- each key probed (OFFSET 0: never a walk of every
+		             -- non-final job, whatever the statistics say)
+		             SELECT x.id FROM unnest($2::text[], $3::text[]) AS k(t, k)
+		             CROSS JOIN LATERAL (SELECT j.id FROM hipq_job j
+		                                 WHERE j.job_type = k.t AND j.job_key = k.k AND j.state <> 'final' OFFSET 0) x)
+		ORDER BY id
+		FOR UPDATE`
+
 func lockTargets(ctx context.Context, tx pgx.Tx, ins []ReplyIn) (correlator.Targets, error) {
 	var ids []int64
 	var types, keys []string
@@ -190,16 +205,7 @@ func lockTargets(ctx context.Context, tx pgx.Tx, ins []ReplyIn) (correlator.Targ
 			types, keys = append(types, in.Reply.JobType), append(keys, in.Reply.JobKey)
 		}
 	}
-	rows, err := tx.Query(ctx, `
-		SELECT id, job_type, job_key, state, attempt, max_attempts, expires_at, time_windows,
-		       coalesce(started_at, 'epoch'), timeout_seconds
-		FROM hipq_job
-		WHERE id IN (SELECT unnest($1::bigint[])
-		             UNION ALL
-		             SELECT j.id FROM hipq_job j JOIN unnest($2::text[], $3::text[]) AS k(t, k)
-		               ON j.job_type = k.t AND j.job_key = k.k AND j.state <> 'final')
-		ORDER BY id
-		FOR UPDATE`, ids, types, keys)
+	rows, err := tx.Query(ctx, lockTargetsSQL, ids, types, keys)
 	if err != nil {
 		return correlator.Targets{}, fmt.Errorf("lock reply targets: %w", err)
 	}
