@@ -50,6 +50,37 @@ func Migrations() ([]Migration, error) {
 	return ms, nil
 }
 
+// noTransaction, as a migration's first line, runs it statement by
+// statement outside a transaction: what CREATE INDEX CONCURRENTLY needs, so
+// that building an index over a big table never stops the writes. Each of
+// its statements must be safe to run again (a crash between two leaves the
+// migration unrecorded, to be run again whole).
+const noTransaction = "-- hipq: no transaction"
+
+// NoTransaction reports whether the migration runs outside a transaction.
+func (m Migration) NoTransaction() bool { return strings.HasPrefix(m.SQL, noTransaction) }
+
+// Statements splits a migration into its statements: each ends with a
+// semicolon at the end of a line; comment lines are dropped.
+func (m Migration) Statements() []string {
+	var out []string
+	var cur strings.Builder
+	for _, line := range strings.Split(m.SQL, "\n") {
+		if t := strings.TrimSpace(line); t == "" || strings.HasPrefix(t, "--") {
+			continue
+		}
+		cur.WriteString(line + "\n")
+		if strings.HasSuffix(strings.TrimSpace(line), ";") {
+			out = append(out, strings.TrimSpace(cur.String()))
+			cur.Reset()
+		}
+	}
+	if t := strings.TrimSpace(cur.String()); t != "" {
+		out = append(out, t)
+	}
+	return out
+}
+
 // LatestVersion is the newest schema version this binary knows.
 func LatestVersion() int {
 	ms, _ := Migrations()
@@ -100,13 +131,25 @@ func (s *Store) Migrate(ctx context.Context) (applied []Migration, err error) {
 		if m.Version <= current {
 			continue
 		}
-		err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-			if _, err := tx.Exec(ctx, m.SQL); err != nil {
-				return err
+		record := "INSERT INTO hipq_schema_migration (version, name) VALUES ($1, $2)"
+		if m.NoTransaction() {
+			for _, stmt := range m.Statements() {
+				if _, err = conn.Exec(ctx, stmt); err != nil {
+					break
+				}
 			}
-			_, err := tx.Exec(ctx, "INSERT INTO hipq_schema_migration (version, name) VALUES ($1, $2)", m.Version, m.Name)
-			return err
-		})
+			if err == nil {
+				_, err = conn.Exec(ctx, record, m.Version, m.Name)
+			}
+		} else {
+			err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+				if _, err := tx.Exec(ctx, m.SQL); err != nil {
+					return err
+				}
+				_, err := tx.Exec(ctx, record, m.Version, m.Name)
+				return err
+			})
+		}
 		if err != nil {
 			return applied, fmt.Errorf("migrate: apply %04d_%s: %w", m.Version, m.Name, err)
 		}

@@ -34,6 +34,66 @@ func TestMigrateIdempotentAndRefusesNewerSchema(t *testing.T) {
 	}
 }
 
+// A migration run outside a transaction (CREATE INDEX CONCURRENTLY, so an
+// index over a big table never stops the writes) that a crash cut short
+// is run again whole: unrecorded, with the old index still there and an
+// invalid half-built new one, it ends with the new index valid and the old
+// one gone.
+func TestMigrateNoTransactionRunsAgain(t *testing.T) {
+	t.Parallel()
+	st := pgtest.New(t)
+	ms, err := store.Migrations()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m store.Migration
+	for _, x := range ms {
+		if x.NoTransaction() {
+			m = x
+		}
+	}
+	if m.Version == 0 || len(m.Statements()) < 2 {
+		t.Fatalf("no migration runs outside a transaction (or it is one statement): %+v", m)
+	}
+	// As if cut short after the new index's build failed: unrecorded, the
+	// old index back, the new one invalid (a duplicate key fails a unique
+	// build, which CONCURRENTLY leaves behind invalid).
+	for _, q := range []string{
+		"DELETE FROM hipq_schema_migration WHERE version >= " + fmt.Sprint(m.Version),
+		"CREATE INDEX hipq_job_key ON hipq_job (job_type, job_key, id)",
+		"DROP INDEX hipq_job_final_key",
+		"INSERT INTO hipq_job (queue, job_type, job_key, state, outcome) VALUES ('q', 't', 'dup', 'final', 'succeeded'), ('q', 't', 'dup', 'final', 'succeeded')",
+	} {
+		if _, err := st.Pool().Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := st.Pool().Exec(ctx, "CREATE UNIQUE INDEX CONCURRENTLY hipq_job_final_key ON hipq_job (job_type, job_key) WHERE state = 'final'"); err == nil {
+		t.Fatal("the unique build did not fail")
+	}
+	valid := func(index string) (exists, ok bool) {
+		err := st.Pool().QueryRow(ctx, `SELECT true, i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+			WHERE c.relname = $1 AND c.relnamespace = current_schema()::regnamespace`, index).Scan(&exists, &ok)
+		if err != nil && err.Error() != "no rows in result set" {
+			t.Fatal(err)
+		}
+		return exists, ok
+	}
+	if e, ok := valid("hipq_job_final_key"); !e || ok {
+		t.Fatalf("the setup left no invalid index (exists %v, valid %v)", e, ok)
+	}
+	applied, err := st.Migrate(ctx)
+	if err != nil || len(applied) == 0 || applied[0].Version != m.Version {
+		t.Fatalf("migrate again: applied %v, %v", applied, err)
+	}
+	if e, ok := valid("hipq_job_final_key"); !e || !ok {
+		t.Fatalf("hipq_job_final_key: exists %v, valid %v", e, ok)
+	}
+	if e, _ := valid("hipq_job_key"); e {
+		t.Fatal("the old index is still there")
+	}
+}
+
 // Invariant 1: at most one non-final job per (type, key).
 func TestOneNonFinalJobPerKey(t *testing.T) {
 	t.Parallel()
