@@ -1,10 +1,10 @@
 -- hipq schema, version 12: the claim of a queue without limits (no
--- throttle, per-type cap or rate; most queues) is one statement: the due
--- jobs are picked and locked in the queue's order, updated through their
--- tuple ids and given their attempt rows, with no walk of the candidates
--- in PL/pgSQL (arrays grown a job at a time, a candidate query planned at
--- every call). What it does is unchanged: the bounded claim below is
--- version 8's, word for word.
+-- throttle, per-type cap or rate; most queues) is two statements: one
+-- picks and locks the due jobs in the queue's order, the next moves them
+-- by their tuple ids and writes their attempt rows. No walk of the
+-- candidates in PL/pgSQL (arrays grown a job at a time, a candidate query
+-- planned at every call). What it does is unchanged; the bounded claim
+-- below is version 8's, word for word.
 CREATE OR REPLACE FUNCTION hipq_claim(
     p_queue text, p_order text, p_batch int, p_instance text, p_types text[],
     p_type_windows jsonb, p_limit int, p_critical text[], p_max_concurrency jsonb,
@@ -62,6 +62,10 @@ DECLARE
     v_got      int;
     v_wake     timestamptz;
     v_windows  jsonb := coalesce(p_type_windows, '{}');
+    v_tids     tid[];
+    v_open     boolean[];
+    v_states   text[];
+    v_atts     int[];
 BEGIN
     IF EXISTS (SELECT 1 FROM hipq_queue q WHERE q.name = p_queue AND q.paused) THEN
         RETURN;
@@ -73,61 +77,53 @@ BEGIN
     -- rows are updated by their tuple ids, no walk of candidates in
     -- PL/pgSQL. Two texts, one per order, so each keeps its cached plan.
     IF NOT v_bounded AND p_share_path IS NULL THEN
+        -- The first due jobs in the queue's order, locked (SKIP LOCKED
+        -- keeps concurrent dispatchers off each other's rows): their tuple
+        -- ids, the versions locked. Two texts, one per order, each with
+        -- its cached plan.
         IF p_order = 'priority_first' THEN
-        RETURN QUERY
-        WITH c AS (
-            SELECT s.*, row_number() OVER (ORDER BY s.priority, s.scheduled_run_time, s.id) AS ord
-            FROM (SELECT j.ctid AS tid, j.id, j.job_type, j.job_key, j.state, j.attempt, j.max_attempts, j.timeout_seconds,
-                         j.expires_at, j.time_windows, j.started_at, j.scheduled_run_time, j.priority,
-                         CASE WHEN j.time_windows IS NULL AND NOT v_windows ? j.job_type THEN true
-                              ELSE hipq_window_open(coalesce(j.time_windows, v_windows -> j.job_type), now()) END AS open
-                  FROM hipq_job j
-                  WHERE j.queue = p_queue AND j.state IN ('initial', 'retry') AND j.scheduled_run_time <= now()
-                    AND (j.expires_at IS NULL OR j.expires_at > now())
-                    AND (p_types IS NULL OR j.job_type = ANY(p_types))
-                  ORDER BY j.priority, j.scheduled_run_time, j.id
-                  LIMIT p_batch
-                  FOR UPDATE OF j SKIP LOCKED) s
-        ), moved AS (
-            UPDATE hipq_job j
-            SET state = 'running', attempt = j.attempt + 1, started_at = now(), update_time = now(), error = 'NONE'
-            FROM c
-            WHERE j.ctid = c.tid AND c.open AND j.state = c.state AND j.attempt = c.attempt
-            RETURNING j.id, j.job_type, j.job_key, j.job_data, j.state, j.attempt, j.max_attempts,
-                      j.timeout_seconds, j.expires_at, j.time_windows, j.started_at, c.ord
-        ), att AS (
-            INSERT INTO hipq_attempt (job_id, attempt, instance, dispatched_at)
-            SELECT m.id, m.attempt, p_instance, m.started_at FROM moved m
-        )
-        SELECT * FROM (
-            SELECT true, m.id, m.job_type, m.job_key, m.job_data, m.state, m.attempt, m.max_attempts,
-                   m.timeout_seconds, m.expires_at, m.time_windows, m.started_at
-            FROM moved m ORDER BY m.ord
-        ) x
-        UNION ALL
-        SELECT false, c.id, c.job_type, c.job_key, NULL::jsonb, c.state, c.attempt, c.max_attempts,
-               c.timeout_seconds, c.expires_at, c.time_windows, c.started_at
-        FROM c WHERE NOT c.open;
+            SELECT coalesce(array_agg(s.tid ORDER BY s.priority, s.scheduled_run_time, s.id), '{}'), coalesce(array_agg(s.open ORDER BY s.priority, s.scheduled_run_time, s.id), '{}'),
+                   coalesce(array_agg(s.state ORDER BY s.priority, s.scheduled_run_time, s.id), '{}'), coalesce(array_agg(s.attempt ORDER BY s.priority, s.scheduled_run_time, s.id), '{}')
+              INTO v_tids, v_open, v_states, v_atts
+              FROM (SELECT j.ctid AS tid, j.state, j.attempt, j.scheduled_run_time, j.priority, j.id,
+                           CASE WHEN j.time_windows IS NULL AND NOT v_windows ? j.job_type THEN true
+                                ELSE hipq_window_open(coalesce(j.time_windows, v_windows -> j.job_type), now()) END AS open
+                    FROM hipq_job j
+                    WHERE j.queue = p_queue AND j.state IN ('initial', 'retry') AND j.scheduled_run_time <= now()
+                      AND (j.expires_at IS NULL OR j.expires_at > now())
+                      AND (p_types IS NULL OR j.job_type = ANY(p_types))
+                    ORDER BY j.priority, j.scheduled_run_time, j.id
+                    LIMIT p_batch
+                    FOR UPDATE OF j SKIP LOCKED) s;
         ELSE
+            SELECT coalesce(array_agg(s.tid ORDER BY s.scheduled_run_time, s.priority, s.id), '{}'), coalesce(array_agg(s.open ORDER BY s.scheduled_run_time, s.priority, s.id), '{}'),
+                   coalesce(array_agg(s.state ORDER BY s.scheduled_run_time, s.priority, s.id), '{}'), coalesce(array_agg(s.attempt ORDER BY s.scheduled_run_time, s.priority, s.id), '{}')
+              INTO v_tids, v_open, v_states, v_atts
+              FROM (SELECT j.ctid AS tid, j.state, j.attempt, j.scheduled_run_time, j.priority, j.id,
+                           CASE WHEN j.time_windows IS NULL AND NOT v_windows ? j.job_type THEN true
+                                ELSE hipq_window_open(coalesce(j.time_windows, v_windows -> j.job_type), now()) END AS open
+                    FROM hipq_job j
+                    WHERE j.queue = p_queue AND j.state IN ('initial', 'retry') AND j.scheduled_run_time <= now()
+                      AND (j.expires_at IS NULL OR j.expires_at > now())
+                      AND (p_types IS NULL OR j.job_type = ANY(p_types))
+                    ORDER BY j.scheduled_run_time, j.priority, j.id
+                    LIMIT p_batch
+                    FOR UPDATE OF j SKIP LOCKED) s;
+        END IF;
+        -- A statement of its own, so its snapshot sees the versions locked
+        -- (one committed after the first statement began is locked there
+        -- but invisible to that statement): each is updated by its tuple
+        -- id, guarded by the state and attempt it was locked in (compared
+        -- with the locked values, not constants, so no partial index of
+        -- due jobs is ever walked instead).
         RETURN QUERY
         WITH c AS (
-            SELECT s.*, row_number() OVER (ORDER BY s.scheduled_run_time, s.priority, s.id) AS ord
-            FROM (SELECT j.ctid AS tid, j.id, j.job_type, j.job_key, j.state, j.attempt, j.max_attempts, j.timeout_seconds,
-                         j.expires_at, j.time_windows, j.started_at, j.scheduled_run_time, j.priority,
-                         CASE WHEN j.time_windows IS NULL AND NOT v_windows ? j.job_type THEN true
-                              ELSE hipq_window_open(coalesce(j.time_windows, v_windows -> j.job_type), now()) END AS open
-                  FROM hipq_job j
-                  WHERE j.queue = p_queue AND j.state IN ('initial', 'retry') AND j.scheduled_run_time <= now()
-                    AND (j.expires_at IS NULL OR j.expires_at > now())
-                    AND (p_types IS NULL OR j.job_type = ANY(p_types))
-                  ORDER BY j.scheduled_run_time, j.priority, j.id
-                  LIMIT p_batch
-                  FOR UPDATE OF j SKIP LOCKED) s
+            SELECT * FROM unnest(v_tids, v_open, v_states, v_atts) WITH ORDINALITY AS c(tid, open, state, attempt, ord)
         ), moved AS (
             UPDATE hipq_job j
             SET state = 'running', attempt = j.attempt + 1, started_at = now(), update_time = now(), error = 'NONE'
             FROM c
-            WHERE j.ctid = c.tid AND c.open AND j.state = c.state AND j.attempt = c.attempt
+            WHERE j.ctid = c.tid AND c.open AND j.queue = p_queue AND j.state = c.state AND j.attempt = c.attempt
             RETURNING j.id, j.job_type, j.job_key, j.job_data, j.state, j.attempt, j.max_attempts,
                       j.timeout_seconds, j.expires_at, j.time_windows, j.started_at, c.ord
         ), att AS (
@@ -140,10 +136,10 @@ BEGIN
             FROM moved m ORDER BY m.ord
         ) x
         UNION ALL
-        SELECT false, c.id, c.job_type, c.job_key, NULL::jsonb, c.state, c.attempt, c.max_attempts,
-               c.timeout_seconds, c.expires_at, c.time_windows, c.started_at
-        FROM c WHERE NOT c.open;
-        END IF;
+        SELECT false, j.id, j.job_type, j.job_key, NULL::jsonb, j.state, j.attempt, j.max_attempts,
+               j.timeout_seconds, j.expires_at, j.time_windows, j.started_at
+        FROM c JOIN hipq_job j ON j.ctid = c.tid
+        WHERE NOT c.open;
         RETURN;
     END IF;
 
