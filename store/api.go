@@ -174,9 +174,11 @@ func (s *Store) JobList(ctx context.Context, p JobListParams) ([]*correlator.Job
 // primary key newest first, where it soon finds enough; a waiting or running
 // state its partial index; a queue the index of its job types. The
 // (job_type, job_key) indexes are two, of non-final and of final jobs, so a
-// type, queue or key filter without a state reads each part and merges.
+// type or queue filter without a state reads each part and merges.
 func jobListQuery(p JobListParams) (string, []any) {
-	if p.State == "" && (p.JobType != "" || (p.Queue != "" && len(p.QueueTypes) > 0) || p.KeyPrefix != "") {
+	// (A key prefix alone reads no (job_type, job_key) index: it walks the
+	// primary key newest first, once, unsplit.)
+	if p.State == "" && (p.JobType != "" || (p.Queue != "" && len(p.QueueTypes) > 0)) {
 		live, args := jobListFilter(p).query(`SELECT `+jobColumns+` FROM hipq_job`, p.BeforeID, p.Limit)
 		n := len(args)
 		final := strings.Replace(live, " WHERE ", " WHERE state = 'final' AND ", 1)

@@ -177,9 +177,6 @@ func applyReplies(ctx context.Context, tx pgx.Tx, ins []ReplyIn, types correlato
 	return res, nil
 }
 
-// lockTargets reads and locks, in id order, the rows the replies name: by
-// job id, else the non-final job of (type, key); and finds which (type,
-// key) without a non-final job have a final one.
 // lockTargetsSQL is lockTargets' statement.
 const lockTargetsSQL = `
 		SELECT id, job_type, job_key, state, attempt, max_attempts, expires_at, time_windows,
@@ -195,6 +192,9 @@ const lockTargetsSQL = `
 		ORDER BY id
 		FOR UPDATE`
 
+// lockTargets reads and locks, in id order, the rows the replies name: by
+// job id, else the non-final job of (type, key); and finds which (type,
+// key) without a non-final job have a final one.
 func lockTargets(ctx context.Context, tx pgx.Tx, ins []ReplyIn) (correlator.Targets, error) {
 	var ids []int64
 	var types, keys []string

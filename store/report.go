@@ -157,7 +157,7 @@ func (s *Store) StatementsRead(ctx context.Context) ([]StatementTime, error) {
 		FROM (SELECT calls, rows, total_exec_time, CASE
 		        WHEN q ILIKE '%hipq_claim(%' THEN 'claim (hipq_claim)'
 		        WHEN q ILIKE '%INSERT INTO hipq_job%' THEN 'job inserts (intake, API, outbox)'
-		        WHEN q ILIKE '%SET state = u.state%' THEN 'resolve (replies, timeouts)'
+		        WHEN q ILIKE '%SET state = t.state%' THEN 'resolve (replies, timeouts)'
 		        WHEN q ILIKE '%SET sent_at%' THEN 'sent marks'
 		        WHEN q ILIKE '%FROM hipq_job WHERE id IN (SELECT unnest%' THEN 'reply lookup'
 		        WHEN q ILIKE '%hipq_offset%' THEN 'consumed offsets'

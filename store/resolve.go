@@ -31,6 +31,13 @@ type Resolve struct {
 func (s *Store) JobResolveMany(ctx context.Context, rs []Resolve) ([]AttemptRef, error) {
 	var done []resolved
 	err := s.inTx(ctx, func(tx pgx.Tx) error {
+		ids := make([]int64, len(rs))
+		for i, r := range rs {
+			ids[i] = r.JobID
+		}
+		if _, err := tx.Exec(ctx, `SELECT 1 FROM hipq_job WHERE id = ANY($1) ORDER BY id FOR UPDATE`, ids); err != nil {
+			return fmt.Errorf("lock jobs to resolve: %w", err)
+		}
 		var err error
 		done, err = jobResolveMany(ctx, tx, rs)
 		return err
@@ -55,7 +62,9 @@ func refsOf(rs []resolved) []AttemptRef {
 	return out
 }
 
-// resolveManySQL is jobResolveMany's statement.
+// resolveManySQL is jobResolveMany's statement. Its caller has locked the
+// jobs in an earlier statement of the transaction (in id order, as every
+// path that moves jobs does).
 const resolveManySQL = `
 		WITH u AS (
 		  SELECT * FROM unnest($1::bigint[], $2::int[], $3::text[], $4::text[], $5::text[], $6::timestamptz[],
@@ -63,14 +72,15 @@ const resolveManySQL = `
 		    AS u(id, att, state, outcome, error, next_run, result, att_outcome, att_error, reply, sent)
 		  ORDER BY id
 		), t AS (
-		  -- Each job found by its key and locked, in id order (a no-op
-		  -- where the caller holds its lock), then updated by its tuple id:
-		  -- never a join that reads every running job, which statistics
-		  -- taken when few ran make look cheap (O(running) per batch). The
-		  -- guard reads the locked version.
+		  -- Each job found by its key, then updated by its tuple id: never
+		  -- a join that reads every running job, which statistics taken
+		  -- when few ran make look cheap (O(running) per batch). The caller
+		  -- holds the rows' locks, taken by an earlier statement, so this
+		  -- statement sees the versions locked and no other can replace
+		  -- them: the guard (state running, the attempt) reads them.
 		  SELECT u.*, b.tid, b.state AS cur_state, b.attempt AS cur_att
 		  FROM u CROSS JOIN LATERAL (
-		    SELECT j.ctid AS tid, j.state, j.attempt FROM hipq_job j WHERE j.id = u.id OFFSET 0 FOR UPDATE) b
+		    SELECT j.ctid AS tid, j.state, j.attempt FROM hipq_job j WHERE j.id = u.id OFFSET 0) b
 		), done AS (
 		  UPDATE hipq_job j
 		  SET state = t.state, outcome = t.outcome, error = t.error,
@@ -96,6 +106,8 @@ const resolveManySQL = `
 		SELECT id, attempt, job_type, extract(epoch FROM now() - started_at)::float8 FROM done
 		WHERE (SELECT count(*) FROM notify) >= 0`
 
+// jobResolveMany applies resolutions in tx, which holds the jobs' locks
+// (taken by an earlier statement: see resolveManySQL).
 func jobResolveMany(ctx context.Context, tx pgx.Tx, rs []Resolve) ([]resolved, error) {
 	if len(rs) == 0 {
 		return nil, nil
