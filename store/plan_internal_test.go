@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/hipq/hipq/correlator"
 )
@@ -40,19 +41,7 @@ func TestSentMarksProbeByKey(t *testing.T) {
 		t.Fatal(err)
 	}
 	ids, atts := refArrays(refs)
-	plan := func(q string, generic bool) string {
-		tx, err := st.pool.Begin(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer tx.Rollback(ctx) //nolint:errcheck
-		if generic {
-			if _, err := tx.Exec(ctx, "SET LOCAL plan_cache_mode = force_generic_plan"); err != nil {
-				t.Fatal(err)
-			}
-		}
-		return planText(t)(tx.Query(ctx, "EXPLAIN ANALYZE "+q, ids, atts))
-	}
+	plan := func(q string, generic bool) string { return explainAnalyze(t, st, q, generic, ids, atts) }
 	old := `UPDATE hipq_attempt a SET sent_at = now() FROM unnest($1::bigint[], $2::int[]) AS u(id, att)
 		WHERE a.job_id = u.id AND a.attempt = u.att AND a.sent_at IS NULL`
 	if p := plan(old, false); !strings.Contains(p, "Seq Scan on hipq_attempt") {
@@ -128,19 +117,7 @@ func TestRepliesProbeByKey(t *testing.T) {
 		atts[i], states[i], errs[i], attOutcomes[i], outcomes[i] = 1, "final", "NONE", "succeeded", &ok
 	}
 	resolveArgs := []any{ids, atts, states, outcomes, errs, next, results, attOutcomes, attErrs, replies, sent}
-	plan := func(q string, generic bool, args ...any) string {
-		tx, err := st.pool.Begin(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer tx.Rollback(ctx) //nolint:errcheck
-		if generic {
-			if _, err := tx.Exec(ctx, "SET LOCAL plan_cache_mode = force_generic_plan"); err != nil {
-				t.Fatal(err)
-			}
-		}
-		return planText(t)(tx.Query(ctx, "EXPLAIN ANALYZE "+q, args...))
-	}
+	plan := func(q string, generic bool, args ...any) string { return explainAnalyze(t, st, q, generic, args...) }
 	oldLookup := `SELECT id FROM hipq_job WHERE id IN (SELECT unnest($1::bigint[]) UNION ALL
 		SELECT j.id FROM hipq_job j JOIN unnest($2::text[], $3::text[]) AS k(t, k)
 		  ON j.job_type = k.t AND j.job_key = k.k AND j.state <> 'final') ORDER BY id FOR UPDATE`
@@ -184,5 +161,93 @@ func TestRepliesProbeByKey(t *testing.T) {
 	}())
 	if err != nil || len(done) != n {
 		t.Fatalf("%d of %d resolved: %v", len(done), n, err)
+	}
+}
+
+// explainAnalyze runs q under EXPLAIN ANALYZE in a transaction it rolls
+// back, as PostgreSQL's generic plan when generic, and returns the plan.
+func explainAnalyze(t *testing.T, st *Store, q string, generic bool, args ...any) string {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := st.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck
+	if generic {
+		if _, err := tx.Exec(ctx, "SET LOCAL plan_cache_mode = force_generic_plan"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return planText(t)(tx.Query(ctx, "EXPLAIN ANALYZE "+q, args...))
+}
+
+// The claim of a queue without limits reads a due index and moves what it
+// picked by tuple id, as PostgreSQL's generic plans too (PL/pgSQL caches
+// them), beside 100k jobs a day ahead analyzed when none was due: never a
+// scan of the table, never a join that walks the due jobs. The plans are
+// read from auto_explain (nested statements) on the claiming connection.
+func TestClaimFastPathPlans(t *testing.T) {
+	t.Parallel()
+	pg, st := planStore(t)
+	ctx := context.Background()
+	if _, err := st.pool.Exec(ctx, `
+		INSERT INTO hipq_job (queue, job_type, job_key, scheduled_run_time)
+		SELECT 'q', 't', 'later' || i, now() + interval '1 day' FROM generate_series(1, 100000) i;
+		ANALYZE hipq_job;
+		INSERT INTO hipq_job (queue, job_type, job_key, priority)
+		SELECT 'q', 't', 'due' || i, i % 7 FROM generate_series(1, 3000) i;`); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := pgx.ParseConfig(pg.URL("postgres"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.RuntimeParams["search_path"] = st.schema
+	var notices []string
+	cfg.OnNotice = func(_ *pgconn.PgConn, n *pgconn.Notice) { notices = append(notices, n.Message) }
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	for _, set := range []string{"LOAD 'auto_explain'", "SET auto_explain.log_min_duration = 0",
+		"SET auto_explain.log_nested_statements = on", "SET auto_explain.log_analyze = on",
+		"SET auto_explain.log_level = notice", "SET plan_cache_mode = force_generic_plan"} {
+		if _, err := conn.Exec(ctx, set); err != nil {
+			t.Skipf("auto_explain is not available here (%v): the claim's plans cannot be read", err)
+		}
+	}
+	for _, tc := range []struct{ order, index string }{
+		{"scheduled_first", "hipq_job_due_sched"}, {"priority_first", "hipq_job_due_prio"},
+	} {
+		for range 3 { // past the first calls, into the cached plans
+			notices = nil
+			var n int
+			if err := conn.QueryRow(ctx, `SELECT count(*) FROM hipq_claim('q', $1, 500, 'i', NULL, NULL, 0, NULL, NULL, NULL, NULL, NULL, NULL)`,
+				tc.order).Scan(&n); err != nil || n != 500 {
+				t.Fatalf("%s: claimed %d: %v", tc.order, n, err)
+			}
+		}
+		var pick, move string
+		for _, m := range notices {
+			switch {
+			case strings.Contains(m, "FOR UPDATE OF j SKIP LOCKED"):
+				pick = m
+			case strings.Contains(m, "UPDATE hipq_job j"):
+				move = m
+			}
+		}
+		// scheduled_first reads its index in order; priority_first may read
+		// either due index (statistics that say nothing is due make the due
+		// range look smallest), never the table.
+		if !strings.Contains(pick, "Index Scan using "+tc.index) && (tc.order == "scheduled_first" ||
+			!strings.Contains(pick, "Index Scan using hipq_job_due_")) ||
+			strings.Contains(pick, "Seq Scan") || (tc.order == "scheduled_first" && strings.Contains(pick, "Sort Method")) {
+			t.Errorf("%s: the pick does not read a due index:\n%s", tc.order, pick)
+		}
+		if !strings.Contains(move, "Tid Scan on hipq_job") || strings.Contains(move, "hipq_job_due") || strings.Contains(move, "Seq Scan on hipq_job") {
+			t.Errorf("%s: the move is not by tuple id:\n%s", tc.order, move)
+		}
 	}
 }
