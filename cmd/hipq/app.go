@@ -69,6 +69,11 @@ type app struct {
 type appOptions struct {
 	roles          []string
 	metadataMinAge time.Duration // tests and the demo lower it
+	// startTimeout, when set, bounds each start step but the migrations,
+	// which run as long as they need (until ctx ends): building an index
+	// CONCURRENTLY over a big table (migration 11) may outlast it, and cut
+	// short it would start over at every restart.
+	startTimeout time.Duration
 }
 
 func instanceName() string {
@@ -94,7 +99,15 @@ func newApp(ctx context.Context, cfg *config.Config, log *zap.Logger, opts appOp
 	if len(opts.roles) == 0 {
 		opts.roles = allRoles
 	}
-	st, err := openStore(ctx, cfg)
+	bounded := func() (context.Context, context.CancelFunc) {
+		if opts.startTimeout > 0 {
+			return context.WithTimeout(ctx, opts.startTimeout)
+		}
+		return ctx, func() {}
+	}
+	openCtx, cancel := bounded()
+	st, err := openStore(openCtx, cfg)
+	cancel()
 	if err != nil {
 		return nil, err
 	}
@@ -110,7 +123,11 @@ func newApp(ctx context.Context, cfg *config.Config, log *zap.Logger, opts appOp
 	a.metrics.CountJobs(st.JobCounts, a.queues, 10*time.Second)
 	has := func(r string) bool { return slices.Contains(opts.roles, r) }
 	outbox := has("intake") && *cfg.Intake.Outbox
-	steps := []func(context.Context) error{a.migrate, a.startTracing}
+	if err := a.migrate(ctx); err != nil {
+		a.close()
+		return nil, err
+	}
+	steps := []func(context.Context) error{a.startTracing}
 	if has("intake") {
 		steps = append(steps, a.buildIntake)
 	}
@@ -133,7 +150,10 @@ func newApp(ctx context.Context, cfg *config.Config, log *zap.Logger, opts appOp
 		steps = append(steps, a.buildAPI)
 	}
 	for _, step := range steps {
-		if err := step(ctx); err != nil {
+		stepCtx, cancel := bounded()
+		err := step(stepCtx)
+		cancel()
+		if err != nil {
 			a.close()
 			return nil, err
 		}

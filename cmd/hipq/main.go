@@ -171,9 +171,7 @@ func cmdRun(args []string, stderr io.Writer) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	startCtx, cancel := context.WithTimeout(ctx, time.Minute)
-	a, err := newApp(startCtx, cfg, log, appOptions{roles: roles})
-	cancel()
+	a, err := newApp(ctx, cfg, log, appOptions{roles: roles, startTimeout: time.Minute})
 	if err != nil {
 		return err
 	}
