@@ -19,6 +19,10 @@ import (
 // restarts of many instances migrate once.
 const migrationLock = 0x68697071_6d696772 // "hipqmigr"
 
+// migrationPoll is how often an instance asks for the migration lock while
+// another holds it.
+const migrationPoll = 250 * time.Millisecond
+
 // Migration is one embedded schema change.
 type Migration struct {
 	Version   int
@@ -58,10 +62,15 @@ func Migrations() ([]Migration, error) {
 const noTransaction = "-- hipq: no transaction"
 
 // NoTransaction reports whether the migration runs outside a transaction.
-func (m Migration) NoTransaction() bool { return strings.HasPrefix(m.SQL, noTransaction) }
+func (m Migration) NoTransaction() bool {
+	first, _, _ := strings.Cut(m.SQL, "\n")
+	return strings.TrimSpace(first) == noTransaction
+}
 
 // Statements splits a migration into its statements: each ends with a
-// semicolon at the end of a line; comment lines are dropped.
+// semicolon at the end of a line, and lines that are comments are dropped.
+// (So a statement holding a line that ends with a semicolon, a DO block
+// say, is written on one line.)
 func (m Migration) Statements() []string {
 	var out []string
 	var cur strings.Builder
@@ -109,8 +118,23 @@ func (s *Store) Migrate(ctx context.Context) (applied []Migration, err error) {
 		return nil, fmt.Errorf("migrate: %w", err)
 	}
 	defer conn.Release()
-	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1)", int64(migrationLock)); err != nil {
-		return nil, fmt.Errorf("migrate: take lock: %w", err)
+	// The lock is polled, not waited for in one statement: a statement
+	// waiting holds a snapshot, and CREATE INDEX CONCURRENTLY in the
+	// holder's migration waits for every older snapshot to end: each would
+	// wait for the other (PostgreSQL aborts one as a deadlock).
+	for {
+		var got bool
+		if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", int64(migrationLock)).Scan(&got); err != nil {
+			return nil, fmt.Errorf("migrate: take lock: %w", err)
+		}
+		if got {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("migrate: wait for another instance's migration: %w", ctx.Err())
+		case <-time.After(migrationPoll):
+		}
 	}
 	defer conn.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock($1)", int64(migrationLock)) //nolint:errcheck
 	if _, err := conn.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{s.schema}.Sanitize()); err != nil {

@@ -123,7 +123,13 @@ func newApp(ctx context.Context, cfg *config.Config, log *zap.Logger, opts appOp
 	a.metrics.CountJobs(st.JobCounts, a.queues, 10*time.Second)
 	has := func(r string) bool { return slices.Contains(opts.roles, r) }
 	outbox := has("intake") && *cfg.Intake.Outbox
-	if err := a.migrate(ctx); err != nil {
+	migrateCtx, cancelMigrate := ctx, func() {}
+	if !*cfg.Database.Migrate { // only a check: bounded like the other steps
+		migrateCtx, cancelMigrate = bounded()
+	}
+	err = a.migrate(migrateCtx)
+	cancelMigrate()
+	if err != nil {
 		a.close()
 		return nil, err
 	}
