@@ -137,28 +137,9 @@ func (x *extracted) value() any {
 // is an object whose keys hold no escape (a later member of the same name
 // wins, as when decoding); ok is false otherwise.
 func topMembers(b []byte) (top map[string][]byte, ok bool) {
-	i := skipSpace(b, 0)
-	if b[i] != '{' {
-		return nil, false
-	}
 	top = map[string][]byte{}
-	for i++; ; {
-		i = skipSpace(b, i)
-		switch b[i] {
-		case '}':
-			return top, true
-		case ',':
-			i = skipSpace(b, i+1)
-		}
-		key, end, plain := plainString(b, i)
-		if !plain {
-			return nil, false
-		}
-		i = skipSpace(b, skipSpace(b, end)+1) // past ':'
-		end = skipValue(b, i)
-		top[key] = b[i:end]
-		i = end
-	}
+	ok = eachMember(b, func(key string, v []byte) bool { top[key] = v; return true })
+	return top, ok
 }
 
 // member reads a one-token pointer from the top-level members, as pointer
@@ -263,10 +244,12 @@ func (m *Matcher) match(rec *Record, members bool) (*Reply, error) {
 		return nil, inputErrorf(CodeTooLarge, "%d bytes is more than the limit of %d", len(rec.Value), m.MaxBytes)
 	}
 	x := &extracted{rec: rec}
-	if err := CheckJSON(rec.Value, 0); err == nil {
+	if valid, err := checkJSON(rec.Value); err == nil {
 		x.isJSON = true // (well-formed: it decodes)
-		if members && json.Valid(rec.Value) {
-			x.top, _ = topMembers(rec.Value)
+		if members && valid {
+			if top, ok := topMembers(rec.Value); ok {
+				x.top = top
+			}
 		}
 	} else if ie := err.(*InputError); ie.Code != CodeInvalidJSON {
 		// Valid JSON that PostgreSQL cannot store, or text that is not UTF-8.

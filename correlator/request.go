@@ -73,13 +73,20 @@ func CheckJSON(b []byte, maxBytes int) error {
 	if maxBytes > 0 && len(b) > maxBytes {
 		return inputErrorf(CodeTooLarge, "%d bytes is more than the limit of %d", len(b), maxBytes)
 	}
+	_, err := checkJSON(b)
+	return err
+}
+
+// checkJSON is CheckJSON but the size, and says whether b is one value
+// json.Valid takes (not a stream of several, which the token walk allows).
+func checkJSON(b []byte) (valid bool, err error) {
 	if !utf8.Valid(b) {
-		return inputErrorf(CodeInvalidUTF8, "the value is not valid UTF-8")
+		return false, inputErrorf(CodeInvalidUTF8, "the value is not valid UTF-8")
 	}
 	if json.Valid(b) {
-		return checkShape(b) // the common case: one pass, no allocation
+		return true, checkShape(b) // the common case: one pass, no allocation
 	}
-	return checkTokens(b) // says where and why, as encoding/json words it
+	return false, checkTokens(b) // says where and why, as encoding/json words it
 }
 
 // checkShape applies CheckJSON's depth and NUL rules to well-formed JSON
@@ -204,43 +211,58 @@ var requestFields = fieldSet(Request{})
 // (checkFields and encoding/json), which also words every error; on what
 // it takes, decodePlain agrees with that way (FuzzDecodePlain).
 func decodePlain(b []byte) (req Request, ok bool) {
-	i := skipSpace(b, 0) + 1 // past '{'
-	for {
-		i = skipSpace(b, i)
-		if b[i] == '}' {
-			return req, skipSpace(b, i+1) == len(b) // (trailing data: the general way refuses it)
+	ok = eachMember(b, func(key string, v []byte) bool {
+		switch key {
+		case "job_type", "job_key":
+			if v[0] != '"' {
+				return false
+			}
+			s, end, plain := plainString(v, 0)
+			if !plain || end != len(v) {
+				return false
+			}
+			if key == "job_type" {
+				req.JobType = s
+			} else {
+				req.JobKey = s
+			}
+		case "job_data":
+			req.JobData = bytes.Clone(v)
+		default:
+			return false
 		}
-		if b[i] == ',' {
+		return true
+	})
+	return req, ok
+}
+
+// eachMember calls f with each member of the object b (well-formed: CheckJSON
+// passed), in order: its key and its value's JSON text. It is false when b is
+// not an object, a key holds an escape, f says false, or data trails the
+// object (a stream of values: the general way refuses it).
+func eachMember(b []byte, f func(key string, v []byte) bool) bool {
+	i := skipSpace(b, 0)
+	if i == len(b) || b[i] != '{' {
+		return false
+	}
+	for i++; ; {
+		i = skipSpace(b, i)
+		switch b[i] {
+		case '}':
+			return skipSpace(b, i+1) == len(b)
+		case ',':
 			i = skipSpace(b, i+1)
 		}
 		key, end, plain := plainString(b, i)
 		if !plain {
-			return req, false
+			return false
 		}
-		i = skipSpace(b, end)
-		i = skipSpace(b, i+1) // past ':'
-		switch key {
-		case "job_type", "job_key":
-			if b[i] != '"' {
-				return req, false
-			}
-			v, end, plain := plainString(b, i)
-			if !plain {
-				return req, false
-			}
-			if key == "job_type" {
-				req.JobType = v
-			} else {
-				req.JobKey = v
-			}
-			i = end
-		case "job_data":
-			end := skipValue(b, i)
-			req.JobData = bytes.Clone(b[i:end])
-			i = end
-		default:
-			return req, false
+		i = skipSpace(b, skipSpace(b, end)+1) // past ':'
+		end = skipValue(b, i)
+		if !f(key, b[i:end]) {
+			return false
 		}
+		i = end
 	}
 }
 

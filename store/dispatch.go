@@ -413,8 +413,8 @@ func (s *Store) DeliveryRecord(ctx context.Context, d Delivery, types correlator
 					ids = append(ids, *r.Reply.JobID)
 				}
 			}
-			if _, err := tx.Exec(ctx, `SELECT 1 FROM hipq_job WHERE id = ANY($1) ORDER BY id FOR UPDATE`, ids); err != nil {
-				return fmt.Errorf("lock delivered jobs: %w", err)
+			if err := lockJobs(ctx, tx, ids); err != nil {
+				return fmt.Errorf("delivered jobs: %w", err)
 			}
 		}
 		if err := attemptsMarkSent(ctx, tx, d.Sent); err != nil {

@@ -147,7 +147,7 @@ func TestRepliesProbeByKey(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck
-	if _, err := tx.Exec(ctx, `SELECT 1 FROM hipq_job WHERE id = ANY($1) ORDER BY id FOR UPDATE`, ids); err != nil {
+	if err := lockJobs(ctx, tx, ids); err != nil {
 		t.Fatal(err)
 	}
 	done, err := jobResolveMany(ctx, tx, func() []Resolve {

@@ -35,8 +35,8 @@ func (s *Store) JobResolveMany(ctx context.Context, rs []Resolve) ([]AttemptRef,
 		for i, r := range rs {
 			ids[i] = r.JobID
 		}
-		if _, err := tx.Exec(ctx, `SELECT 1 FROM hipq_job WHERE id = ANY($1) ORDER BY id FOR UPDATE`, ids); err != nil {
-			return fmt.Errorf("lock jobs to resolve: %w", err)
+		if err := lockJobs(ctx, tx, ids); err != nil {
+			return err
 		}
 		var err error
 		done, err = jobResolveMany(ctx, tx, rs)
@@ -70,7 +70,6 @@ const resolveManySQL = `
 		  SELECT * FROM unnest($1::bigint[], $2::int[], $3::text[], $4::text[], $5::text[], $6::timestamptz[],
 		                       $7::jsonb[], $8::text[], $9::text[], $10::jsonb[], $11::bool[])
 		    AS u(id, att, state, outcome, error, next_run, result, att_outcome, att_error, reply, sent)
-		  ORDER BY id
 		), t AS (
 		  -- Each job found by its key, then updated by its tuple id: never
 		  -- a join that reads every running job, which statistics taken
@@ -106,8 +105,17 @@ const resolveManySQL = `
 		SELECT id, attempt, job_type, extract(epoch FROM now() - started_at)::float8 FROM done
 		WHERE (SELECT count(*) FROM notify) >= 0`
 
+// lockJobs locks the jobs of ids in id order, the order of every path that
+// moves jobs, so two never wait on each other.
+func lockJobs(ctx context.Context, tx pgx.Tx, ids []int64) error {
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM hipq_job WHERE id = ANY($1) ORDER BY id FOR UPDATE`, ids); err != nil {
+		return fmt.Errorf("lock jobs: %w", err)
+	}
+	return nil
+}
+
 // jobResolveMany applies resolutions in tx, which holds the jobs' locks
-// (taken by an earlier statement: see resolveManySQL).
+// (lockJobs, or the reply and sweep paths' own locking reads).
 func jobResolveMany(ctx context.Context, tx pgx.Tx, rs []Resolve) ([]resolved, error) {
 	if len(rs) == 0 {
 		return nil, nil
