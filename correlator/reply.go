@@ -27,6 +27,7 @@ type Reply struct {
 
 // Target is the job row a reply was matched to.
 type Target struct {
+	Queue   string
 	ID      int64
 	JobType string
 	JobKey  string

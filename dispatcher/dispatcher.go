@@ -428,7 +428,7 @@ func (d *Dispatcher) deliver(ctx context.Context, q QueueConfig, s Sender, jobs 
 	d.refusedBy(notSent, false)        // sends that could not start back off too, never to spin
 	for i, r := range results {
 		c := &jobs[i]
-		ref := store.AttemptRef{JobID: c.ID, Attempt: c.Attempt}
+		ref := c.Ref()
 		jt := d.cfg.Types[c.JobType]
 		route := d.route(s, c.JobType)
 		byStatus[r.Status]++
@@ -437,7 +437,7 @@ func (d *Dispatcher) deliver(ctx context.Context, q QueueConfig, s Sender, jobs 
 			reached[route.Neighbour] = true
 			rec.Sent = append(rec.Sent, ref)
 			if r.Reply != nil {
-				rec.Replies = append(rec.Replies, store.ReplyIn{Reply: r.Reply, Kind: store.SourceCallback,
+				rec.Replies = append(rec.Replies, store.ReplyIn{Reply: r.Reply, Kind: store.SourceCallback, Queue: c.Queue,
 					Source: store.Source{Value: r.Reply.Result}})
 			}
 		case NotSent:
@@ -454,7 +454,7 @@ func (d *Dispatcher) deliver(ctx context.Context, q QueueConfig, s Sender, jobs 
 			}
 		case Unknown:
 			if resend, res := correlator.SendUnknown(jt, errText(r.Err)); !resend {
-				rec.Resolves = append(rec.Resolves, store.Resolve{JobID: c.ID, Attempt: c.Attempt, Res: res})
+				rec.Resolves = append(rec.Resolves, store.Resolve{Queue: c.Queue, JobID: c.ID, Attempt: c.Attempt, Res: res})
 			} else {
 				rec.Undo = append(rec.Undo, ref)
 				undone[route.Neighbour]++
@@ -602,7 +602,7 @@ func (d *Dispatcher) stripped(one store.Delivery, cause error) store.Delivery {
 		if r.Reply.JobID == nil || r.Reply.Attempt == nil {
 			continue
 		}
-		out.Resolves = append(out.Resolves, store.Resolve{JobID: *r.Reply.JobID, Attempt: *r.Reply.Attempt, Sent: true, Res: unstorable})
+		out.Resolves = append(out.Resolves, store.Resolve{Queue: r.Queue, JobID: *r.Reply.JobID, Attempt: *r.Reply.Attempt, Sent: true, Res: unstorable})
 	}
 	for _, r := range one.Resolves {
 		r.Reply, r.Result = nil, nil
@@ -615,7 +615,7 @@ func (d *Dispatcher) stripped(one store.Delivery, cause error) store.Delivery {
 // dispatchError resolves a failed send through the retry policy (not
 // retried at all unless retryable); reached says the request arrived.
 func dispatchError(c *store.Claimed, jt *correlator.JobType, r Result, retryable, reached bool) store.Resolve {
-	return store.Resolve{JobID: c.ID, Attempt: c.Attempt, Sent: reached,
+	return store.Resolve{Queue: c.Queue, JobID: c.ID, Attempt: c.Attempt, Sent: reached,
 		Res: correlator.DispatchFailed(jt, c.Running(), errText(r.Err), retryable, r.RetryAfter, c.DBNow())}
 }
 
@@ -723,7 +723,7 @@ func (d *Dispatcher) deferClosed(ctx context.Context, q QueueConfig, claim *stor
 		if def.Expire {
 			expired++
 		}
-		ds = append(ds, store.Deferral{ID: c.ID, State: c.State, Attempt: c.Attempt, RunAt: def.RunAt, Expire: def.Expire})
+		ds = append(ds, store.Deferral{Queue: c.Queue, ID: c.ID, State: c.State, Attempt: c.Attempt, RunAt: def.RunAt, Expire: def.Expire})
 	}
 	n, err := d.st.JobDefer(ctx, ds)
 	if err != nil {

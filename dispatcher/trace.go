@@ -69,7 +69,7 @@ func (d *Dispatcher) startSends(ctx context.Context, s Sender, jobs []store.Clai
 		carrier := propagation.MapCarrier{}
 		tracing.Propagator.Inject(sctx, carrier)
 		c.Trace = carrier
-		kept = append(kept, store.AttemptTrace{AttemptRef: store.AttemptRef{JobID: c.ID, Attempt: c.Attempt}, Parent: carrier[correlator.HeaderTraceParent]})
+		kept = append(kept, store.AttemptTrace{AttemptRef: c.Ref(), Parent: carrier[correlator.HeaderTraceParent]})
 	}
 	if err := d.st.AttemptTracesWrite(ctx, kept); err != nil {
 		d.log.Debug("cannot keep the send spans on their attempts; replies will start traces of their own", zap.Error(err))

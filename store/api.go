@@ -248,13 +248,13 @@ func (s *Store) JobCancel(ctx context.Context, jobType, jobKey string) (*correla
 			var err error
 			j, err = scanJob(tx.QueryRow(ctx, `
 				UPDATE hipq_job SET state = 'final', outcome = 'cancelled', error = $4, update_time = now()
-				WHERE id = $1 AND state = $2 AND attempt = $3
-				RETURNING `+jobColumns, cur.ID, string(cur.State), cur.Attempt, correlator.ErrorCancelled))
+				WHERE queue = $5 AND id = $1 AND state = $2 AND attempt = $3
+				RETURNING `+jobColumns, cur.ID, string(cur.State), cur.Attempt, correlator.ErrorCancelled, cur.Queue))
 			if err != nil {
 				return err
 			}
 			_, err = tx.Exec(ctx, `UPDATE hipq_attempt SET outcome = 'cancelled', error = $3
-				WHERE job_id = $1 AND attempt = $2 AND outcome IS NULL`, cur.ID, cur.Attempt, correlator.ErrorCancelled)
+				WHERE queue = $4 AND job_id = $1 AND attempt = $2 AND outcome IS NULL`, cur.ID, cur.Attempt, correlator.ErrorCancelled, cur.Queue)
 			if err != nil {
 				return err
 			}

@@ -56,7 +56,7 @@ func finish(t *testing.T, st *store.Store, cs ...store.Claimed) {
 	t.Helper()
 	var rs []store.Resolve
 	for _, c := range cs {
-		rs = append(rs, store.Resolve{JobID: c.ID, Attempt: c.Attempt,
+		rs = append(rs, store.Resolve{Queue: c.Queue, JobID: c.ID, Attempt: c.Attempt,
 			Res: correlator.Replied(nil, c.Running(), &correlator.Reply{Success: true}, time.Now())})
 	}
 	if _, err := st.JobResolveMany(ctx, rs); err != nil {
@@ -327,7 +327,7 @@ func TestClaimWindowsAndDefer(t *testing.T) {
 			t.Fatal(err)
 		}
 		next := correlator.NextAllowed(ws, now)
-		ds = append(ds, store.Deferral{ID: x.ID, State: x.State, Attempt: x.Attempt, RunAt: next,
+		ds = append(ds, store.Deferral{Queue: x.Queue, ID: x.ID, State: x.State, Attempt: x.Attempt, RunAt: next,
 			Expire: x.ExpiresAt != nil && !next.Before(*x.ExpiresAt)})
 	}
 	if len(c.Closed) != 3 {

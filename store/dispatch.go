@@ -74,6 +74,11 @@ type Claimed struct {
 // clock, however far this host's wall clock is off.
 func (c *Claimed) DBNow() time.Time { return c.StartedAt.Add(time.Since(c.ClaimedLocal)) }
 
+// Ref names the attempt the claim started.
+func (c *Claimed) Ref() AttemptRef {
+	return AttemptRef{Queue: c.Queue, JobID: c.ID, Attempt: c.Attempt}
+}
+
 // Running returns what the retry decision needs.
 func (c *Claimed) Running() correlator.Running {
 	return correlator.Running{Attempt: c.Attempt, MaxAttempts: c.MaxAttempts, ExpiresAt: c.ExpiresAt, Windows: c.TimeWindows}
@@ -82,6 +87,7 @@ func (c *Claimed) Running() correlator.Running {
 // Closed is a due job the claim found outside its time windows and left
 // waiting: it is to be rescheduled (JobDefer) without using an attempt.
 type Closed struct {
+	Queue       string
 	ID          int64
 	JobType     string
 	State       correlator.State
@@ -187,7 +193,7 @@ func (s *Store) JobClaim(ctx context.Context, p JobClaimParams) (Claim, error) {
 			return nil
 		}
 		if !*claimed {
-			out.Closed = append(out.Closed, Closed{ID: c.ID, JobType: c.JobType, State: correlator.State(state),
+			out.Closed = append(out.Closed, Closed{Queue: p.Queue, ID: c.ID, JobType: c.JobType, State: correlator.State(state),
 				Attempt: c.Attempt, ExpiresAt: c.ExpiresAt, TimeWindows: ws, WindowsErr: werr})
 			return nil
 		}
@@ -219,6 +225,7 @@ func jsonbOrNull[V any](m map[string]V) any {
 // Deferral moves a waiting job found outside its time windows to its next
 // opening, or ends it final / expired when that opening is past its expiry.
 type Deferral struct {
+	Queue   string
 	ID      int64
 	State   correlator.State // expected: initial or retry
 	Attempt int              // expected
@@ -230,15 +237,15 @@ type Deferral struct {
 // expected state and attempt, and returns how many rows moved. The state
 // and attempt stay (a reschedule uses no attempt).
 func (s *Store) JobDefer(ctx context.Context, ds []Deferral) (int, error) {
-	if len(ds) == 0 {
-		return 0, nil
-	}
-	ids, states, atts := make([]int64, len(ds)), make([]string, len(ds)), make([]int32, len(ds))
-	runAt, expire := make([]time.Time, len(ds)), make([]bool, len(ds))
-	for i, d := range ds {
-		ids[i], states[i], atts[i], runAt[i], expire[i] = d.ID, string(d.State), int32(d.Attempt), d.RunAt, d.Expire
-	}
-	tag, err := s.pool.Exec(ctx, `
+	// Each row is guarded: the queues' statements need no transaction.
+	moved := 0
+	err := perQueue(ds, func(d Deferral) string { return d.Queue }, func(q string, ds []Deferral) error {
+		ids, states, atts := make([]int64, len(ds)), make([]string, len(ds)), make([]int32, len(ds))
+		runAt, expire := make([]time.Time, len(ds)), make([]bool, len(ds))
+		for i, d := range ds {
+			ids[i], states[i], atts[i], runAt[i], expire[i] = d.ID, string(d.State), int32(d.Attempt), d.RunAt, d.Expire
+		}
+		tag, err := s.pool.Exec(ctx, `
 		UPDATE hipq_job j
 		SET scheduled_run_time = CASE WHEN u.expire THEN j.scheduled_run_time ELSE u.run_at END,
 		    state = CASE WHEN u.expire THEN 'final' ELSE j.state END,
@@ -246,16 +253,20 @@ func (s *Store) JobDefer(ctx context.Context, ds []Deferral) (int, error) {
 		    error = CASE WHEN u.expire THEN $6 ELSE j.error END,
 		    update_time = now()
 		FROM unnest($1::bigint[], $2::text[], $3::int[], $4::timestamptz[], $5::bool[]) AS u(id, state, att, run_at, expire)
-		WHERE j.id = u.id AND j.state = u.state AND j.attempt = u.att AND j.state IN ('initial', 'retry')`,
-		ids, states, atts, runAt, expire, correlator.ErrorExpired)
+		WHERE j.queue = $7 AND j.id = u.id AND j.state = u.state AND j.attempt = u.att AND j.state IN ('initial', 'retry')`,
+			ids, states, atts, runAt, expire, correlator.ErrorExpired, q)
+		moved += int(tag.RowsAffected())
+		return err
+	})
 	if err != nil {
-		return 0, fmt.Errorf("reschedule jobs outside their time windows: %w", err)
+		return moved, fmt.Errorf("reschedule jobs outside their time windows: %w", err)
 	}
-	return int(tag.RowsAffected()), nil
+	return moved, nil
 }
 
 // AttemptRef names one attempt of one job.
 type AttemptRef struct {
+	Queue   string
 	JobID   int64
 	Attempt int
 }
@@ -287,16 +298,16 @@ const markSentSQL = `
 	UPDATE hipq_attempt a SET sent_at = now()
 	FROM unnest($1::bigint[], $2::int[]) AS u(id, att)
 	CROSS JOIN LATERAL (SELECT b.ctid FROM hipq_attempt b
-	                    WHERE b.job_id = u.id AND b.attempt = u.att AND b.sent_at IS NULL
+	                    WHERE b.queue = $3 AND b.job_id = u.id AND b.attempt = u.att AND b.sent_at IS NULL
 	                    OFFSET 0) x
-	WHERE a.ctid = x.ctid`
+	WHERE a.queue = $3 AND a.ctid = x.ctid`
 
 func attemptsMarkSent(ctx context.Context, tx pgx.Tx, refs []AttemptRef) error {
-	if len(refs) == 0 {
-		return nil
-	}
-	ids, atts := refArrays(refs)
-	_, err := tx.Exec(ctx, markSentSQL, ids, atts)
+	err := perQueue(refs, refQueue, func(q string, refs []AttemptRef) error {
+		ids, atts := refArrays(refs)
+		_, err := tx.Exec(ctx, markSentSQL, ids, atts, q)
+		return err
+	})
 	if err != nil {
 		return fmt.Errorf("mark attempts sent: %w", err)
 	}
@@ -318,12 +329,11 @@ func (s *Store) JobUndoClaim(ctx context.Context, refs []AttemptRef) (int, error
 }
 
 func jobsUndoClaim(ctx context.Context, tx pgx.Tx, refs []AttemptRef) (int, error) {
-	if len(refs) == 0 {
-		return 0, nil
-	}
-	ids, atts := refArrays(refs)
-	var n int
-	err := tx.QueryRow(ctx, `
+	total := 0
+	err := perQueue(refs, refQueue, func(q string, refs []AttemptRef) error {
+		ids, atts := refArrays(refs)
+		var n int
+		err := tx.QueryRow(ctx, `
 		WITH u AS (
 		  SELECT * FROM unnest($1::bigint[], $2::int[]) AS u(id, att)
 		), undone AS (
@@ -334,21 +344,24 @@ func jobsUndoClaim(ctx context.Context, tx pgx.Tx, refs []AttemptRef) (int, erro
 		      error = coalesce(prev.error, 'NONE'),
 		      update_time = now()
 		  FROM u
-		  LEFT JOIN hipq_attempt prev ON prev.job_id = u.id AND prev.attempt = u.att - 1
-		  WHERE j.id = u.id AND j.state = 'running' AND j.attempt = u.att
+		  LEFT JOIN hipq_attempt prev ON prev.queue = $3 AND prev.job_id = u.id AND prev.attempt = u.att - 1
+		  WHERE j.queue = $3 AND j.id = u.id AND j.state = 'running' AND j.attempt = u.att
 		    AND EXISTS (SELECT 1 FROM hipq_attempt a
-		                WHERE a.job_id = u.id AND a.attempt = u.att AND a.sent_at IS NULL AND a.outcome IS NULL)
+		                WHERE a.queue = $3 AND a.job_id = u.id AND a.attempt = u.att AND a.sent_at IS NULL AND a.outcome IS NULL)
 		  RETURNING j.id, u.att
 		), del AS (
 		  DELETE FROM hipq_attempt a USING undone
-		  WHERE a.job_id = undone.id AND a.attempt = undone.att
+		  WHERE a.queue = $3 AND a.job_id = undone.id AND a.attempt = undone.att
 		  RETURNING 1
 		)
-		SELECT count(*) FROM del`, ids, atts).Scan(&n)
+		SELECT count(*) FROM del`, ids, atts, q).Scan(&n)
+		total += n
+		return err
+	})
 	if err != nil {
 		return 0, fmt.Errorf("undo claims: %w", err)
 	}
-	return n, nil
+	return total, nil
 }
 
 // Delivery is the whole record of what became of a batch of sends: one
@@ -382,6 +395,21 @@ func (d *Delivery) Jobs() []int64 {
 	return ids
 }
 
+// refs names the attempts the delivery moves or marks, and those its
+// replies name by job id in a queue it knows.
+func (d *Delivery) refs() []AttemptRef {
+	refs := append(append([]AttemptRef(nil), d.Sent...), d.Undo...)
+	for _, r := range d.Resolves {
+		refs = append(refs, r.Ref())
+	}
+	for _, r := range d.Replies {
+		if r.Reply.JobID != nil && r.Queue != "" {
+			refs = append(refs, AttemptRef{Queue: r.Queue, JobID: *r.Reply.JobID})
+		}
+	}
+	return refs
+}
+
 // DeliveryResult says what the record did.
 type DeliveryResult struct {
 	Undone  int
@@ -397,23 +425,18 @@ type DeliveryResult struct {
 // (which the sweeper would undo and send again) or lose a reply. The
 // caller retries a transient failure (IsTransient) until it lands.
 //
-// A record that moves jobs locks their rows first, in id order, as the
-// reply paths lock them, so a delivery and a reply for the same jobs queue
+// A record that moves jobs locks their rows first, in (queue, id) order,
+// as the reply paths lock them, so a delivery and a reply for the same jobs queue
 // up instead of deadlocking.
 func (s *Store) DeliveryRecord(ctx context.Context, d Delivery, types correlator.Types) (DeliveryResult, error) {
 	var res DeliveryResult
 	err := s.inTx(ctx, func(tx pgx.Tx) error {
 		res = DeliveryResult{}
 		if len(d.Undo)+len(d.Resolves)+len(d.Replies) > 0 {
-			// This record moves jobs: lock them first, in id order, as the
-			// reply paths do. (Marking sends alone locks attempt rows only.)
-			ids := d.Jobs()
-			for _, r := range d.Replies {
-				if r.Reply.JobID != nil {
-					ids = append(ids, *r.Reply.JobID)
-				}
-			}
-			if err := lockJobs(ctx, tx, ids); err != nil {
+			// This record moves jobs: lock them first, in (queue, id)
+			// order, as the reply paths do. (Marking sends alone locks
+			// attempt rows only.)
+			if err := lockJobs(ctx, tx, d.refs()); err != nil {
 				return fmt.Errorf("delivered jobs: %w", err)
 			}
 		}
@@ -438,11 +461,7 @@ func (s *Store) DeliveryRecord(ctx context.Context, d Delivery, types correlator
 			}
 		}
 		if len(d.Sent) > 0 {
-			sent := make([]int64, len(d.Sent))
-			for i, r := range d.Sent {
-				sent[i] = r.JobID
-			}
-			if res.Early, _, err = earlyReplyApply(ctx, tx, sent, 0, 0, types); err != nil {
+			if res.Early, _, err = earlyReplyApply(ctx, tx, d.Sent, 0, 0, types); err != nil {
 				return err
 			}
 		}

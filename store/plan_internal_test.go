@@ -25,30 +25,32 @@ func TestSentMarksProbeByKey(t *testing.T) {
 		WITH j AS (
 		  INSERT INTO hipq_job (queue, job_type, job_key, state, outcome, attempt)
 		  SELECT 'q', 'old', 'k' || i, 'final', 'succeeded', 1 FROM generate_series(1, 200000) i RETURNING id)
-		INSERT INTO hipq_attempt (job_id, attempt, instance, dispatched_at, sent_at, outcome)
-		SELECT id, 1, 'i', now(), now(), 'succeeded' FROM j;
+		INSERT INTO hipq_attempt (queue, job_id, attempt, instance, dispatched_at, sent_at, outcome)
+		SELECT 'q', id, 1, 'i', now(), now(), 'succeeded' FROM j;
 		ANALYZE hipq_job; ANALYZE hipq_attempt;
 		WITH j AS (
 		  INSERT INTO hipq_job (queue, job_type, job_key, state, attempt)
 		  SELECT 'q', 'new', 'n' || i, 'running', 1 FROM generate_series(1, 1000) i RETURNING id)
-		INSERT INTO hipq_attempt (job_id, attempt, instance, dispatched_at) SELECT id, 1, 'i', now() FROM j;`); err != nil {
+		INSERT INTO hipq_attempt (queue, job_id, attempt, instance, dispatched_at) SELECT 'q', id, 1, 'i', now() FROM j;`); err != nil {
 		t.Fatal(err)
 	}
 	var refs []AttemptRef
 	rows, _ := st.pool.Query(ctx, `SELECT id FROM hipq_job WHERE job_type = 'new'`)
 	var id int64
-	if _, err := pgx.ForEachRow(rows, []any{&id}, func() error { refs = append(refs, AttemptRef{JobID: id, Attempt: 1}); return nil }); err != nil {
+	if _, err := pgx.ForEachRow(rows, []any{&id}, func() error { refs = append(refs, AttemptRef{Queue: "q", JobID: id, Attempt: 1}); return nil }); err != nil {
 		t.Fatal(err)
 	}
 	ids, atts := refArrays(refs)
-	plan := func(q string, generic bool) string { return explainAnalyze(t, st, q, generic, ids, atts) }
+	plan := func(q string, generic bool, args ...any) string {
+		return explainAnalyze(t, st, q, generic, append([]any{ids, atts}, args...)...)
+	}
 	old := `UPDATE hipq_attempt a SET sent_at = now() FROM unnest($1::bigint[], $2::int[]) AS u(id, att)
 		WHERE a.job_id = u.id AND a.attempt = u.att AND a.sent_at IS NULL`
 	if p := plan(old, false); !strings.Contains(p, "Seq Scan on hipq_attempt") {
 		t.Errorf("the control no longer scans the table:\n%s", p)
 	}
 	for _, generic := range []bool{false, true} {
-		p := plan(markSentSQL, generic)
+		p := plan(markSentSQL, generic, "q")
 		if strings.Contains(p, "Seq Scan") || !strings.Contains(p, "hipq_attempt_pkey") || !strings.Contains(p, "rows=1000 loops=1") {
 			t.Errorf("generic plan %v:\n%s\nwant primary-key probes marking 1000 rows", generic, p)
 		}
@@ -91,7 +93,7 @@ func TestRepliesProbeByKey(t *testing.T) {
 		WITH j AS (
 		  INSERT INTO hipq_job (queue, job_type, job_key, state, attempt, started_at)
 		  SELECT 'q', 'new', 'n' || i, 'running', 1, now() FROM generate_series(1, 5000) i RETURNING id)
-		INSERT INTO hipq_attempt (job_id, attempt, instance, dispatched_at) SELECT id, 1, 'i', now() FROM j;`); err != nil {
+		INSERT INTO hipq_attempt (queue, job_id, attempt, instance, dispatched_at) SELECT 'q', id, 1, 'i', now() FROM j;`); err != nil {
 		t.Fatal(err)
 	}
 	var ids []int64
@@ -116,7 +118,7 @@ func TestRepliesProbeByKey(t *testing.T) {
 	for i := range ids {
 		atts[i], states[i], errs[i], attOutcomes[i], outcomes[i] = 1, "final", "NONE", "succeeded", &ok
 	}
-	resolveArgs := []any{ids, atts, states, outcomes, errs, next, results, attOutcomes, attErrs, replies, sent}
+	resolveArgs := []any{ids, atts, states, outcomes, errs, next, results, attOutcomes, attErrs, replies, sent, "q"}
 	plan := func(q string, generic bool, args ...any) string { return explainAnalyze(t, st, q, generic, args...) }
 	oldLookup := `SELECT id FROM hipq_job WHERE id IN (SELECT unnest($1::bigint[]) UNION ALL
 		SELECT j.id FROM hipq_job j JOIN unnest($2::text[], $3::text[]) AS k(t, k)
@@ -130,7 +132,7 @@ func TestRepliesProbeByKey(t *testing.T) {
 		t.Errorf("the control resolve no longer walks the running jobs:\n%s", p)
 	}
 	for _, generic := range []bool{false, true} {
-		p := plan(lockTargetsSQL, generic, ids, types, keys)
+		p := plan(lockTargetsSQL, generic, ids, types, keys, "q")
 		if strings.Contains(p, "rows=5000") || strings.Contains(p, "Seq Scan") || !strings.Contains(p, "loops=500") ||
 			!strings.Contains(p, "rows=1500 loops=1") {
 			t.Errorf("reply lookup, generic plan %v:\n%s\nwant a probe per key and per id, 1500 rows locked", generic, p)
@@ -147,16 +149,20 @@ func TestRepliesProbeByKey(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck
-	if err := lockJobs(ctx, tx, ids); err != nil {
+	var refs []AttemptRef
+	for _, id := range ids {
+		refs = append(refs, AttemptRef{Queue: "q", JobID: id, Attempt: 1})
+	}
+	if err := lockJobs(ctx, tx, refs); err != nil {
 		t.Fatal(err)
 	}
 	done, err := jobResolveMany(ctx, tx, func() []Resolve {
 		var rs []Resolve
 		for _, id := range ids {
-			rs = append(rs, Resolve{JobID: id, Attempt: 1, Res: correlator.Resolution{State: correlator.StateFinal,
+			rs = append(rs, Resolve{Queue: "q", JobID: id, Attempt: 1, Res: correlator.Resolution{State: correlator.StateFinal,
 				Outcome: correlator.OutcomeSucceeded, Error: correlator.ErrorNone, Attempt: correlator.AttemptSucceeded}})
 		}
-		rs = append(rs, Resolve{JobID: ids[0], Attempt: 2, Res: rs[0].Res}) // a stale attempt: no effect
+		rs = append(rs, Resolve{Queue: "q", JobID: ids[0], Attempt: 2, Res: rs[0].Res}) // a stale attempt: no effect
 		return rs
 	}())
 	if err != nil || len(done) != n {

@@ -33,7 +33,7 @@ func countsAgree(t *testing.T, st *store.Store) {
 func refsOf(cs []store.Claimed) []store.AttemptRef {
 	var out []store.AttemptRef
 	for _, c := range cs {
-		out = append(out, store.AttemptRef{JobID: c.ID, Attempt: c.Attempt})
+		out = append(out, c.Ref())
 	}
 	return out
 }
@@ -81,7 +81,7 @@ func TestRateWindow(t *testing.T) {
 	// An attempt that ends unsent counts until its end.
 	inFlight := claimWith(t, st, store.JobClaimParams{Throttle: correlator.Throttle{Rates: []correlator.Rate{rate(t, "q:default#1", 5, time.Minute, "", "")}}, Limit: 1})
 	j := inFlight.Jobs[0]
-	if _, err := st.JobResolveMany(ctx, []store.Resolve{{JobID: j.ID, Attempt: j.Attempt,
+	if _, err := st.JobResolveMany(ctx, []store.Resolve{{Queue: j.Queue, JobID: j.ID, Attempt: j.Attempt,
 		Res: correlator.TimedOut(types["t"], j.Running(), time.Now())}}); err != nil {
 		t.Fatal(err)
 	}

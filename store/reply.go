@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -13,7 +15,10 @@ import (
 
 // ReplyIn is one reply to apply.
 type ReplyIn struct {
-	Reply   *correlator.Reply
+	Reply *correlator.Reply
+	// Queue is the queue of the reply's job when its sender knows it (a
+	// reply that came with its send); else its type's is tried first.
+	Queue   string
 	Kind    string // SourceReply or SourceCallback
 	Source  Source
 	earlyID int64 // set when it was kept in hipq_early_reply
@@ -105,7 +110,7 @@ func applyReplies(ctx context.Context, tx pgx.Tx, ins []ReplyIn, types correlato
 	if len(ins) == 0 {
 		return res, nil
 	}
-	targets, err := lockTargets(ctx, tx, ins)
+	targets, err := lockTargets(ctx, tx, ins, types)
 	if err != nil {
 		return res, err
 	}
@@ -132,11 +137,11 @@ func applyReplies(ctx context.Context, tx pgx.Tx, ins []ReplyIn, types correlato
 		res.Counts[d.Verdict]++
 		switch {
 		case d.Verdict == correlator.Apply:
-			resolves = append(resolves, Resolve{JobID: d.Target.ID, Attempt: d.Target.Attempt, Reply: in.Reply.Result,
+			resolves = append(resolves, Resolve{Queue: d.Target.Queue, JobID: d.Target.ID, Attempt: d.Target.Attempt, Reply: in.Reply.Result,
 				Result: in.Reply.Result, Res: d.Res})
-			res.Applies = append(res.Applies, AppliedReply{Index: i, AttemptRef: AttemptRef{JobID: d.Target.ID, Attempt: d.Target.Attempt}, Res: d.Res})
+			res.Applies = append(res.Applies, AppliedReply{Index: i, AttemptRef: AttemptRef{Queue: d.Target.Queue, JobID: d.Target.ID, Attempt: d.Target.Attempt}, Res: d.Res})
 		case d.Verdict == correlator.Progressed:
-			news = append(news, progressNews{AttemptRef{JobID: d.Target.ID, Attempt: d.Target.Attempt}, d.Deadline, in.Reply.Result})
+			news = append(news, progressNews{AttemptRef{Queue: d.Target.Queue, JobID: d.Target.ID, Attempt: d.Target.Attempt}, d.Deadline, in.Reply.Result})
 			if res.Deadlines == nil {
 				res.Deadlines = map[int]time.Time{}
 			}
@@ -177,68 +182,103 @@ func applyReplies(ctx context.Context, tx pgx.Tx, ins []ReplyIn, types correlato
 	return res, nil
 }
 
-// lockTargetsSQL is lockTargets' statement.
+// lockTargetsSQL is lockTargets' statement: the jobs of one queue ($4)
+// of ids $1 and the non-final jobs of (type, key) pairs $2, $3, locked in
+// id order.
 const lockTargetsSQL = `
 		SELECT id, job_type, job_key, state, attempt, max_attempts, expires_at, time_windows,
 		       coalesce(started_at, 'epoch'), timeout_seconds
 		FROM hipq_job
-		WHERE id IN (SELECT unnest($1::bigint[])
+		WHERE queue = $4
+		  AND id IN (SELECT unnest($1::bigint[])
 		             UNION ALL
 		             -- each key probed (OFFSET 0: never a walk of every
 		             -- non-final job, whatever the statistics say)
 		             SELECT x.id FROM unnest($2::text[], $3::text[]) AS k(t, k)
 		             CROSS JOIN LATERAL (SELECT j.id FROM hipq_job j
-		                                 WHERE j.job_type = k.t AND j.job_key = k.k AND j.state <> 'final' OFFSET 0) x)
+		                                 WHERE j.queue = $4 AND j.job_type = k.t AND j.job_key = k.k AND j.state <> 'final'
+		                                 OFFSET 0) x)
 		ORDER BY id
 		FOR UPDATE`
 
-// lockTargets reads and locks, in id order, the rows the replies name: by
-// job id, else the non-final job of (type, key); and finds which (type,
-// key) without a non-final job have a final one.
-func lockTargets(ctx context.Context, tx pgx.Tx, ins []ReplyIn) (correlator.Targets, error) {
-	var ids []int64
-	var types, keys []string
-	for _, in := range ins {
-		if in.Reply.JobID != nil {
-			ids = append(ids, *in.Reply.JobID)
-		} else {
-			types, keys = append(types, in.Reply.JobType), append(keys, in.Reply.JobKey)
-		}
+// findQueuesSQL finds, in every queue, the queues of jobs of ids $1 and
+// of the non-final jobs of (type, key) pairs $2, $3 (a read: it locks
+// nothing).
+const findQueuesSQL = `
+		SELECT j.queue, j.id FROM hipq_job j WHERE j.id = ANY($1)
+		UNION ALL
+		SELECT x.queue, x.id FROM unnest($2::text[], $3::text[]) AS k(t, k)
+		CROSS JOIN LATERAL (SELECT j.queue, j.id FROM hipq_job j
+		                    WHERE j.job_type = k.t AND j.job_key = k.k AND j.state <> 'final' OFFSET 0) x`
+
+// replyWants are the rows replies look for in one queue: by job id, or
+// the non-final job of a (type, key).
+type replyWants struct {
+	ids         []int64
+	types, keys []string
+}
+
+func (w *replyWants) add(r *correlator.Reply) {
+	if r.JobID != nil {
+		w.ids = append(w.ids, *r.JobID)
+	} else {
+		w.types, w.keys = append(w.types, r.JobType), append(w.keys, r.JobKey)
 	}
-	rows, err := tx.Query(ctx, lockTargetsSQL, ids, types, keys)
-	if err != nil {
-		return correlator.Targets{}, fmt.Errorf("lock reply targets: %w", err)
-	}
+}
+
+// lockTargets reads and locks the rows the replies name: by job id, else
+// the non-final job of (type, key); and finds which (type, key) without a
+// non-final job have a final one. Each queue's rows are locked by a
+// statement naming it, queues in order and rows in id order. A reply's
+// queue is the one its sender knew, else its type's here; the replies
+// whose job is not there (a job id alone, a type not configured here, a
+// type whose queue changed while its jobs ran) are looked for in every
+// queue, then locked in theirs.
+func lockTargets(ctx context.Context, tx pgx.Tx, ins []ReplyIn, types correlator.Types) (correlator.Targets, error) {
 	t := correlator.Targets{ByID: map[int64]*correlator.Target{}, ByKey: map[correlator.TypeKey]*correlator.Target{},
 		Finals: map[correlator.TypeKey]bool{}}
-	var (
-		row     correlator.Target
-		state   string
-		windows []byte
-		timeout int
-	)
-	_, err = pgx.ForEachRow(rows, []any{&row.ID, &row.JobType, &row.JobKey, &state, &row.Attempt, &row.MaxAttempts, &row.ExpiresAt, &windows,
-		&row.StartedAt, &timeout}, func() error {
-		tg := row
-		tg.Timeout = time.Duration(timeout) * time.Second
-		tg.State = correlator.State(state)
-		// Windows this build cannot read are left out of the retry's
-		// schedule (the claim still applies them): a reply to such a job
-		// is applied, never refused for it.
-		tg.Windows, _ = decodeWindows(windows)
-		t.ByID[tg.ID] = &tg
-		if tg.State != correlator.StateFinal {
-			t.ByKey[correlator.TypeKey{Type: tg.JobType, Key: tg.JobKey}] = &tg
+	wants := map[string]*replyWants{}
+	var elsewhere replyWants
+	placed := make([]bool, len(ins))
+	for i, in := range ins {
+		q := in.Queue
+		if jt := types.Get(in.Reply.JobType); q == "" && in.Reply.JobType != "" && jt != nil {
+			q = jt.Queue
 		}
-		return nil
-	})
-	if err != nil {
-		return correlator.Targets{}, fmt.Errorf("lock reply targets: %w", err)
+		if q == "" {
+			elsewhere.add(in.Reply)
+			continue
+		}
+		if wants[q] == nil {
+			wants[q] = &replyWants{}
+		}
+		wants[q].add(in.Reply)
+		placed[i] = true
+	}
+	if err := lockIn(ctx, tx, wants, t); err != nil {
+		return t, err
+	}
+	for i, in := range ins {
+		if placed[i] && t.Of(in.Reply) == nil {
+			elsewhere.add(in.Reply)
+		}
+	}
+	if len(elsewhere.ids)+len(elsewhere.types) > 0 {
+		found, err := findQueues(ctx, tx, elsewhere)
+		if err != nil {
+			return t, err
+		}
+		// (Rows locked here come after the first queues' whatever their
+		// order: a deadlock this rare path might meet is retried whole.)
+		if err := lockIn(ctx, tx, found, t); err != nil {
+			return t, err
+		}
 	}
 	var ft, fk []string
-	for i := range types {
-		if t.ByKey[correlator.TypeKey{Type: types[i], Key: keys[i]}] == nil {
-			ft, fk = append(ft, types[i]), append(fk, keys[i])
+	for _, in := range ins {
+		tk := correlator.TypeKey{Type: in.Reply.JobType, Key: in.Reply.JobKey}
+		if in.Reply.JobID == nil && t.ByKey[tk] == nil {
+			ft, fk = append(ft, tk.Type), append(fk, tk.Key)
 		}
 	}
 	if len(ft) > 0 {
@@ -255,6 +295,67 @@ func lockTargets(ctx context.Context, tx pgx.Tx, ins []ReplyIn) (correlator.Targ
 		}
 	}
 	return t, nil
+}
+
+// lockIn locks, queue by queue in order, the rows each queue's replies
+// want, into t.
+func lockIn(ctx context.Context, tx pgx.Tx, wants map[string]*replyWants, t correlator.Targets) error {
+	for _, q := range slices.Sorted(maps.Keys(wants)) {
+		w := wants[q]
+		rows, err := tx.Query(ctx, lockTargetsSQL, w.ids, w.types, w.keys, q)
+		if err != nil {
+			return fmt.Errorf("lock reply targets: %w", err)
+		}
+		var (
+			row     = correlator.Target{Queue: q}
+			state   string
+			windows []byte
+			timeout int
+		)
+		_, err = pgx.ForEachRow(rows, []any{&row.ID, &row.JobType, &row.JobKey, &state, &row.Attempt, &row.MaxAttempts, &row.ExpiresAt, &windows,
+			&row.StartedAt, &timeout}, func() error {
+			tg := row
+			tg.Timeout = time.Duration(timeout) * time.Second
+			tg.State = correlator.State(state)
+			// Windows this build cannot read are left out of the retry's
+			// schedule (the claim still applies them): a reply to such a job
+			// is applied, never refused for it.
+			tg.Windows, _ = decodeWindows(windows)
+			t.ByID[tg.ID] = &tg
+			if tg.State != correlator.StateFinal {
+				t.ByKey[correlator.TypeKey{Type: tg.JobType, Key: tg.JobKey}] = &tg
+			}
+			return nil
+		})
+		if err != nil {
+			return fmt.Errorf("lock reply targets: %w", err)
+		}
+	}
+	return nil
+}
+
+// findQueues finds in which queues the rows w wants are (a read over
+// every queue: it locks nothing).
+func findQueues(ctx context.Context, tx pgx.Tx, w replyWants) (map[string]*replyWants, error) {
+	rows, err := tx.Query(ctx, findQueuesSQL, w.ids, w.types, w.keys)
+	if err != nil {
+		return nil, fmt.Errorf("find reply targets: %w", err)
+	}
+	found := map[string]*replyWants{}
+	var q string
+	var id int64
+	_, err = pgx.ForEachRow(rows, []any{&q, &id}, func() error {
+		if found[q] == nil {
+			found[q] = &replyWants{}
+		}
+		// By id: the row found, whichever reply named it.
+		found[q].ids = append(found[q].ids, id)
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("find reply targets: %w", err)
+	}
+	return found, nil
 }
 
 // progressNews is what a progress reply writes on its attempt.
@@ -304,27 +405,27 @@ func progressDeadlines(ctx context.Context, tx pgx.Tx, ins []ReplyIn, t correlat
 // of the one it had and the given one, applied in order) and the progress
 // payload. Guarded by the job's state and attempt.
 func progressWrite(ctx context.Context, tx pgx.Tx, news []progressNews) error {
-	if len(news) == 0 {
-		return nil
-	}
-	n := len(news)
-	ids, atts, deadlines, progress := make([]int64, n), make([]int32, n), make([]time.Time, n), make([]string, n)
-	for i, p := range news {
-		ids[i], atts[i], deadlines[i] = p.JobID, int32(p.Attempt), p.Deadline
-		progress[i] = string(p.Progress)
-		if progress[i] == "" {
-			progress[i] = "null"
-		}
-	}
 	// Of several news for one attempt in the batch, the last one's
 	// payload and the latest deadline stay.
-	_, err := tx.Exec(ctx, `
+	err := perQueue(news, func(p progressNews) string { return p.Queue }, func(q string, news []progressNews) error {
+		n := len(news)
+		ids, atts, deadlines, progress := make([]int64, n), make([]int32, n), make([]time.Time, n), make([]string, n)
+		for i, p := range news {
+			ids[i], atts[i], deadlines[i] = p.JobID, int32(p.Attempt), p.Deadline
+			progress[i] = string(p.Progress)
+			if progress[i] == "" {
+				progress[i] = "null"
+			}
+		}
+		_, err := tx.Exec(ctx, `
 		UPDATE hipq_attempt a SET deadline = greatest(a.deadline, u.deadline), progress = u.progress, progress_at = now()
 		FROM (SELECT DISTINCT ON (id, att) id, att, max(deadline) OVER (PARTITION BY id, att) AS deadline, progress
 		      FROM unnest($1::bigint[], $2::int[], $3::timestamptz[], $4::jsonb[]) WITH ORDINALITY AS n(id, att, deadline, progress, ord)
 		      ORDER BY id, att, ord DESC) u
-		JOIN hipq_job j ON j.id = u.id AND j.attempt = u.att AND j.state = 'running'
-		WHERE a.job_id = u.id AND a.attempt = u.att`, ids, atts, deadlines, progress)
+		JOIN hipq_job j ON j.queue = $5 AND j.id = u.id AND j.attempt = u.att AND j.state = 'running'
+		WHERE a.queue = $5 AND a.job_id = u.id AND a.attempt = u.att`, ids, atts, deadlines, progress, q)
+		return err
+	})
 	if err != nil {
 		return fmt.Errorf("record progress: %w", err)
 	}
@@ -380,11 +481,11 @@ func earlyInsert(ctx context.Context, tx pgx.Tx, early []ReplyIn) error {
 // EarlyReplyApply re-checks the kept early replies for the given jobs
 // (just sent): by (type, key) or by job id. Replies now applicable are
 // applied; those past their TTL are dead-lettered.
-func (s *Store) EarlyReplyApply(ctx context.Context, jobIDs []int64, types correlator.Types) (ReplyResult, error) {
+func (s *Store) EarlyReplyApply(ctx context.Context, sent []AttemptRef, types correlator.Types) (ReplyResult, error) {
 	var res ReplyResult
 	err := s.inTx(ctx, func(tx pgx.Tx) error {
 		var err error
-		res, _, err = earlyReplyApply(ctx, tx, jobIDs, 0, 0, types)
+		res, _, err = earlyReplyApply(ctx, tx, sent, 0, 0, types)
 		return err
 	})
 	return res, err
@@ -405,32 +506,60 @@ func (s *Store) EarlyReplySweep(ctx context.Context, after int64, limit int, typ
 	return res, last, err
 }
 
-func earlyReplyApply(ctx context.Context, tx pgx.Tx, jobIDs []int64, after int64, limit int, types correlator.Types) (ReplyResult, int64, error) {
+func earlyReplyApply(ctx context.Context, tx pgx.Tx, sent []AttemptRef, after int64, limit int, types correlator.Types) (ReplyResult, int64, error) {
 	var res ReplyResult
 	var last int64
-	q := `SELECT e.id, e.job_type, e.job_key, e.job_id, e.attempt, e.success, e.retryable, e.error_text, e.reply,
-	             e.headers, e.source, coalesce(e.topic, ''), coalesce(e.kafka_partition, 0), coalesce(e.kafka_offset, 0),
-	             e.record_key, e.record_value, e.received_at, e.expires_at
-	      FROM hipq_early_reply e `
-	var args []any
-	if jobIDs != nil {
-		// A reply kept by job id has no type or key: it is found by its id.
-		q += `WHERE e.id IN (SELECT e2.id FROM hipq_early_reply e2 JOIN hipq_job j
-		                       ON j.job_type = e2.job_type AND j.job_key = e2.job_key WHERE j.id = ANY($1)
-		                     UNION
-		                     SELECT e3.id FROM hipq_early_reply e3 WHERE e3.job_id = ANY($1))
-		      ORDER BY e.id FOR UPDATE OF e SKIP LOCKED`
-		args = []any{jobIDs}
-	} else {
-		q += `WHERE e.id > $1 ORDER BY e.id LIMIT $2 FOR UPDATE SKIP LOCKED`
-		args = []any{after, limit}
+	var ins []ReplyIn
+	load := func(queue, q string, args ...any) error {
+		var err error
+		ins, last, err = earlyLoad(ctx, tx, ins, queue, q, args...)
+		return err
 	}
-	rows, err := tx.Query(ctx, q, args...)
+	var err error
+	if sent != nil {
+		err = perQueue(sent, refQueue, func(q string, refs []AttemptRef) error {
+			ids, _ := refArrays(refs)
+			// A reply kept by job id has no type or key: it is found by its id.
+			return load(q, earlyByJobSQL, ids, q)
+		})
+	} else {
+		err = load("", earlyPageSQL, after, limit)
+	}
 	if err != nil {
 		return res, 0, fmt.Errorf("load early replies: %w", err)
 	}
-	var ins []ReplyIn
-	var in ReplyIn
+	res, err = applyReplies(ctx, tx, ins, types, 0)
+	if err != nil {
+		return res, 0, err
+	}
+	return res, last, deadLettersInsert(ctx, tx, res.DeadLetters)
+}
+
+const earlyColumns = `SELECT e.id, e.job_type, e.job_key, e.job_id, e.attempt, e.success, e.retryable, e.error_text, e.reply,
+	             e.headers, e.source, coalesce(e.topic, ''), coalesce(e.kafka_partition, 0), coalesce(e.kafka_offset, 0),
+	             e.record_key, e.record_value, e.received_at, e.expires_at
+	      FROM hipq_early_reply e `
+
+// earlyByJobSQL loads the kept replies for jobs $1 of queue $2.
+const earlyByJobSQL = earlyColumns + `
+	WHERE e.id IN (SELECT e2.id FROM hipq_early_reply e2 JOIN hipq_job j
+	                 ON j.job_type = e2.job_type AND j.job_key = e2.job_key WHERE j.queue = $2 AND j.id = ANY($1)
+	               UNION
+	               SELECT e3.id FROM hipq_early_reply e3 WHERE e3.job_id = ANY($1))
+	ORDER BY e.id FOR UPDATE OF e SKIP LOCKED`
+
+// earlyPageSQL loads up to $2 kept replies of ids above $1.
+const earlyPageSQL = earlyColumns + `WHERE e.id > $1 ORDER BY e.id LIMIT $2 FOR UPDATE SKIP LOCKED`
+
+// earlyLoad appends to ins the kept replies q selects (replies to jobs of
+// queue, when it is not ""), and says the last id.
+func earlyLoad(ctx context.Context, tx pgx.Tx, ins []ReplyIn, queue, q string, args ...any) ([]ReplyIn, int64, error) {
+	var last int64
+	rows, err := tx.Query(ctx, q, args...)
+	if err != nil {
+		return ins, 0, err
+	}
+	in := ReplyIn{Queue: queue}
 	var r correlator.Reply
 	var att *int32
 	var reply, hdr []byte
@@ -449,12 +578,5 @@ func earlyReplyApply(ctx context.Context, tx pgx.Tx, jobIDs []int64, after int64
 		last = in.earlyID
 		return nil
 	})
-	if err != nil {
-		return res, 0, fmt.Errorf("load early replies: %w", err)
-	}
-	res, err = applyReplies(ctx, tx, ins, types, 0)
-	if err != nil {
-		return res, 0, err
-	}
-	return res, last, deadLettersInsert(ctx, tx, res.DeadLetters)
+	return ins, last, err
 }

@@ -121,7 +121,7 @@ func TestEarlyReplies(t *testing.T) {
 	applyReplies(t, st, reply("soon", 0, true), reply("never", 0, true))
 	insert(t, st, job("soon"))
 	c := claim(t, st, 1)[0]
-	res, err := st.EarlyReplyApply(ctx, []int64{c.ID}, typeInfo)
+	res, err := st.EarlyReplyApply(ctx, []store.AttemptRef{c.Ref()}, typeInfo)
 	if err != nil || res.Counts[correlator.Apply] != 1 {
 		t.Fatalf("early apply: %+v %v", res, err)
 	}
@@ -278,4 +278,27 @@ func TestExpireAndPrune(t *testing.T) {
 		t.Fatalf("pruned job: %v", err)
 	}
 	_ = json.RawMessage(nil)
+}
+
+// A reply is looked for in its type's queue first; a job elsewhere (its
+// type moved to another queue while it ran, or a reply naming its job id
+// alone) is found in its own queue and the reply applied there.
+func TestReplyFindsItsJobInAnyQueue(t *testing.T) {
+	t.Parallel()
+	st := pgtest.New(t)
+	moved := func(j *correlator.Job) { j.Queue = "before" }
+	insert(t, st, job("k1", moved), job("k2", moved))
+	c, err := st.JobClaim(ctx, store.JobClaimParams{Queue: "before", Limit: 2, Instance: "test"})
+	if err != nil || len(c.Jobs) != 2 {
+		t.Fatalf("claim: %v %v", c.Jobs, err)
+	}
+	byID := reply("", 0, true)
+	byID.Reply.JobType, byID.Reply.JobKey, byID.Reply.JobID = "", "", &c.Jobs[1].ID
+	res := applyReplies(t, st, reply(c.Jobs[0].JobKey, 0, true), byID) // type t's queue is "default"
+	if len(res.Applied) != 2 || res.Applied[0].Queue != "before" {
+		t.Fatalf("applied %+v (verdicts %v)", res.Applied, res.Verdicts)
+	}
+	for _, j := range c.Jobs {
+		wantState(t, get(t, st, j.JobKey), correlator.StateFinal, correlator.OutcomeSucceeded, 1)
+	}
 }

@@ -108,8 +108,8 @@ func (s *Store) BenchSeed(ctx context.Context, queue, jobType string, backlog, f
 			  FROM generate_series($2::int, $3::int - 1) i, LATERAL (SELECT $4::timestamptz - (i % 3600) * interval '1 second' AS t) x
 			  RETURNING id, started_at, update_time
 			)
-			INSERT INTO hipq_attempt (job_id, attempt, instance, dispatched_at, sent_at, replied_at, outcome, reply)
-			SELECT id, 1, 'seed', started_at, started_at, update_time, 'succeeded', '{"status": "succeeded"}' FROM j`,
+			INSERT INTO hipq_attempt (queue, job_id, attempt, instance, dispatched_at, sent_at, replied_at, outcome, reply)
+			SELECT $1, id, 1, 'seed', started_at, started_at, update_time, 'succeeded', '{"status": "succeeded"}' FROM j`,
 			queue, lo, min(lo+chunk, finals), finalAt); err != nil {
 			return fmt.Errorf("seed final jobs: %w", err)
 		}

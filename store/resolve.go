@@ -14,6 +14,7 @@ import (
 // Resolve ends one running attempt: the job moves as Res (one of the
 // domain's named ends) says, and the attempt row records its outcome.
 type Resolve struct {
+	Queue   string
 	JobID   int64
 	Attempt int
 	Res     correlator.Resolution
@@ -24,6 +25,11 @@ type Resolve struct {
 	Sent bool
 }
 
+// Ref names the attempt r ends.
+func (r Resolve) Ref() AttemptRef {
+	return AttemptRef{Queue: r.Queue, JobID: r.JobID, Attempt: r.Attempt}
+}
+
 // JobResolveMany applies resolutions in one statement, each guarded by
 // state running and its attempt, and notifies hipq_job_ready (a throttle
 // slot is free). It returns the refs that took effect; the
@@ -31,11 +37,11 @@ type Resolve struct {
 func (s *Store) JobResolveMany(ctx context.Context, rs []Resolve) ([]AttemptRef, error) {
 	var done []resolved
 	err := s.inTx(ctx, func(tx pgx.Tx) error {
-		ids := make([]int64, len(rs))
+		refs := make([]AttemptRef, len(rs))
 		for i, r := range rs {
-			ids[i] = r.JobID
+			refs[i] = r.Ref()
 		}
-		if err := lockJobs(ctx, tx, ids); err != nil {
+		if err := lockJobs(ctx, tx, refs); err != nil {
 			return err
 		}
 		var err error
@@ -79,14 +85,14 @@ const resolveManySQL = `
 		  -- them: the guard (state running, the attempt) reads them.
 		  SELECT u.*, b.tid, b.state AS cur_state, b.attempt AS cur_att
 		  FROM u CROSS JOIN LATERAL (
-		    SELECT j.ctid AS tid, j.state, j.attempt FROM hipq_job j WHERE j.id = u.id OFFSET 0) b
+		    SELECT j.ctid AS tid, j.state, j.attempt FROM hipq_job j WHERE j.queue = $12 AND j.id = u.id OFFSET 0) b
 		), done AS (
 		  UPDATE hipq_job j
 		  SET state = t.state, outcome = t.outcome, error = t.error,
 		      scheduled_run_time = coalesce(t.next_run, j.scheduled_run_time),
 		      result = coalesce(t.result, j.result), update_time = now()
 		  FROM t
-		  WHERE j.ctid = t.tid AND t.cur_state = 'running' AND t.cur_att = t.att
+		  WHERE j.queue = $12 AND j.ctid = t.tid AND t.cur_state = 'running' AND t.cur_att = t.att
 		  RETURNING j.id, j.queue, j.job_type, j.attempt, j.started_at, t.att_outcome, t.att_error, t.reply, t.sent
 		), notify AS (
 		  -- A job left running: a throttle slot is free, so dispatchers
@@ -100,15 +106,20 @@ const resolveManySQL = `
 		      replied_at = CASE WHEN done.reply IS NOT NULL THEN now() END,
 		      sent_at = CASE WHEN done.reply IS NOT NULL OR done.sent THEN coalesce(a.sent_at, now()) ELSE a.sent_at END
 		  FROM done
-		  WHERE a.job_id = done.id AND a.attempt = done.attempt
+		  WHERE a.queue = $12 AND a.job_id = done.id AND a.attempt = done.attempt
 		)
 		SELECT id, attempt, job_type, extract(epoch FROM now() - started_at)::float8 FROM done
 		WHERE (SELECT count(*) FROM notify) >= 0`
 
-// lockJobs locks the jobs of ids in id order, the order of every path that
-// moves jobs, so two never wait on each other.
-func lockJobs(ctx context.Context, tx pgx.Tx, ids []int64) error {
-	if _, err := tx.Exec(ctx, `SELECT 1 FROM hipq_job WHERE id = ANY($1) ORDER BY id FOR UPDATE`, ids); err != nil {
+// lockJobs locks the jobs refs name in (queue, id) order, the order of
+// every path that waits for jobs' locks, so two never wait on each other.
+func lockJobs(ctx context.Context, tx pgx.Tx, refs []AttemptRef) error {
+	err := perQueue(refs, refQueue, func(q string, refs []AttemptRef) error {
+		ids, _ := refArrays(refs)
+		_, err := tx.Exec(ctx, `SELECT 1 FROM hipq_job WHERE queue = $1 AND id = ANY($2) ORDER BY id FOR UPDATE`, q, ids)
+		return err
+	})
+	if err != nil {
 		return fmt.Errorf("lock jobs: %w", err)
 	}
 	return nil
@@ -117,9 +128,20 @@ func lockJobs(ctx context.Context, tx pgx.Tx, ids []int64) error {
 // jobResolveMany applies resolutions in tx, which holds the jobs' locks
 // (lockJobs, or the reply and sweep paths' own locking reads).
 func jobResolveMany(ctx context.Context, tx pgx.Tx, rs []Resolve) ([]resolved, error) {
-	if len(rs) == 0 {
-		return nil, nil
+	var out []resolved
+	err := perQueue(rs, func(r Resolve) string { return r.Queue }, func(q string, rs []Resolve) error {
+		done, err := resolveQueue(ctx, tx, q, rs)
+		out = append(out, done...)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("resolve attempts: %w", err)
 	}
+	return out, nil
+}
+
+// resolveQueue is jobResolveMany's statement for the resolutions of one queue.
+func resolveQueue(ctx context.Context, tx pgx.Tx, queue string, rs []Resolve) ([]resolved, error) {
 	n := len(rs)
 	ids, atts := make([]int64, n), make([]int32, n)
 	states, errs, attOutcomes := make([]string, n), make([]string, n), make([]string, n)
@@ -145,12 +167,12 @@ func jobResolveMany(ctx context.Context, tx pgx.Tx, rs []Resolve) ([]resolved, e
 		}
 	}
 	rows, err := tx.Query(ctx, resolveManySQL,
-		ids, atts, states, outcomes, errs, next, results, attOutcomes, attErrs, replies, sent)
+		ids, atts, states, outcomes, errs, next, results, attOutcomes, attErrs, replies, sent, queue)
 	if err != nil {
-		return nil, fmt.Errorf("resolve attempts: %w", err)
+		return nil, err
 	}
 	var out []resolved
-	var r resolved
+	r := resolved{AttemptRef: AttemptRef{Queue: queue}}
 	var secs *float64
 	if _, err := pgx.ForEachRow(rows, []any{&r.JobID, &r.Attempt, &r.JobType, &secs}, func() error {
 		r.Elapsed = 0
@@ -160,7 +182,7 @@ func jobResolveMany(ctx context.Context, tx pgx.Tx, rs []Resolve) ([]resolved, e
 		out = append(out, r)
 		return nil
 	}); err != nil {
-		return nil, fmt.Errorf("resolve attempts: %w", err)
+		return nil, err
 	}
 	return out, nil
 }

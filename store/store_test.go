@@ -94,6 +94,42 @@ func TestMigrateNoTransactionRunsAgain(t *testing.T) {
 	}
 }
 
+// Version 13 gives the attempt rows of an older build their job's queue
+// (claims made before it have none), drops the attempts of no job, and
+// from then on every attempt has a queue: a claim writes it.
+func TestMigrationGivesAttemptsTheirQueue(t *testing.T) {
+	t.Parallel()
+	st := pgtest.New(t)
+	insert(t, st, job("old"), job("new"))
+	c := claim(t, st, 1)
+	// As an older build left them: no queue column, one orphan attempt.
+	for _, q := range []string{
+		"ALTER TABLE hipq_attempt DROP COLUMN queue",
+		"INSERT INTO hipq_attempt (job_id, attempt, instance) VALUES (-1, 1, 'gone')",
+		"DELETE FROM hipq_schema_migration WHERE version = 13",
+	} {
+		if _, err := st.Pool().Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if applied, err := st.Migrate(ctx); err != nil || len(applied) != 1 || applied[0].Version != 13 {
+		t.Fatalf("migrate: %v %v", applied, err)
+	}
+	if n := count(t, st, "SELECT count(*) FROM hipq_attempt WHERE job_id = $1 AND queue = 'default'", c[0].ID); n != 1 {
+		t.Fatalf("the old attempt has no queue (%d rows)", n)
+	}
+	if n := count(t, st, "SELECT count(*) FROM hipq_attempt WHERE job_id = -1"); n != 0 {
+		t.Fatal("the orphan attempt is still there")
+	}
+	c = claim(t, st, 1)
+	if n := count(t, st, "SELECT count(*) FROM hipq_attempt WHERE job_id = $1 AND queue = 'default'", c[0].ID); n != 1 {
+		t.Fatalf("a new claim's attempt has no queue (%d rows)", n)
+	}
+	if _, err := st.Pool().Exec(ctx, "INSERT INTO hipq_attempt (job_id, attempt, instance) VALUES (-2, 1, 'x')"); err == nil {
+		t.Fatal("an attempt without a queue was accepted")
+	}
+}
+
 // Invariant 1: at most one non-final job per (type, key).
 func TestOneNonFinalJobPerKey(t *testing.T) {
 	t.Parallel()
@@ -261,7 +297,7 @@ func TestUndoClaim(t *testing.T) {
 	st := pgtest.New(t)
 	insert(t, st, job("a"), job("b"))
 	c := claim(t, st, 10)
-	refs := []store.AttemptRef{{JobID: c[0].ID, Attempt: 1}, {JobID: c[1].ID, Attempt: 1}}
+	refs := []store.AttemptRef{c[0].Ref(), c[1].Ref()}
 	if err := st.AttemptMarkSent(ctx, refs[1:]); err != nil {
 		t.Fatal(err)
 	}
@@ -293,7 +329,7 @@ func TestUndoClaim(t *testing.T) {
 	if again.Attempt != 2 {
 		t.Fatalf("reclaimed attempt %d, want 2", again.Attempt)
 	}
-	if n, _ := st.JobUndoClaim(ctx, []store.AttemptRef{{JobID: again.ID, Attempt: 2}}); n != 1 {
+	if n, _ := st.JobUndoClaim(ctx, []store.AttemptRef{again.Ref()}); n != 1 {
 		t.Fatal("retry claim not undone")
 	}
 	b := get(t, st, c[1].JobKey)
@@ -311,17 +347,17 @@ func TestResolveIsGuarded(t *testing.T) {
 	insert(t, st, job("a"))
 	c := claim(t, st, 1)[0]
 	final := correlator.Replied(nil, c.Running(), &correlator.Reply{Success: true}, time.Now())
-	done, err := st.JobResolveMany(ctx, []store.Resolve{{JobID: c.ID, Attempt: 2, Res: final}})
+	done, err := st.JobResolveMany(ctx, []store.Resolve{{Queue: c.Queue, JobID: c.ID, Attempt: 2, Res: final}})
 	if err != nil || len(done) != 0 {
 		t.Fatalf("a write for attempt 2 took effect on attempt 1: %v %v", done, err)
 	}
-	done, _ = st.JobResolveMany(ctx, []store.Resolve{{JobID: c.ID, Attempt: 1, Res: final}})
+	done, _ = st.JobResolveMany(ctx, []store.Resolve{{Queue: c.Queue, JobID: c.ID, Attempt: 1, Res: final}})
 	if len(done) != 1 {
 		t.Fatal("the right write did not take effect")
 	}
 	before := get(t, st, "a")
 	failed := correlator.Replied(nil, c.Running(), &correlator.Reply{Error: "x"}, time.Now())
-	done, _ = st.JobResolveMany(ctx, []store.Resolve{{JobID: c.ID, Attempt: 1, Res: failed}})
+	done, _ = st.JobResolveMany(ctx, []store.Resolve{{Queue: c.Queue, JobID: c.ID, Attempt: 1, Res: failed}})
 	after := get(t, st, "a")
 	if len(done) != 0 || after.Outcome != correlator.OutcomeSucceeded || !after.UpdateTime.Equal(before.UpdateTime) {
 		t.Fatalf("a final job changed: %+v", after)

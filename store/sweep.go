@@ -44,15 +44,47 @@ func (s *Store) SweeperLock(ctx context.Context) (release func(), ok bool, err e
 // another transaction holds (a reply being applied) are skipped and the
 // writes are guarded, so a reply racing a timeout is never overwritten.
 func (s *Store) JobTimeOutStuck(ctx context.Context, limit int, types correlator.Types) ([]AttemptRef, error) {
+	queues, err := s.queuesOf(ctx, `SELECT DISTINCT j.queue FROM hipq_job j
+		WHERE j.state = 'running' AND j.started_at + make_interval(secs => j.timeout_seconds) < now()`)
+	if err != nil {
+		return nil, fmt.Errorf("find timed-out jobs: %w", err)
+	}
+	var done []AttemptRef
+	for _, q := range queues {
+		if len(done) >= limit {
+			break
+		}
+		d, err := s.timeOutQueue(ctx, q, limit-len(done), types)
+		done = append(done, d...)
+		if err != nil {
+			return done, err
+		}
+	}
+	return done, nil
+}
+
+// queuesOf reads the queues a statement finds (a read over every queue:
+// a sweep's writes then name one queue each), in name order.
+func (s *Store) queuesOf(ctx context.Context, q string, args ...any) ([]string, error) {
+	rows, err := s.pool.Query(ctx, q+" ORDER BY 1", args...)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
+}
+
+// timeOutQueue is JobTimeOutStuck in one queue.
+func (s *Store) timeOutQueue(ctx context.Context, queue string, limit int, types correlator.Types) ([]AttemptRef, error) {
 	var done []AttemptRef
 	err := s.inTx(ctx, func(tx pgx.Tx) error {
 		rows, err := tx.Query(ctx, `
 			SELECT j.id, j.job_type, j.attempt, j.max_attempts, j.expires_at, j.time_windows, now() FROM hipq_job j
-			WHERE j.state = 'running' AND j.started_at + make_interval(secs => j.timeout_seconds) < now()
+			WHERE j.queue = $2 AND j.state = 'running' AND j.started_at + make_interval(secs => j.timeout_seconds) < now()
 			  -- news moved the attempt's deadline (never earlier than the above)
-			  AND NOT EXISTS (SELECT 1 FROM hipq_attempt a WHERE a.job_id = j.id AND a.attempt = j.attempt AND a.deadline >= now())
+			  AND NOT EXISTS (SELECT 1 FROM hipq_attempt a
+			                  WHERE a.queue = $2 AND a.job_id = j.id AND a.attempt = j.attempt AND a.deadline >= now())
 			ORDER BY j.id LIMIT $1
-			FOR UPDATE OF j SKIP LOCKED`, limit)
+			FOR UPDATE OF j SKIP LOCKED`, limit, queue)
 		if err != nil {
 			return fmt.Errorf("find timed-out jobs: %w", err)
 		}
@@ -68,13 +100,13 @@ func (s *Store) JobTimeOutStuck(ctx context.Context, limit int, types correlator
 			// schedule (the claim still applies them): never a reason to
 			// leave the job running for ever.
 			r.Windows, _ = decodeWindows(windows)
-			rs = append(rs, Resolve{JobID: id, Attempt: r.Attempt, Res: correlator.TimedOut(types.Get(jt), r, now)})
+			rs = append(rs, Resolve{Queue: queue, JobID: id, Attempt: r.Attempt, Res: correlator.TimedOut(types.Get(jt), r, now)})
 			return nil
 		})
 		if err != nil {
 			return fmt.Errorf("find timed-out jobs: %w", err)
 		}
-		if rs, err = withoutNews(ctx, tx, rs); err != nil {
+		if rs, err = withoutNews(ctx, tx, queue, rs); err != nil {
 			return err
 		}
 		r, err := jobResolveMany(ctx, tx, rs)
@@ -90,7 +122,7 @@ func (s *Store) JobTimeOutStuck(ctx context.Context, limit int, types correlator
 // PostgreSQL's re-check of a locked row would not see it). The job rows
 // are locked now, so this statement's fresh snapshot is the last word: a
 // heartbeat racing a timeout, exactly one wins.
-func withoutNews(ctx context.Context, tx pgx.Tx, rs []Resolve) ([]Resolve, error) {
+func withoutNews(ctx context.Context, tx pgx.Tx, queue string, rs []Resolve) ([]Resolve, error) {
 	if len(rs) == 0 {
 		return rs, nil
 	}
@@ -101,7 +133,7 @@ func withoutNews(ctx context.Context, tx pgx.Tx, rs []Resolve) ([]Resolve, error
 	rows, err := tx.Query(ctx, `
 		SELECT a.job_id FROM hipq_attempt a JOIN unnest($1::bigint[], $2::int[]) AS k(id, att)
 		  ON a.job_id = k.id AND a.attempt = k.att
-		WHERE a.deadline >= now()`, ids, atts)
+		WHERE a.queue = $3 AND a.deadline >= now()`, ids, atts, queue)
 	if err != nil {
 		return nil, fmt.Errorf("re-check deadlines: %w", err)
 	}
@@ -131,10 +163,10 @@ type Unsent struct {
 // flattened into a scan of hipq_attempt for unsent rows, which statistics
 // may say do not exist).
 const findUnsentSQL = `
-		SELECT j.id, j.attempt, j.job_type, a.dispatched_at
+		SELECT j.queue, j.id, j.attempt, j.job_type, a.dispatched_at
 		FROM hipq_job j
 		CROSS JOIN LATERAL (SELECT b.dispatched_at, b.sent_at, b.outcome, b.progress_at FROM hipq_attempt b
-		                    WHERE b.job_id = j.id AND b.attempt = j.attempt OFFSET 0) a
+		                    WHERE b.queue = j.queue AND b.job_id = j.id AND b.attempt = j.attempt OFFSET 0) a
 		LEFT JOIN unnest($1::text[], $2::float8[]) AS t(job_type, secs) ON t.job_type = j.job_type
 		WHERE j.state = 'running'
 		  AND a.sent_at IS NULL AND a.outcome IS NULL AND a.progress_at IS NULL AND a.dispatched_at < now() - $4::interval
@@ -159,7 +191,7 @@ func (s *Store) AttemptFindUnsent(ctx context.Context, types correlator.Types, g
 	}
 	var out []Unsent
 	var u Unsent
-	if _, err := pgx.ForEachRow(rows, []any{&u.JobID, &u.Attempt, &u.JobType, &u.DispatchedAt}, func() error {
+	if _, err := pgx.ForEachRow(rows, []any{&u.Queue, &u.JobID, &u.Attempt, &u.JobType, &u.DispatchedAt}, func() error {
 		out = append(out, u)
 		return nil
 	}); err != nil {
@@ -170,44 +202,70 @@ func (s *Store) AttemptFindUnsent(ctx context.Context, types correlator.Types, g
 
 // JobExpire ends up to limit waiting jobs past expires_at: final / expired.
 func (s *Store) JobExpire(ctx context.Context, limit int) (int, error) {
-	var n int
-	err := s.pool.QueryRow(ctx, `
+	queues, err := s.queuesOf(ctx, `SELECT DISTINCT queue FROM hipq_job
+		WHERE state IN ('initial', 'retry') AND expires_at <= now()`)
+	if err != nil {
+		return 0, fmt.Errorf("expire jobs: %w", err)
+	}
+	total := 0
+	for _, q := range queues {
+		if total >= limit {
+			break
+		}
+		var n int
+		err := s.pool.QueryRow(ctx, `
 		WITH done AS (
 		  UPDATE hipq_job j
 		  SET state = 'final', outcome = 'expired', error = 'expired', update_time = now()
 		  FROM (SELECT id, state, attempt FROM hipq_job
-		        WHERE state IN ('initial', 'retry') AND expires_at <= now()
+		        WHERE queue = $2 AND state IN ('initial', 'retry') AND expires_at <= now()
 		        ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED) d
-		  WHERE j.id = d.id AND j.state = d.state AND j.attempt = d.attempt
-		  RETURNING j.queue
+		  WHERE j.queue = $2 AND j.id = d.id AND j.state = d.state AND j.attempt = d.attempt
+		  RETURNING j.id
 		), notify AS ( -- waits for these jobs look now
-		  SELECT pg_notify('`+channelJobReady+`', q) FROM (SELECT DISTINCT queue AS q FROM done) d
+		  SELECT pg_notify('`+channelJobReady+`', $2) WHERE EXISTS (SELECT 1 FROM done)
 		)
-		SELECT count(*) FROM done WHERE (SELECT count(*) FROM notify) >= 0`, limit).Scan(&n)
-	if err != nil {
-		return 0, fmt.Errorf("expire jobs: %w", err)
+		SELECT count(*) FROM done WHERE (SELECT count(*) FROM notify) >= 0`, limit-total, q).Scan(&n)
+		total += n
+		if err != nil {
+			return total, fmt.Errorf("expire jobs of queue %q: %w", q, err)
+		}
 	}
-	return n, nil
+	return total, nil
 }
 
 // JobPrune deletes up to limit final jobs (and their attempts) last updated
 // longer than retention ago, on PostgreSQL's clock.
 func (s *Store) JobPrune(ctx context.Context, retention time.Duration, limit int) (int, error) {
-	var n int
-	err := s.pool.QueryRow(ctx, `
-		WITH gone AS (
-		  DELETE FROM hipq_job WHERE id IN (
-		    SELECT id FROM hipq_job WHERE state = 'final' AND update_time < now() - $1::interval
-		    ORDER BY update_time LIMIT $2 FOR UPDATE SKIP LOCKED)
-		  RETURNING id
-		), attempts AS (
-		  DELETE FROM hipq_attempt a USING gone WHERE a.job_id = gone.id
-		)
-		SELECT count(*) FROM gone`, retention, limit).Scan(&n)
+	// The queues of the oldest rows due, then each queue's oldest.
+	queues, err := s.queuesOf(ctx, `SELECT DISTINCT queue FROM (
+		SELECT queue FROM hipq_job WHERE state = 'final' AND update_time < now() - $1::interval
+		ORDER BY update_time LIMIT $2) d`, retention, limit)
 	if err != nil {
 		return 0, fmt.Errorf("prune final jobs: %w", err)
 	}
-	return n, nil
+	total := 0
+	for _, q := range queues {
+		if total >= limit {
+			break
+		}
+		var n int
+		err := s.pool.QueryRow(ctx, `
+		WITH gone AS (
+		  DELETE FROM hipq_job WHERE queue = $3 AND id IN (
+		    SELECT id FROM hipq_job WHERE queue = $3 AND state = 'final' AND update_time < now() - $1::interval
+		    ORDER BY update_time LIMIT $2 FOR UPDATE SKIP LOCKED)
+		  RETURNING id
+		), attempts AS (
+		  DELETE FROM hipq_attempt a USING gone WHERE a.queue = $3 AND a.job_id = gone.id
+		)
+		SELECT count(*) FROM gone`, retention, limit-total, q).Scan(&n)
+		total += n
+		if err != nil {
+			return total, fmt.Errorf("prune final jobs of queue %q: %w", q, err)
+		}
+	}
+	return total, nil
 }
 
 // DeadLetterPrune deletes up to limit dead letters received longer than

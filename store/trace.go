@@ -46,16 +46,17 @@ func (s *Store) AttemptTraces(ctx context.Context, refs []AttemptRef) (map[Attem
 	ctx, cancel := context.WithTimeout(ctx, traceTimeout)
 	defer cancel()
 	ids, atts := refArrays(refs)
-	rows, err := s.pool.Query(ctx, `SELECT a.job_id, a.attempt, a.trace_parent
-		FROM hipq_attempt a JOIN unnest($1::bigint[], $2::int[]) AS u(id, att) ON a.job_id = u.id AND a.attempt = u.att
+	// (A read: it may span queues. Each answer is keyed by the ref asked.)
+	rows, err := s.pool.Query(ctx, `SELECT u.ord, a.trace_parent
+		FROM hipq_attempt a JOIN unnest($1::bigint[], $2::int[]) WITH ORDINALITY AS u(id, att, ord) ON a.job_id = u.id AND a.attempt = u.att
 		WHERE a.trace_parent IS NOT NULL`, ids, atts)
 	if err != nil {
 		return nil, fmt.Errorf("read attempt trace contexts: %w", err)
 	}
 	out := map[AttemptRef]string{}
-	var r AttemptRef
+	var ord int
 	var p string
-	if _, err := pgx.ForEachRow(rows, []any{&r.JobID, &r.Attempt, &p}, func() error { out[r] = p; return nil }); err != nil {
+	if _, err := pgx.ForEachRow(rows, []any{&ord, &p}, func() error { out[refs[ord-1]] = p; return nil }); err != nil {
 		return nil, fmt.Errorf("read attempt trace contexts: %w", err)
 	}
 	return out, nil
@@ -70,13 +71,16 @@ func (s *Store) AttemptTracesWrite(ctx context.Context, ts []AttemptTrace) error
 	}
 	ctx, cancel := context.WithTimeout(ctx, traceTimeout)
 	defer cancel()
-	ids, atts, ps := make([]int64, len(ts)), make([]int32, len(ts)), make([]string, len(ts))
-	for i, t := range ts {
-		ids[i], atts[i], ps[i] = t.JobID, int32(t.Attempt), t.Parent
-	}
-	_, err := s.pool.Exec(ctx, `UPDATE hipq_attempt a SET trace_parent = u.tp
-		FROM unnest($1::bigint[], $2::int[], $3::text[]) AS u(id, att, tp)
-		WHERE a.job_id = u.id AND a.attempt = u.att`, ids, atts, ps)
+	err := perQueue(ts, func(t AttemptTrace) string { return t.Queue }, func(q string, ts []AttemptTrace) error {
+		ids, atts, ps := make([]int64, len(ts)), make([]int32, len(ts)), make([]string, len(ts))
+		for i, t := range ts {
+			ids[i], atts[i], ps[i] = t.JobID, int32(t.Attempt), t.Parent
+		}
+		_, err := s.pool.Exec(ctx, `UPDATE hipq_attempt a SET trace_parent = u.tp
+			FROM unnest($1::bigint[], $2::int[], $3::text[]) AS u(id, att, tp)
+			WHERE a.queue = $4 AND a.job_id = u.id AND a.attempt = u.att`, ids, atts, ps, q)
+		return err
+	})
 	if err != nil {
 		return fmt.Errorf("record send spans: %w", err)
 	}

@@ -123,7 +123,7 @@ func TestEarlyReplyByJobIDAppliedAfterSend(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := claim.Jobs[0]
-	rec, err := st.DeliveryRecord(ctx, store.Delivery{Sent: []store.AttemptRef{{JobID: c.ID, Attempt: c.Attempt}}}, typeInfo)
+	rec, err := st.DeliveryRecord(ctx, store.Delivery{Sent: []store.AttemptRef{c.Ref()}}, typeInfo)
 	if err != nil {
 		t.Fatal(err)
 	}
