@@ -218,6 +218,8 @@ type replyWants struct {
 	types, keys []string
 }
 
+func (w *replyWants) empty() bool { return len(w.ids)+len(w.types) == 0 }
+
 func (w *replyWants) add(r *correlator.Reply) {
 	if r.JobID != nil {
 		w.ids = append(w.ids, *r.JobID)
@@ -238,7 +240,7 @@ func lockTargets(ctx context.Context, tx pgx.Tx, ins []ReplyIn, types correlator
 	t := correlator.Targets{ByID: map[int64]*correlator.Target{}, ByKey: map[correlator.TypeKey]*correlator.Target{},
 		Finals: map[correlator.TypeKey]bool{}}
 	wants := map[string]*replyWants{}
-	var elsewhere replyWants
+	var unplaced replyWants
 	placed := make([]bool, len(ins))
 	for i, in := range ins {
 		q := in.Queue
@@ -246,7 +248,7 @@ func lockTargets(ctx context.Context, tx pgx.Tx, ins []ReplyIn, types correlator
 			q = jt.Queue
 		}
 		if q == "" {
-			elsewhere.add(in.Reply)
+			unplaced.add(in.Reply)
 			continue
 		}
 		if wants[q] == nil {
@@ -255,21 +257,40 @@ func lockTargets(ctx context.Context, tx pgx.Tx, ins []ReplyIn, types correlator
 		wants[q].add(in.Reply)
 		placed[i] = true
 	}
-	if err := lockIn(ctx, tx, wants, t); err != nil {
-		return t, err
-	}
-	for i, in := range ins {
-		if placed[i] && t.Of(in.Reply) == nil {
-			elsewhere.add(in.Reply)
-		}
-	}
-	if len(elsewhere.ids)+len(elsewhere.types) > 0 {
-		found, err := findQueues(ctx, tx, elsewhere)
+	// The replies whose queue nobody here knows (a job id alone, a type
+	// not configured here) are found by a read first, so that every row is
+	// locked in one pass, in (queue, id) order.
+	if !unplaced.empty() {
+		found, err := findQueues(ctx, tx, unplaced)
 		if err != nil {
 			return t, err
 		}
-		// (Rows locked here come after the first queues' whatever their
-		// order: a deadlock this rare path might meet is retried whole.)
+		for q, w := range found {
+			if wants[q] == nil {
+				wants[q] = &replyWants{}
+			}
+			wants[q].ids = append(wants[q].ids, w.ids...)
+		}
+	}
+	if err := lockIn(ctx, tx, wants, t); err != nil {
+		return t, err
+	}
+	// A reply by key that found no job in its type's queue: early, late,
+	// or its type moved to another queue while its job ran. Only the last
+	// finds a row here; it is locked after the others, out of (queue, id)
+	// order: a deadlock with another writer is then possible, and retried
+	// whole.
+	var misses replyWants
+	for i, in := range ins {
+		if placed[i] && t.Of(in.Reply) == nil {
+			misses.add(in.Reply)
+		}
+	}
+	if !misses.empty() {
+		found, err := findQueues(ctx, tx, misses)
+		if err != nil {
+			return t, err
+		}
 		if err := lockIn(ctx, tx, found, t); err != nil {
 			return t, err
 		}

@@ -302,3 +302,56 @@ func TestReplyFindsItsJobInAnyQueue(t *testing.T) {
 		wantState(t, get(t, st, j.JobKey), correlator.StateFinal, correlator.OutcomeSucceeded, 1)
 	}
 }
+
+// Replies lock their rows in (queue, id) order, the order of every other
+// path, even when some name their job by id alone (found by a read
+// first): a reply batch waiting for one job's lock holds no lock on a job
+// of a later queue, so the holder can take that one without a deadlock.
+func TestRepliesLockInQueueOrder(t *testing.T) {
+	t.Parallel()
+	st := pgtest.New(t)
+	insert(t, st, job("x"), job("y", func(j *correlator.Job) { j.Queue = "a" }))
+	var ids []int64
+	for _, q := range []string{"a", "default"} {
+		c, err := st.JobClaim(ctx, store.JobClaimParams{Queue: q, Limit: 1, Instance: "test"})
+		if err != nil || len(c.Jobs) != 1 {
+			t.Fatalf("claim %s: %v %v", q, c.Jobs, err)
+		}
+		ids = append(ids, c.Jobs[0].ID)
+	}
+	y, x := ids[0], ids[1]
+	holder, err := st.Pool().Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Rollback(ctx) //nolint:errcheck
+	if _, err := holder.Exec(ctx, "SELECT 1 FROM hipq_job WHERE id = $1 FOR UPDATE", y); err != nil {
+		t.Fatal(err)
+	}
+	byID := reply("", 0, true)
+	byID.Reply.JobType, byID.Reply.JobKey, byID.Reply.JobID = "", "", &y
+	done := make(chan error, 1)
+	go func() {
+		_, err := st.ReplyApply(ctx, store.ReplyBatch{Replies: []store.ReplyIn{reply("x", 0, true), byID}, EarlyTTL: time.Minute}, typeInfo)
+		done <- err
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for count(t, st, "SELECT count(*) FROM pg_locks WHERE NOT granted AND locktype = 'transactionid'") == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the replies never waited for the held job")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if _, err := holder.Exec(ctx, "SELECT 1 FROM hipq_job WHERE id = $1 FOR UPDATE NOWAIT", x); err != nil {
+		t.Fatalf("the replies hold job x (queue default) while waiting for job y (queue a): %v", err)
+	}
+	if err := holder.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"x", "y"} {
+		wantState(t, get(t, st, k), correlator.StateFinal, correlator.OutcomeSucceeded, 1)
+	}
+}

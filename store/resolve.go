@@ -112,7 +112,9 @@ const resolveManySQL = `
 		WHERE (SELECT count(*) FROM notify) >= 0`
 
 // lockJobs locks the jobs refs name in (queue, id) order, the order of
-// every path that waits for jobs' locks, so two never wait on each other.
+// every path that waits for jobs' locks, so two never wait on each other
+// (but for a reply to a job whose type moved to another queue while it ran:
+// see lockTargets).
 func lockJobs(ctx context.Context, tx pgx.Tx, refs []AttemptRef) error {
 	err := perQueue(refs, refQueue, func(q string, refs []AttemptRef) error {
 		ids, _ := refArrays(refs)
