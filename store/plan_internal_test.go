@@ -257,3 +257,39 @@ func TestClaimFastPathPlans(t *testing.T) {
 		}
 	}
 }
+
+// Retention reads the oldest rows due in every queue, then deletes each
+// queue's by id: a queue with few rows due never walks the others'.
+func TestPruneProbesByID(t *testing.T) {
+	t.Parallel()
+	_, st := planStore(t)
+	ctx := context.Background()
+	if _, err := st.pool.Exec(ctx, `
+		WITH j AS (
+		  INSERT INTO hipq_job (queue, job_type, job_key, state, outcome, attempt, update_time)
+		  SELECT CASE WHEN i % 100 = 0 THEN 'small' ELSE 'big' END, 't', 'k' || i, 'final', 'succeeded', 1,
+		         now() - interval '2 days' + i * interval '1 ms'
+		  FROM generate_series(1, 200000) i RETURNING id, queue)
+		INSERT INTO hipq_attempt (queue, job_id, attempt, instance) SELECT queue, id, 1, 'i' FROM j;
+		ANALYZE hipq_job; ANALYZE hipq_attempt;`); err != nil {
+		t.Fatal(err)
+	}
+	rows, _ := st.pool.Query(ctx, `SELECT id FROM hipq_job WHERE queue = 'small' ORDER BY update_time LIMIT 1000`)
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil || len(ids) != 1000 {
+		t.Fatalf("%d ids: %v", len(ids), err)
+	}
+	for _, generic := range []bool{false, true} {
+		p := explainAnalyze(t, st, pruneSQL, generic, time.Hour, ids, "small")
+		if strings.Contains(p, "Seq Scan") || !strings.Contains(p, "Tid Scan on hipq_job") || !strings.Contains(p, "rows=1000 loops=1") {
+			t.Errorf("prune, generic plan %v:\n%s\nwant 1000 probes by id and deletes by tuple id", generic, p)
+		}
+	}
+	if n, err := st.JobPrune(ctx, time.Hour, 5000); err != nil || n != 5000 {
+		t.Fatalf("pruned %d: %v", n, err)
+	}
+	var n int
+	if err := st.pool.QueryRow(ctx, "SELECT count(*) FROM hipq_attempt a WHERE NOT EXISTS (SELECT 1 FROM hipq_job j WHERE j.id = a.job_id)").Scan(&n); err != nil || n != 0 {
+		t.Fatalf("%d attempts of pruned jobs left: %v", n, err)
+	}
+}

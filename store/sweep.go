@@ -2,7 +2,10 @@ package store
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -44,29 +47,36 @@ func (s *Store) SweeperLock(ctx context.Context) (release func(), ok bool, err e
 // another transaction holds (a reply being applied) are skipped and the
 // writes are guarded, so a reply racing a timeout is never overwritten.
 func (s *Store) JobTimeOutStuck(ctx context.Context, limit int, types correlator.Types) ([]AttemptRef, error) {
-	queues, err := s.queuesOf(ctx, `SELECT DISTINCT j.queue FROM hipq_job j
-		WHERE j.state = 'running' AND j.started_at + make_interval(secs => j.timeout_seconds) < now()`)
+	// The queues with running jobs, read from their index one queue at a
+	// time (a skip scan: as cheap with a million running jobs as with one).
+	queues, err := s.queuesOf(ctx, `
+		WITH RECURSIVE q AS (
+		  (SELECT queue FROM hipq_job WHERE state = 'running' ORDER BY queue LIMIT 1)
+		  UNION ALL
+		  SELECT (SELECT j.queue FROM hipq_job j WHERE j.state = 'running' AND j.queue > q.queue ORDER BY j.queue LIMIT 1)
+		  FROM q WHERE q.queue IS NOT NULL
+		)
+		SELECT queue FROM q WHERE queue IS NOT NULL`)
 	if err != nil {
 		return nil, fmt.Errorf("find timed-out jobs: %w", err)
 	}
 	var done []AttemptRef
+	var errs []error
 	for _, q := range queues {
 		if len(done) >= limit {
 			break
 		}
 		d, err := s.timeOutQueue(ctx, q, limit-len(done), types)
 		done = append(done, d...)
-		if err != nil {
-			return done, err
-		}
+		errs = append(errs, err) // one queue's failure holds none of the others back
 	}
-	return done, nil
+	return done, errors.Join(errs...)
 }
 
 // queuesOf reads the queues a statement finds (a read over every queue:
 // a sweep's writes then name one queue each), in name order.
 func (s *Store) queuesOf(ctx context.Context, q string, args ...any) ([]string, error) {
-	rows, err := s.pool.Query(ctx, q+" ORDER BY 1", args...)
+	rows, err := s.pool.Query(ctx, "SELECT * FROM ("+q+") q ORDER BY 1", args...)
 	if err != nil {
 		return nil, err
 	}
@@ -208,6 +218,7 @@ func (s *Store) JobExpire(ctx context.Context, limit int) (int, error) {
 		return 0, fmt.Errorf("expire jobs: %w", err)
 	}
 	total := 0
+	var errs []error
 	for _, q := range queues {
 		if total >= limit {
 			break
@@ -228,45 +239,56 @@ func (s *Store) JobExpire(ctx context.Context, limit int) (int, error) {
 		SELECT count(*) FROM done WHERE (SELECT count(*) FROM notify) >= 0`, limit-total, q).Scan(&n)
 		total += n
 		if err != nil {
-			return total, fmt.Errorf("expire jobs of queue %q: %w", q, err)
+			errs = append(errs, fmt.Errorf("expire jobs of queue %q: %w", q, err))
 		}
 	}
-	return total, nil
+	return total, errors.Join(errs...)
 }
 
 // JobPrune deletes up to limit final jobs (and their attempts) last updated
 // longer than retention ago, on PostgreSQL's clock.
 func (s *Store) JobPrune(ctx context.Context, retention time.Duration, limit int) (int, error) {
-	// The queues of the oldest rows due, then each queue's oldest.
-	queues, err := s.queuesOf(ctx, `SELECT DISTINCT queue FROM (
-		SELECT queue FROM hipq_job WHERE state = 'final' AND update_time < now() - $1::interval
-		ORDER BY update_time LIMIT $2) d`, retention, limit)
+	// The oldest rows due, in every queue (a read), then each queue's
+	// share deleted: the rows are locked or skipped (SKIP LOCKED) by a
+	// statement naming the queue, and deleted by tuple id.
+	rows, err := s.pool.Query(ctx, `SELECT queue, id FROM hipq_job
+		WHERE state = 'final' AND update_time < now() - $1::interval ORDER BY update_time LIMIT $2`, retention, limit)
 	if err != nil {
 		return 0, fmt.Errorf("prune final jobs: %w", err)
 	}
+	due := map[string][]int64{}
+	var q string
+	var id int64
+	if _, err := pgx.ForEachRow(rows, []any{&q, &id}, func() error { due[q] = append(due[q], id); return nil }); err != nil {
+		return 0, fmt.Errorf("prune final jobs: %w", err)
+	}
 	total := 0
-	for _, q := range queues {
-		if total >= limit {
-			break
-		}
+	var errs []error
+	for _, q := range slices.Sorted(maps.Keys(due)) {
 		var n int
-		err := s.pool.QueryRow(ctx, `
+		err := s.pool.QueryRow(ctx, pruneSQL, retention, due[q], q).Scan(&n)
+		total += n
+		if err != nil {
+			errs = append(errs, fmt.Errorf("prune final jobs of queue %q: %w", q, err))
+		}
+	}
+	return total, errors.Join(errs...)
+}
+
+// pruneSQL deletes the final jobs of ids $2 in queue $3 (and their
+// attempts) last updated longer than $1 ago: each found by its id, locked
+// unless another transaction holds it, deleted by its tuple id.
+const pruneSQL = `
 		WITH gone AS (
-		  DELETE FROM hipq_job WHERE queue = $3 AND id IN (
-		    SELECT id FROM hipq_job WHERE queue = $3 AND state = 'final' AND update_time < now() - $1::interval
-		    ORDER BY update_time LIMIT $2 FOR UPDATE SKIP LOCKED)
-		  RETURNING id
+		  DELETE FROM hipq_job j
+		  USING (SELECT ctid FROM hipq_job WHERE queue = $3 AND id = ANY($2) AND state = 'final' AND update_time < now() - $1::interval
+		         FOR UPDATE SKIP LOCKED) d
+		  WHERE j.queue = $3 AND j.ctid = d.ctid
+		  RETURNING j.id
 		), attempts AS (
 		  DELETE FROM hipq_attempt a USING gone WHERE a.queue = $3 AND a.job_id = gone.id
 		)
-		SELECT count(*) FROM gone`, retention, limit-total, q).Scan(&n)
-		total += n
-		if err != nil {
-			return total, fmt.Errorf("prune final jobs of queue %q: %w", q, err)
-		}
-	}
-	return total, nil
-}
+		SELECT count(*) FROM gone`
 
 // DeadLetterPrune deletes up to limit dead letters received longer than
 // retention ago, on PostgreSQL's clock.
