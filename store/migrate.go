@@ -68,18 +68,23 @@ func (m Migration) NoTransaction() bool {
 }
 
 // Statements splits a migration into its statements: each ends with a
-// semicolon at the end of a line, and lines that are comments are dropped.
-// (So a statement holding a line that ends with a semicolon, a DO block
-// say, is written on one line.)
+// semicolon at the end of a line outside a dollar-quoted body (a function's
+// or a DO block's: an odd count of "$$" on a line opens or closes one), and
+// lines that are comments are dropped. It is not a parser: a "$$" inside a
+// string or a comment on a line with code counts too.
 func (m Migration) Statements() []string {
 	var out []string
 	var cur strings.Builder
+	quoted := false
 	for _, line := range strings.Split(m.SQL, "\n") {
 		if t := strings.TrimSpace(line); t == "" || strings.HasPrefix(t, "--") {
 			continue
 		}
 		cur.WriteString(line + "\n")
-		if strings.HasSuffix(strings.TrimSpace(line), ";") {
+		if strings.Count(line, "$$")%2 == 1 {
+			quoted = !quoted
+		}
+		if !quoted && strings.HasSuffix(strings.TrimSpace(line), ";") {
 			out = append(out, strings.TrimSpace(cur.String()))
 			cur.Reset()
 		}

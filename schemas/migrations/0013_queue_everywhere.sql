@@ -1,17 +1,20 @@
+-- hipq: no transaction
 -- hipq schema, version 13: every statement that moves or locks a job names
--- its queue. An attempt row carries its job's queue (set by the claim,
--- which is the only writer of new attempts), so the statements that end,
--- mark or undo attempts select them by queue as well as by key: with
--- hipq_job and hipq_attempt distributed by queue (Citus), each is then a
--- single-shard statement. The claim below is version 12's with the queue
--- written on attempt rows and named by every statement that writes.
+-- its queue. An attempt row carries its job's queue (the claim writes it),
+-- so the statements that end, mark or undo attempts select them by queue
+-- as well as by key: with hipq_job and hipq_attempt distributed by queue
+-- (Citus), each is then a single-shard statement. The claim below is
+-- version 12's with the queue written on attempt rows and named by every
+-- statement that writes.
+--
+-- Outside a transaction, so that the attempts of a big table get their
+-- queue without stopping the writes: the column is added (no rewrite),
+-- the claim replaced (from then on every new attempt has its queue), the
+-- older rows filled in batches of 10,000 jobs, each committed, and only
+-- then is the column made NOT NULL (checked by a constraint validated
+-- while writes go on; the NOT NULL itself is then a brief lock). Each step
+-- may run again after a crash.
 ALTER TABLE hipq_attempt ADD COLUMN IF NOT EXISTS queue text;
-UPDATE hipq_attempt a SET queue = j.queue FROM hipq_job j WHERE j.id = a.job_id AND a.queue IS NULL;
--- Attempts whose job is gone (there should be none: every path deletes a
--- job's attempts in the statement that deletes the job) belong to no
--- queue and are of no use: they go.
-DELETE FROM hipq_attempt WHERE queue IS NULL;
-ALTER TABLE hipq_attempt ALTER COLUMN queue SET NOT NULL;
 CREATE OR REPLACE FUNCTION hipq_claim(
     p_queue text, p_order text, p_batch int, p_instance text, p_types text[],
     p_type_windows jsonb, p_limit int, p_critical text[], p_max_concurrency jsonb,
@@ -437,3 +440,32 @@ BEGIN
            j.timeout_seconds, j.expires_at, j.time_windows, j.started_at
     FROM hipq_job j WHERE j.queue = p_queue AND j.id = ANY(v_out);
 END $$;
+
+DO $$
+DECLARE
+    lo bigint;
+    hi bigint;
+BEGIN
+    SELECT min(job_id), max(job_id) INTO lo, hi FROM hipq_attempt;
+    WHILE lo <= hi LOOP
+        UPDATE hipq_attempt a SET queue = j.queue FROM hipq_job j
+        WHERE j.id = a.job_id AND a.job_id >= lo AND a.job_id < lo + 10000 AND a.queue IS NULL;
+        COMMIT;
+        lo := lo + 10000;
+    END LOOP;
+END $$;
+-- A claim that was running the old function as it was replaced: its rows.
+UPDATE hipq_attempt a SET queue = j.queue FROM hipq_job j WHERE j.id = a.job_id AND a.queue IS NULL;
+-- Attempts whose job is gone (there should be none: every path deletes a
+-- job's attempts in the statement that deletes the job) belong to no
+-- queue and are of no use: they go.
+DELETE FROM hipq_attempt WHERE queue IS NULL;
+DO $$ BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_constraint WHERE conname = 'hipq_attempt_queue_set'
+                   AND conrelid = 'hipq_attempt'::regclass) THEN
+        ALTER TABLE hipq_attempt ADD CONSTRAINT hipq_attempt_queue_set CHECK (queue IS NOT NULL) NOT VALID;
+    END IF;
+END $$;
+ALTER TABLE hipq_attempt VALIDATE CONSTRAINT hipq_attempt_queue_set;
+ALTER TABLE hipq_attempt ALTER COLUMN queue SET NOT NULL;
+ALTER TABLE hipq_attempt DROP CONSTRAINT IF EXISTS hipq_attempt_queue_set;
