@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -291,5 +292,77 @@ func TestPruneProbesByID(t *testing.T) {
 	var n int
 	if err := st.pool.QueryRow(ctx, "SELECT count(*) FROM hipq_attempt a WHERE NOT EXISTS (SELECT 1 FROM hipq_job j WHERE j.id = a.job_id)").Scan(&n); err != nil || n != 0 {
 		t.Fatalf("%d attempts of pruned jobs left: %v", n, err)
+	}
+}
+
+// A claim planned while hipq_job was nearly empty keeps that plan (a
+// sequential scan joined by a nested loop: quadratic once the table is
+// big) until the table's statistics change; StatsRefresh analyzes the
+// table once it has doubled, and the claim is planned again, by tuple id.
+func TestStatsFollowGrowth(t *testing.T) {
+	t.Parallel()
+	pg, st := planStore(t)
+	ctx := context.Background()
+	cfg, err := pgx.ParseConfig(pg.URL("postgres"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.RuntimeParams["search_path"] = st.schema
+	var notices []string
+	cfg.OnNotice = func(_ *pgconn.PgConn, n *pgconn.Notice) { notices = append(notices, n.Message) }
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	for _, set := range []string{"LOAD 'auto_explain'", "SET auto_explain.log_min_duration = 0",
+		"SET auto_explain.log_nested_statements = on", "SET auto_explain.log_level = notice",
+		"SET plan_cache_mode = force_generic_plan"} {
+		if _, err := conn.Exec(ctx, set); err != nil {
+			t.Skipf("auto_explain is not available here (%v): the claim's plans cannot be read", err)
+		}
+	}
+	if tables, err := st.StatsRefresh(ctx); err != nil || len(tables) != 0 {
+		t.Fatalf("empty tables analyzed: %v %v", tables, err)
+	}
+	seed := func(n int) {
+		if _, err := st.pool.Exec(ctx, `INSERT INTO hipq_job (queue, job_type, job_key, job_data)
+			SELECT 'q', 't', 'k' || i || '-' || $1, '{"pad": "`+strings.Repeat("x", 200)+`"}' FROM generate_series(1, $1::int) i`, n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	move := func(batch int) string {
+		t.Helper()
+		notices = nil
+		var n int
+		if err := conn.QueryRow(ctx, `SELECT count(*) FROM hipq_claim('q', 'scheduled_first', $1, 'i', NULL, NULL, 0, NULL, NULL, NULL, NULL, NULL, NULL)`,
+			batch).Scan(&n); err != nil || n != batch {
+			t.Fatalf("claimed %d of %d: %v", n, batch, err)
+		}
+		for _, m := range notices {
+			if strings.Contains(m, "UPDATE hipq_job j") {
+				return m
+			}
+		}
+		t.Fatal("no plan of the claim's move")
+		return ""
+	}
+	seed(10)
+	for range 3 {
+		move(2) // planned and cached while the table is nearly empty
+	}
+	seed(20000)
+	if p := move(500); !strings.Contains(p, "Seq Scan on hipq_job") {
+		t.Errorf("the control: the claim planned on an empty table no longer scans it:\n%s", p)
+	}
+	tables, err := st.StatsRefresh(ctx)
+	if err != nil || !slices.Contains(tables, "hipq_job") {
+		t.Fatalf("analyzed %v: %v", tables, err)
+	}
+	if p := move(500); strings.Contains(p, "Seq Scan on hipq_job") || !strings.Contains(p, "Tid Scan on hipq_job") {
+		t.Errorf("after StatsRefresh the claim still moves its jobs by a scan:\n%s", p)
+	}
+	if tables, err := st.StatsRefresh(ctx); err != nil || len(tables) != 0 {
+		t.Fatalf("analyzed again without growth: %v %v", tables, err)
 	}
 }

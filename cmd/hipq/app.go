@@ -437,6 +437,7 @@ func (a *app) run(ctx context.Context) error {
 	}
 	a.activity = activity.New(a.log, a.st, a.metrics, a.instance, a.types, 0)
 	g.Go(func() error { return a.activity.Run(ctx) })
+	g.Go(func() error { a.watchStats(ctx, time.Second); return nil })
 	a.log.Info("hipq running", zap.String("name", a.cfg.Name), zap.Bool("intake", a.intake != nil), zap.Bool("outbox", a.outbox != nil),
 		zap.Bool("dispatcher", a.dispatcher != nil), zap.Bool("responses", a.responses != nil), zap.Bool("sweeper", a.sweeper != nil), zap.Bool("api", a.api != nil))
 	err := g.Wait()
@@ -446,6 +447,31 @@ func (a *app) run(ctx context.Context) error {
 		}
 	}
 	return err
+}
+
+// watchStats keeps the statistics of the hot tables up with their growth
+// (store.StatsRefresh), so that no plan made on a nearly empty table
+// outlives it by autovacuum's minute. A failure is logged once a minute at
+// most: the database being away is reported by whatever needs it.
+func (a *app) watchStats(ctx context.Context, every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	var warned time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		tables, err := a.st.StatsRefresh(ctx)
+		switch {
+		case err != nil && ctx.Err() == nil && time.Since(warned) > time.Minute:
+			warned = time.Now()
+			a.log.Warn("cannot refresh the statistics of hipq's tables (plans may lag their growth)", zap.Error(err))
+		case len(tables) > 0:
+			a.log.Debug("analyzed tables that doubled in size", zap.Strings("tables", tables))
+		}
+	}
 }
 
 func (a *app) close() {
