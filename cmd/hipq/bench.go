@@ -212,10 +212,10 @@ func cmdBench(args []string, stdout io.Writer) error {
 	}
 	go resp.run(runCtx)
 	insts, err := startInstances(ctx, sb, conf, schema, o)
+	defer stopInstances(insts) // those that started, if not all did
 	if err != nil {
 		return err
 	}
-	defer stopInstances(insts)
 
 	prod, err := kgo.NewClient(kgo.SeedBrokers(sb.brokers...), kgo.ProducerLinger(5*time.Millisecond))
 	if err != nil {

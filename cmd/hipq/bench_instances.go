@@ -23,6 +23,7 @@ type instance struct {
 	n       int
 	cmd     *exec.Cmd
 	metrics string // its /metrics URL
+	config  string // its config file, in a directory of the bench's own
 	done    chan struct{}
 	err     error
 }
@@ -73,7 +74,7 @@ func startInstances(ctx context.Context, sb *sandbox, conf, schema string, o *be
 		if err := cmd.Start(); err != nil {
 			return out, fmt.Errorf("start hipq instance %d: %w", i+1, err)
 		}
-		in := &instance{n: i + 1, cmd: cmd, metrics: fmt.Sprintf("http://127.0.0.1:%d/metrics", port), done: make(chan struct{})}
+		in := &instance{n: i + 1, cmd: cmd, config: path, metrics: fmt.Sprintf("http://127.0.0.1:%d/metrics", port), done: make(chan struct{})}
 		go func() { in.err = cmd.Wait(); close(in.done) }()
 		out = append(out, in)
 	}
@@ -102,8 +103,14 @@ func startInstances(ctx context.Context, sb *sandbox, conf, schema string, o *be
 	return out, nil
 }
 
-// stopInstances stops the instances (SIGTERM: they drain) and waits.
+// stopInstances stops the instances (SIGTERM: they drain), waits, and
+// removes their config files.
 func stopInstances(insts []*instance) {
+	defer func() {
+		if len(insts) > 0 {
+			_ = os.RemoveAll(filepath.Dir(insts[0].config))
+		}
+	}()
 	for _, in := range insts {
 		_ = in.cmd.Process.Signal(syscall.SIGTERM)
 	}
