@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -303,6 +304,10 @@ const markSentSQL = `
 	WHERE a.queue = $3 AND a.ctid = x.ctid`
 
 func attemptsMarkSent(ctx context.Context, tx pgx.Tx, refs []AttemptRef) error {
+	// In job id order, as resolves write attempts: a mark and a resolve of
+	// the same attempts wait for each other in turn, never in a cycle
+	// (in any order, they deadlocked: a second's stall, then a retry).
+	refs = byJobID(refs, func(r AttemptRef) int64 { return r.JobID })
 	err := perQueue(refs, refQueue, func(q string, refs []AttemptRef) error {
 		ids, atts := refArrays(refs)
 		_, err := tx.Exec(ctx, markSentSQL, ids, atts, q)
@@ -417,10 +422,20 @@ type DeliveryResult struct {
 	Early   ReplyResult // early replies waiting for the jobs sent
 }
 
-// DeliveryRecord writes a delivery's whole record in one transaction:
-// sent_at of what was sent, the undo of what never left, the attempts the
-// send ended, the replies that came with it, and then the early replies
-// that were waiting for the jobs sent. Either all of it lands or none: a
+// byJobID returns xs sorted by job id (a copy; stable).
+func byJobID[T any](xs []T, id func(T) int64) []T {
+	if slices.IsSortedFunc(xs, func(a, b T) int { return cmp.Compare(id(a), id(b)) }) {
+		return xs
+	}
+	out := slices.Clone(xs)
+	slices.SortStableFunc(out, func(a, b T) int { return cmp.Compare(id(a), id(b)) })
+	return out
+}
+
+// DeliveryRecord writes a delivery's whole record in one transaction: the
+// early replies that were waiting for the jobs sent, sent_at of what was
+// sent, the undo of what never left, the attempts the send ended, and the
+// replies that came with it. Either all of it lands or none: a
 // failure in between can never leave a delivered request looking unsent
 // (which the sweeper would undo and send again) or lose a reply. The
 // caller retries a transient failure (IsTransient) until it lands.
@@ -440,10 +455,20 @@ func (s *Store) DeliveryRecord(ctx context.Context, d Delivery, types correlator
 				return fmt.Errorf("delivered jobs: %w", err)
 			}
 		}
+		// The early replies waiting for the jobs sent first: applying one
+		// locks its job, and a transaction that holds attempt rows (the
+		// marks below) must never wait for a job's lock, which a reply
+		// holds while it waits for those attempt rows. (A reply applied
+		// here marks its attempt sent itself.)
+		var err error
+		if len(d.Sent) > 0 {
+			if res.Early, _, err = earlyReplyApply(ctx, tx, d.Sent, 0, 0, types); err != nil {
+				return err
+			}
+		}
 		if err := attemptsMarkSent(ctx, tx, d.Sent); err != nil {
 			return err
 		}
-		var err error
 		if res.Undone, err = jobsUndoClaim(ctx, tx, d.Undo); err != nil {
 			return err
 		}
@@ -457,11 +482,6 @@ func (s *Store) DeliveryRecord(ctx context.Context, d Delivery, types correlator
 				return err
 			}
 			if err := deadLettersInsert(ctx, tx, res.Replies.DeadLetters); err != nil {
-				return err
-			}
-		}
-		if len(d.Sent) > 0 {
-			if res.Early, _, err = earlyReplyApply(ctx, tx, d.Sent, 0, 0, types); err != nil {
 				return err
 			}
 		}

@@ -144,6 +144,9 @@ func jobResolveMany(ctx context.Context, tx pgx.Tx, rs []Resolve) ([]resolved, e
 
 // resolveQueue is jobResolveMany's statement for the resolutions of one queue.
 func resolveQueue(ctx context.Context, tx pgx.Tx, queue string, rs []Resolve) ([]resolved, error) {
+	// In job id order: the attempts are written in the order of the input
+	// (see attemptsMarkSent).
+	rs = byJobID(rs, func(r Resolve) int64 { return r.JobID })
 	n := len(rs)
 	ids, atts := make([]int64, n), make([]int32, n)
 	states, errs, attOutcomes := make([]string, n), make([]string, n), make([]string, n)

@@ -367,3 +367,51 @@ func TestResolveIsGuarded(t *testing.T) {
 		t.Fatal("attempt above max_attempts was accepted by the table")
 	}
 }
+
+// Sent marks and resolves write attempt rows in job id order, whatever
+// the order they are given: one waiting for an attempt the other holds
+// already holds the lower ones, so the two never wait in a cycle (given
+// in opposite orders, they deadlocked: a second's stall, then a retry).
+func TestAttemptsWrittenInJobOrder(t *testing.T) {
+	t.Parallel()
+	st := pgtest.New(t)
+	insert(t, st, job("x"), job("y"))
+	c := claim(t, st, 2)
+	x, y := c[0], c[1]
+	if x.ID > y.ID {
+		x, y = y, x
+	}
+	for name, write := range map[string]func() error{
+		"sent mark": func() error { return st.AttemptMarkSent(ctx, []store.AttemptRef{y.Ref(), x.Ref()}) },
+		"resolve": func() error {
+			res := correlator.Resolution{State: correlator.StateFinal, Outcome: correlator.OutcomeSucceeded, Attempt: correlator.AttemptSucceeded}
+			_, err := st.JobResolveMany(ctx, []store.Resolve{
+				{Queue: y.Queue, JobID: y.ID, Attempt: y.Attempt, Res: res}, {Queue: x.Queue, JobID: x.ID, Attempt: x.Attempt, Res: res}})
+			return err
+		},
+	} {
+		holder, err := st.Pool().Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := holder.Exec(ctx, "SELECT 1 FROM hipq_attempt WHERE job_id = $1 FOR UPDATE", y.ID); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() { done <- write() }()
+		deadline := time.Now().Add(10 * time.Second)
+		for count(t, st, "SELECT count(*) FROM pg_locks WHERE NOT granted AND locktype = 'transactionid'") == 0 {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: never waited for the held attempt", name)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		if _, err := holder.Exec(ctx, "SELECT 1 FROM hipq_attempt WHERE job_id = $1 FOR UPDATE NOWAIT", x.ID); err == nil {
+			t.Errorf("%s: waits for job %d's attempt without holding job %d's, the lower one", name, y.ID, x.ID)
+		}
+		_ = holder.Rollback(ctx)
+		if err := <-done; err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+	}
+}
