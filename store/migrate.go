@@ -142,6 +142,13 @@ func (s *Store) Migrate(ctx context.Context) (applied []Migration, err error) {
 		}
 	}
 	defer conn.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock($1)", int64(migrationLock)) //nolint:errcheck
+	// A migration is not bounded by a statement timeout of the role, the
+	// database or the URL: a batched fill or a concurrent index build cut
+	// short would only start over at the next start, and never end.
+	if _, err := conn.Exec(ctx, "SET statement_timeout = 0"); err != nil {
+		return nil, fmt.Errorf("migrate: %w", err)
+	}
+	defer conn.Exec(context.WithoutCancel(ctx), "RESET statement_timeout") //nolint:errcheck
 	if _, err := conn.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{s.schema}.Sanitize()); err != nil {
 		return nil, fmt.Errorf("migrate: create schema %q: %w", s.schema, err)
 	}

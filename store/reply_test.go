@@ -336,7 +336,7 @@ func TestRepliesLockInQueueOrder(t *testing.T) {
 		done <- err
 	}()
 	deadline := time.Now().Add(10 * time.Second)
-	for count(t, st, "SELECT count(*) FROM pg_locks WHERE NOT granted AND locktype = 'transactionid'") == 0 {
+	for count(t, st, waiting) == 0 {
 		if time.Now().After(deadline) {
 			t.Fatal("the replies never waited for the held job")
 		}

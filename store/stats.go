@@ -22,10 +22,11 @@ import (
 // every cached plan of the table. Plans go wrong only while statistics say
 // the table is tiny (a few dozen pages: then a scan looks cheaper than
 // reaching rows by key), so the table is analyzed each time it doubles
-// until its statistics say 2.5 MB, and left to autovacuum after; and only
-// the columns the hot statements filter on are analyzed (the sample still
-// gives the table's size): six quick analyzes per table in its life, each
-// well under a millisecond per thousand rows. SKIP_LOCKED: a table being
+// until its statistics say 2.5 MB, and left to autovacuum after (again
+// after a TRUNCATE or a vacuum that shrinks it); and only the columns the
+// hot statements filter on are analyzed (the sample still gives the
+// table's size): about six quick analyzes each time a table grows from
+// empty. SKIP_LOCKED: a table being
 // vacuumed or analyzed is left to that. Only tables this role owns are
 // analyzed (ANALYZE skips the others).
 const statsSmallPages = 320
@@ -35,23 +36,37 @@ var statsColumns = map[string]string{"hipq_job": " (queue, state)", "hipq_attemp
 
 func (s *Store) StatsRefresh(ctx context.Context) ([]string, error) {
 	rows, err := s.pool.Query(ctx, `
-		SELECT c.relname FROM pg_class c
+		SELECT c.relname, c.relpages FROM pg_class c
 		WHERE c.oid = ANY (ARRAY['hipq_job'::regclass, 'hipq_attempt'::regclass])
-		  AND pg_has_role(c.relowner, 'MEMBER')
+		  AND pg_has_role(c.relowner, 'USAGE')
 		  AND c.relpages < $1
 		  AND pg_relation_size(c.oid) > 2 * greatest(c.relpages, 10)::bigint * current_setting('block_size')::bigint
 		ORDER BY 1`, statsSmallPages)
 	if err != nil {
 		return nil, fmt.Errorf("read table sizes: %w", err)
 	}
-	grown, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	type table struct {
+		Name  string
+		Pages int32
+	}
+	grown, err := pgx.CollectRows(rows, pgx.RowToStructByPos[table])
 	if err != nil {
 		return nil, fmt.Errorf("read table sizes: %w", err)
 	}
+	var done []string
 	for _, t := range grown {
-		if _, err := s.pool.Exec(ctx, "ANALYZE (SKIP_LOCKED) "+pgx.Identifier{t}.Sanitize()+statsColumns[t]); err != nil {
-			return nil, fmt.Errorf("analyze %s: %w", t, err)
+		// (ANALYZE skips a table it cannot lock at once, with no error:
+		// relpages, which the table's growth changes, tells whether it ran.)
+		var pages int32
+		if _, err := s.pool.Exec(ctx, "ANALYZE (SKIP_LOCKED) "+pgx.Identifier{t.Name}.Sanitize()+statsColumns[t.Name]); err != nil {
+			return done, fmt.Errorf("analyze %s: %w", t.Name, err)
+		}
+		if err := s.pool.QueryRow(ctx, `SELECT relpages FROM pg_class WHERE oid = $1::regclass`, t.Name).Scan(&pages); err != nil {
+			return done, fmt.Errorf("analyze %s: %w", t.Name, err)
+		}
+		if pages != t.Pages {
+			done = append(done, t.Name)
 		}
 	}
-	return grown, nil
+	return done, nil
 }

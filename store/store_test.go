@@ -96,31 +96,67 @@ func TestMigrateNoTransactionRunsAgain(t *testing.T) {
 }
 
 // Version 13 gives the attempt rows of an older build their job's queue
-// (claims made before it have none), drops the attempts of no job, and
-// from then on every attempt has a queue: a claim writes it.
+// (claims made before it have none) in batches of job ids, keeps an
+// attempt a claim still running the old function commits meanwhile, drops
+// the attempts of no job, and from then on every attempt has a queue: a
+// claim writes it. Its statements are run one by one here, so that such a
+// late attempt can come between them.
 func TestMigrationGivesAttemptsTheirQueue(t *testing.T) {
 	t.Parallel()
 	st := pgtest.New(t)
 	insert(t, st, job("old"), job("new"))
 	c := claim(t, st, 1)
-	// As an older build left them: no queue column, one orphan attempt.
-	for _, q := range []string{
-		"ALTER TABLE hipq_attempt DROP COLUMN queue",
-		"INSERT INTO hipq_attempt (job_id, attempt, instance) VALUES (-1, 1, 'gone')",
-		"DELETE FROM hipq_schema_migration WHERE version = 13",
-	} {
-		if _, err := st.Pool().Exec(ctx, q); err != nil {
-			t.Fatal(err)
+	exec := func(q string, args ...any) {
+		t.Helper()
+		if _, err := st.Pool().Exec(ctx, q, args...); err != nil {
+			t.Fatalf("%s: %v", q, err)
 		}
 	}
-	if applied, err := st.Migrate(ctx); err != nil || len(applied) != 1 || applied[0].Version != 13 {
-		t.Fatalf("migrate: %v %v", applied, err)
+	// As an older build left them: no queue column, jobs whose ids span
+	// several batches, one orphan attempt.
+	exec("ALTER TABLE hipq_attempt DROP COLUMN queue")
+	exec(`INSERT INTO hipq_job (id, queue, job_type, job_key, state, attempt) OVERRIDING SYSTEM VALUE
+		VALUES (50000, 'q2', 't', 'far', 'running', 1), (90000, 'q3', 't', 'farther', 'running', 1)`)
+	exec("INSERT INTO hipq_attempt (job_id, attempt, instance) VALUES (50000, 1, 'i'), (90000, 1, 'i'), (-1, 1, 'gone')")
+	exec("DELETE FROM hipq_schema_migration WHERE version = 13")
+	ms, err := store.Migrations()
+	if err != nil {
+		t.Fatal(err)
 	}
-	if n := count(t, st, "SELECT count(*) FROM hipq_attempt WHERE job_id = $1 AND queue = 'default'", c[0].ID); n != 1 {
-		t.Fatalf("the old attempt has no queue (%d rows)", n)
+	m := ms[len(ms)-1]
+	if m.Version != 13 || !m.NoTransaction() {
+		t.Fatalf("migration %d is not version 13's", m.Version)
 	}
-	if n := count(t, st, "SELECT count(*) FROM hipq_attempt WHERE job_id = -1"); n != 0 {
-		t.Fatal("the orphan attempt is still there")
+	unfilled := "SELECT count(*) FROM hipq_attempt a WHERE a.queue IS NULL AND EXISTS (SELECT 1 FROM hipq_job j WHERE j.id = a.job_id)"
+	late := false
+	for _, q := range m.Statements() {
+		exec(q)
+		switch {
+		case strings.HasPrefix(q, "DO $$") && strings.Contains(q, "WHILE"):
+			if n := count(t, st, unfilled); n != 0 {
+				t.Fatalf("the batched fill left %d attempts without their queue", n)
+			}
+		case strings.HasPrefix(q, "UPDATE hipq_attempt") && !late:
+			// A claim still running the old function commits its attempt.
+			exec("INSERT INTO hipq_attempt (job_id, attempt, instance) VALUES (90000, 2, 'late')")
+			late = true
+		}
+	}
+	exec("INSERT INTO hipq_schema_migration (version, name) VALUES (13, 'again')")
+	for _, w := range []struct {
+		q    string
+		args []any
+		want int
+	}{
+		{"SELECT count(*) FROM hipq_attempt WHERE job_id = $1 AND queue = 'default'", []any{c[0].ID}, 1},
+		{"SELECT count(*) FROM hipq_attempt WHERE job_id = 50000 AND queue = 'q2'", nil, 1},
+		{"SELECT count(*) FROM hipq_attempt WHERE job_id = 90000 AND queue = 'q3'", nil, 2}, // the late one kept
+		{"SELECT count(*) FROM hipq_attempt WHERE job_id = -1", nil, 0},
+		{"SELECT count(*) FROM pg_constraint WHERE conname = 'hipq_attempt_queue_set'", nil, 0},
+	} {
+		if n := count(t, st, w.q, w.args...); n != w.want {
+			t.Errorf("%s: %d, want %d", w.q, n, w.want)
+		}
 	}
 	c = claim(t, st, 1)
 	if n := count(t, st, "SELECT count(*) FROM hipq_attempt WHERE job_id = $1 AND queue = 'default'", c[0].ID); n != 1 {
@@ -368,6 +404,10 @@ func TestResolveIsGuarded(t *testing.T) {
 	}
 }
 
+// waiting counts this database's sessions waiting for a lock (pg_locks is
+// the cluster's: other tests' waits are not these).
+const waiting = `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`
+
 // Sent marks and resolves write attempt rows in job id order, whatever
 // the order they are given: one waiting for an attempt the other holds
 // already holds the lower ones, so the two never wait in a cycle (given
@@ -400,7 +440,7 @@ func TestAttemptsWrittenInJobOrder(t *testing.T) {
 		done := make(chan error, 1)
 		go func() { done <- write() }()
 		deadline := time.Now().Add(10 * time.Second)
-		for count(t, st, "SELECT count(*) FROM pg_locks WHERE NOT granted AND locktype = 'transactionid'") == 0 {
+		for count(t, st, waiting) == 0 {
 			if time.Now().After(deadline) {
 				t.Fatalf("%s: never waited for the held attempt", name)
 			}

@@ -437,7 +437,7 @@ func (a *app) run(ctx context.Context) error {
 	}
 	a.activity = activity.New(a.log, a.st, a.metrics, a.instance, a.types, 0)
 	g.Go(func() error { return a.activity.Run(ctx) })
-	g.Go(func() error { a.watchStats(ctx, time.Second); return nil })
+	g.Go(func() error { a.watchStats(ctx, 250*time.Millisecond); return nil })
 	a.log.Info("hipq running", zap.String("name", a.cfg.Name), zap.Bool("intake", a.intake != nil), zap.Bool("outbox", a.outbox != nil),
 		zap.Bool("dispatcher", a.dispatcher != nil), zap.Bool("responses", a.responses != nil), zap.Bool("sweeper", a.sweeper != nil), zap.Bool("api", a.api != nil))
 	err := g.Wait()
@@ -452,7 +452,9 @@ func (a *app) run(ctx context.Context) error {
 // watchStats keeps the statistics of the hot tables up with their growth
 // (store.StatsRefresh), so that no plan made on a nearly empty table
 // outlives it by autovacuum's minute. A failure is logged once a minute at
-// most: the database being away is reported by whatever needs it.
+// most: the database being away is reported by whatever needs it. Four
+// times a second: the check is a catalog read, and a burst into an empty
+// table must not run long on its first plans.
 func (a *app) watchStats(ctx context.Context, every time.Duration) {
 	t := time.NewTicker(every)
 	defer t.Stop()

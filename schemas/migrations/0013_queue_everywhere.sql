@@ -458,14 +458,21 @@ END $$;
 UPDATE hipq_attempt a SET queue = j.queue FROM hipq_job j WHERE j.id = a.job_id AND a.queue IS NULL;
 -- Attempts whose job is gone (there should be none: every path deletes a
 -- job's attempts in the statement that deletes the job) belong to no
--- queue and are of no use: they go.
-DELETE FROM hipq_attempt WHERE queue IS NULL;
+-- queue and are of no use: they go. (Never a row whose job exists: a claim
+-- still running the old function may commit one at any moment.)
+DELETE FROM hipq_attempt a WHERE a.queue IS NULL AND NOT EXISTS (SELECT 1 FROM hipq_job j WHERE j.id = a.job_id);
+-- From here no row without a queue is accepted (an old claim still
+-- inserting one fails, and its jobs are claimed again); the rows such
+-- claims committed meanwhile are filled once more, then the constraint is
+-- validated while writes go on.
 DO $$ BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_constraint WHERE conname = 'hipq_attempt_queue_set'
                    AND conrelid = 'hipq_attempt'::regclass) THEN
         ALTER TABLE hipq_attempt ADD CONSTRAINT hipq_attempt_queue_set CHECK (queue IS NOT NULL) NOT VALID;
     END IF;
 END $$;
+UPDATE hipq_attempt a SET queue = j.queue FROM hipq_job j WHERE j.id = a.job_id AND a.queue IS NULL;
+DELETE FROM hipq_attempt a WHERE a.queue IS NULL AND NOT EXISTS (SELECT 1 FROM hipq_job j WHERE j.id = a.job_id);
 ALTER TABLE hipq_attempt VALIDATE CONSTRAINT hipq_attempt_queue_set;
 ALTER TABLE hipq_attempt ALTER COLUMN queue SET NOT NULL;
 ALTER TABLE hipq_attempt DROP CONSTRAINT IF EXISTS hipq_attempt_queue_set;
