@@ -46,6 +46,11 @@ func startInstances(ctx context.Context, sb *sandbox, conf, schema string, o *be
 		return nil, err
 	}
 	var out []*instance
+	defer func() {
+		if len(out) == 0 { // stopInstances removes it once an instance started
+			_ = os.RemoveAll(dir)
+		}
+	}()
 	for i := range o.instances {
 		port, err := freePort()
 		if err != nil {
