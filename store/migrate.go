@@ -70,15 +70,15 @@ func (m Migration) NoTransaction() bool {
 // Statements splits a migration into its statements: each ends with a
 // semicolon at the end of a line outside a dollar-quoted body (a function's
 // or a DO block's: an odd count of "$$" on a line opens or closes one), and
-// lines that are comments are dropped. It is not a parser: a "$$" inside a
+// blank lines and comment lines outside such bodies are dropped. It is not a parser: a "$$" inside a
 // string or a comment on a line with code counts too.
 func (m Migration) Statements() []string {
 	var out []string
 	var cur strings.Builder
 	quoted := false
 	for _, line := range strings.Split(m.SQL, "\n") {
-		if t := strings.TrimSpace(line); t == "" || strings.HasPrefix(t, "--") {
-			continue
+		if t := strings.TrimSpace(line); !quoted && (t == "" || strings.HasPrefix(t, "--")) {
+			continue // (inside a body, every line is kept as written)
 		}
 		cur.WriteString(line + "\n")
 		if strings.Count(line, "$$")%2 == 1 {

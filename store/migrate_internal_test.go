@@ -55,14 +55,15 @@ func TestMigrateWaiterLetsAnIndexBuild(t *testing.T) {
 }
 
 // A no-transaction migration's statements end at a line ending with a
-// semicolon outside a dollar-quoted body; comment lines are dropped.
+// semicolon outside a dollar-quoted body; comment lines outside bodies are
+// dropped.
 func TestStatementsKeepBodiesWhole(t *testing.T) {
 	m := Migration{SQL: "-- hipq: no transaction\n-- a comment\nALTER TABLE a ADD COLUMN b int;\n" +
 		"CREATE FUNCTION f() RETURNS int LANGUAGE plpgsql AS $$\nBEGIN\n    -- inside\n    RETURN 1;\nEND $$;\n" +
 		"DO $$ BEGIN PERFORM 1; END $$;\nDO $$\nBEGIN\n    PERFORM f();\nEND $$;\nSELECT 1\n;\n"}
 	got := m.Statements()
 	want := []string{"ALTER TABLE a ADD COLUMN b int;",
-		"CREATE FUNCTION f() RETURNS int LANGUAGE plpgsql AS $$\nBEGIN\n    RETURN 1;\nEND $$;",
+		"CREATE FUNCTION f() RETURNS int LANGUAGE plpgsql AS $$\nBEGIN\n    -- inside\n    RETURN 1;\nEND $$;",
 		"DO $$ BEGIN PERFORM 1; END $$;", "DO $$\nBEGIN\n    PERFORM f();\nEND $$;", "SELECT 1\n;"}
 	if !slices.Equal(got, want) {
 		t.Fatalf("statements:\n%q\nwant\n%q", got, want)
