@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -206,38 +207,22 @@ func TestClaimFastPathPlans(t *testing.T) {
 		SELECT 'q', 't', 'due' || i, i % 7 FROM generate_series(1, 3000) i;`); err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := pgx.ParseConfig(pg.URL("postgres"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.RuntimeParams["search_path"] = st.schema
-	var notices []string
-	cfg.OnNotice = func(_ *pgconn.PgConn, n *pgconn.Notice) { notices = append(notices, n.Message) }
-	conn, err := pgx.ConnectConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	for _, set := range []string{"LOAD 'auto_explain'", "SET auto_explain.log_min_duration = 0",
-		"SET auto_explain.log_nested_statements = on", "SET auto_explain.log_analyze = on",
-		"SET auto_explain.log_level = notice", "SET plan_cache_mode = force_generic_plan"} {
-		if _, err := conn.Exec(ctx, set); err != nil {
-			t.Skipf("auto_explain is not available here (%v): the claim's plans cannot be read", err)
-		}
-	}
+	conn, notices := explainedConn(t, pg.URL("postgres"), st.schema, true)
 	for _, tc := range []struct{ order, index string }{
 		{"scheduled_first", "hipq_job_due_sched"}, {"priority_first", "hipq_job_due_prio"},
 	} {
+		var last []string
 		for range 3 { // past the first calls, into the cached plans
-			notices = nil
+			notices()
 			var n int
 			if err := conn.QueryRow(ctx, `SELECT count(*) FROM hipq_claim('q', $1, 500, 'i', NULL, NULL, 0, NULL, NULL, NULL, NULL, NULL, NULL)`,
 				tc.order).Scan(&n); err != nil || n != 500 {
 				t.Fatalf("%s: claimed %d: %v", tc.order, n, err)
 			}
+			last = notices()
 		}
 		var pick, move string
-		for _, m := range notices {
+		for _, m := range last {
 			switch {
 			case strings.Contains(m, "FOR UPDATE OF j SKIP LOCKED"):
 				pick = m
@@ -303,25 +288,7 @@ func TestStatsFollowGrowth(t *testing.T) {
 	t.Parallel()
 	pg, st := planStore(t)
 	ctx := context.Background()
-	cfg, err := pgx.ParseConfig(pg.URL("postgres"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.RuntimeParams["search_path"] = st.schema
-	var notices []string
-	cfg.OnNotice = func(_ *pgconn.PgConn, n *pgconn.Notice) { notices = append(notices, n.Message) }
-	conn, err := pgx.ConnectConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	for _, set := range []string{"LOAD 'auto_explain'", "SET auto_explain.log_min_duration = 0",
-		"SET auto_explain.log_nested_statements = on", "SET auto_explain.log_level = notice",
-		"SET plan_cache_mode = force_generic_plan"} {
-		if _, err := conn.Exec(ctx, set); err != nil {
-			t.Skipf("auto_explain is not available here (%v): the claim's plans cannot be read", err)
-		}
-	}
+	conn, notices := explainedConn(t, pg.URL("postgres"), st.schema, false)
 	// (Autovacuum stays out of the way: its analyze would do what is tested.)
 	if _, err := st.pool.Exec(ctx, "ALTER TABLE hipq_job SET (autovacuum_enabled = off)"); err != nil {
 		t.Fatal(err)
@@ -337,13 +304,13 @@ func TestStatsFollowGrowth(t *testing.T) {
 	}
 	move := func(batch int) string {
 		t.Helper()
-		notices = nil
+		notices()
 		var n int
 		if err := conn.QueryRow(ctx, `SELECT count(*) FROM hipq_claim('q', 'scheduled_first', $1, 'i', NULL, NULL, 0, NULL, NULL, NULL, NULL, NULL, NULL)`,
 			batch).Scan(&n); err != nil || n != batch {
 			t.Fatalf("claimed %d of %d: %v", n, batch, err)
 		}
-		for _, m := range notices {
+		for _, m := range notices() {
 			if strings.Contains(m, "UPDATE hipq_job j") {
 				return m
 			}
@@ -369,4 +336,32 @@ func TestStatsFollowGrowth(t *testing.T) {
 	if tables, err := st.StatsRefresh(ctx); err != nil || len(tables) != 0 {
 		t.Fatalf("analyzed again without growth: %v %v", tables, err)
 	}
+}
+
+// explainedConn is a connection on which auto_explain logs every plan,
+// nested statements included (with analyze: their actual rows), as generic
+// plans, into the notices the returned function takes (and clears).
+func explainedConn(t *testing.T, url, schema string, analyze bool) (*pgx.Conn, func() []string) {
+	t.Helper()
+	ctx := context.Background()
+	cfg, err := pgx.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.RuntimeParams["search_path"] = schema
+	var notices []string
+	cfg.OnNotice = func(_ *pgconn.PgConn, n *pgconn.Notice) { notices = append(notices, n.Message) }
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(ctx) })
+	for _, set := range []string{"LOAD 'auto_explain'", "SET auto_explain.log_min_duration = 0",
+		"SET auto_explain.log_nested_statements = on", fmt.Sprintf("SET auto_explain.log_analyze = %v", analyze),
+		"SET auto_explain.log_level = notice", "SET plan_cache_mode = force_generic_plan"} {
+		if _, err := conn.Exec(ctx, set); err != nil {
+			t.Skipf("auto_explain is not available here (%v): plans cannot be read", err)
+		}
+	}
+	return conn, func() []string { out := notices; notices = nil; return out }
 }
