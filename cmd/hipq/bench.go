@@ -216,6 +216,17 @@ func cmdBench(args []string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
+	// The run starts once every consumer group has shared its partitions
+	// among the instances: a second instance joining rebalances the
+	// groups about a second after it starts, which a run of a few seconds
+	// would otherwise count as throughput.
+	groups := []string{"hipq-bench-responses"}
+	if o.intake == "kafka" {
+		groups = append(groups, "hipq-bench-intake")
+	}
+	if err := waitBalanced(ctx, insts, groups, o.partitions); err != nil {
+		return err
+	}
 
 	prod, err := kgo.NewClient(kgo.SeedBrokers(sb.brokers...), kgo.ProducerLinger(5*time.Millisecond))
 	if err != nil {

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -173,6 +174,52 @@ func scrapeInstances(ctx context.Context, insts []*instance) (map[string]float64
 		}
 	}
 	return sum, nil
+}
+
+// waitBalanced waits until each group's partitions are all assigned, each
+// to one instance, and every instance has some of each group's (as their
+// /metrics' consumer lag series say: one per partition assigned there).
+func waitBalanced(ctx context.Context, insts []*instance, groups []string, partitions int) error {
+	group := regexp.MustCompile(`^hipq_consumer_lag_records\{.*group="([^"]*)"`)
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		balanced := true
+		total := map[string]int{}
+		for _, in := range insts {
+			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, in.metrics, nil)
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				return fmt.Errorf("read the metrics of hipq instance %d: %w", in.n, err)
+			}
+			mine := map[string]int{}
+			sc := bufio.NewScanner(resp.Body)
+			sc.Buffer(make([]byte, 64<<10), 1<<20)
+			for sc.Scan() {
+				if m := group.FindStringSubmatch(sc.Text()); m != nil {
+					mine[m[1]]++
+				}
+			}
+			resp.Body.Close()
+			for _, g := range groups {
+				total[g] += mine[g]
+				balanced = balanced && (mine[g] > 0 || len(insts) > partitions)
+			}
+		}
+		for _, g := range groups {
+			balanced = balanced && total[g] == partitions
+		}
+		if balanced {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the consumer groups were not shared among the instances within 60s (partitions assigned: %v)", total)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 }
 
 func addMetrics(r io.Reader, sum map[string]float64) error {
