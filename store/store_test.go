@@ -1,8 +1,11 @@
 package store_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -453,5 +456,90 @@ func TestAttemptsWrittenInJobOrder(t *testing.T) {
 		if err := <-done; err != nil {
 			t.Fatalf("%s: %v", name, err)
 		}
+	}
+}
+
+// A statement_timeout of the store's connections (or of the role, or the
+// URL) does not bound a migration: version 13's batched fill of 100,000
+// attempts outlasts 100 ms and still completes.
+func TestMigrationOutlastsStatementTimeout(t *testing.T) {
+	t.Parallel()
+	url := pgtest.URL(t)
+	st, err := store.Open(ctx, store.Config{URL: url})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	for _, q := range []string{
+		"ALTER TABLE hipq_attempt DROP COLUMN queue",
+		`WITH j AS (INSERT INTO hipq_job (queue, job_type, job_key, state, outcome, attempt)
+		   SELECT 'q', 't', 'k' || i, 'final', 'succeeded', 1 FROM generate_series(1, 100000) i RETURNING id)
+		 INSERT INTO hipq_attempt (job_id, attempt, instance) SELECT id, 1, 'i' FROM j`,
+		"DELETE FROM hipq_schema_migration WHERE version = 13",
+	} {
+		if _, err := st.Pool().Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bounded, err := store.Open(ctx, store.Config{URL: url, StatementTimeout: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bounded.Close()
+	if applied, err := bounded.Migrate(ctx); err != nil || len(applied) != 1 {
+		t.Fatalf("migrate under a 100 ms statement timeout: %v %v", applied, err)
+	}
+	if n := count(t, st, "SELECT count(*) FROM hipq_attempt WHERE queue = 'q'"); n != 100000 {
+		t.Fatalf("%d attempts have their queue", n)
+	}
+	// The connection is back to its own timeout.
+	var timeout string
+	if err := bounded.Pool().QueryRow(ctx, "SHOW statement_timeout").Scan(&timeout); err != nil || timeout != "100ms" {
+		t.Fatalf("statement_timeout after the migration: %q %v", timeout, err)
+	}
+}
+
+// A role without the tables' owner's privileges does not run ANALYZE (it
+// would be skipped with a warning, every time): StatsRefresh does nothing
+// and says so.
+func TestStatsRefreshLeavesOthersTables(t *testing.T) {
+	t.Parallel()
+	url := pgtest.URL(t)
+	st, err := store.Open(ctx, store.Config{URL: url})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	role := fmt.Sprintf("hipq_reader_%d", time.Now().UnixNano())
+	for _, q := range []string{
+		"CREATE ROLE " + role + " LOGIN NOINHERIT IN ROLE " + "current_user",
+		"GRANT USAGE ON SCHEMA public TO " + role,
+		"GRANT SELECT ON ALL TABLES IN SCHEMA public TO " + role,
+		`INSERT INTO hipq_job (queue, job_type, job_key, job_data)
+		 SELECT 'q', 't', 'k' || i, jsonb_build_object('pad', repeat('x', 200)) FROM generate_series(1, 5000) i`,
+	} {
+		if _, err := st.Pool().Exec(ctx, q); err != nil {
+			t.Skipf("cannot set up a second role here (%v)", err)
+		}
+	}
+	t.Cleanup(func() {
+		_, _ = st.Pool().Exec(context.Background(), "DROP OWNED BY "+role)
+		_, _ = st.Pool().Exec(context.Background(), "DROP ROLE "+role)
+	})
+	other, err := store.Open(ctx, store.Config{URL: regexp.MustCompile(`user=\S+`).ReplaceAllString(url, "user="+role)})
+	if err != nil {
+		t.Skipf("cannot connect as a second role here (%v)", err)
+	}
+	defer other.Close()
+	var who string
+	if err := other.Pool().QueryRow(ctx, "SELECT current_user").Scan(&who); err != nil || who != role {
+		t.Skipf("cannot connect as a second role here (as %q: %v)", who, err)
+	}
+	tables, err := other.StatsRefresh(ctx)
+	if err != nil || len(tables) != 0 {
+		t.Fatalf("a NOINHERIT member analyzed %v (%v)", tables, err)
+	}
+	if tables, err = st.StatsRefresh(ctx); err != nil || !slices.Contains(tables, "hipq_job") {
+		t.Fatalf("the owner analyzed %v (%v)", tables, err)
 	}
 }
