@@ -5,11 +5,13 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/hipq/hipq/correlator"
 )
@@ -364,4 +366,52 @@ func explainedConn(t *testing.T, url, schema string, analyze bool) (*pgx.Conn, f
 		}
 	}
 	return conn, func() []string { out := notices; notices = nil; return out }
+}
+
+// A role without the tables' owner's privileges (a NOINHERIT member of the
+// owner, say) does not run ANALYZE, which would skip the table with a
+// warning at every check: StatsRefresh does nothing there, and says so.
+func TestStatsRefreshLeavesOthersTables(t *testing.T) {
+	t.Parallel()
+	pg, st := planStore(t)
+	ctx := context.Background()
+	role := fmt.Sprintf("hipq_reader_%d", time.Now().UnixNano())
+	for _, q := range []string{
+		"CREATE ROLE " + role + " LOGIN NOINHERIT IN ROLE current_user",
+		"GRANT USAGE ON SCHEMA public TO " + role,
+		"GRANT SELECT ON ALL TABLES IN SCHEMA public TO " + role,
+		`INSERT INTO hipq_job (queue, job_type, job_key, job_data)
+		 SELECT 'q', 't', 'k' || i, jsonb_build_object('pad', repeat('x', 200)) FROM generate_series(1, 5000) i`,
+		"ALTER TABLE hipq_job SET (autovacuum_enabled = off)",
+	} {
+		if _, err := st.pool.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() {
+		_, _ = st.pool.Exec(context.Background(), "DROP OWNED BY "+role)
+		_, _ = st.pool.Exec(context.Background(), "DROP ROLE "+role)
+	})
+	pc, err := pgxpool.ParseConfig(strings.Replace(pg.URL("postgres"), "user=hipq", "user="+role, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var notices []string
+	pc.ConnConfig.OnNotice = func(_ *pgconn.PgConn, n *pgconn.Notice) { mu.Lock(); notices = append(notices, n.Message); mu.Unlock() }
+	pool, err := pgxpool.NewWithConfig(ctx, pc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	other := &Store{pool: pool, schema: st.schema, writes: st.writes}
+	tables, err := other.StatsRefresh(ctx)
+	mu.Lock()
+	defer mu.Unlock()
+	if err != nil || len(tables) != 0 || len(notices) != 0 {
+		t.Fatalf("as a NOINHERIT member: analyzed %v (%v), notices %q", tables, err, notices)
+	}
+	if tables, err = st.StatsRefresh(ctx); err != nil || !slices.Contains(tables, "hipq_job") {
+		t.Fatalf("the owner analyzed %v (%v)", tables, err)
+	}
 }

@@ -1,11 +1,8 @@
 package store_test
 
 import (
-	"context"
 	"errors"
 	"fmt"
-	"regexp"
-	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -496,50 +493,5 @@ func TestMigrationOutlastsStatementTimeout(t *testing.T) {
 	var timeout string
 	if err := bounded.Pool().QueryRow(ctx, "SHOW statement_timeout").Scan(&timeout); err != nil || timeout != "100ms" {
 		t.Fatalf("statement_timeout after the migration: %q %v", timeout, err)
-	}
-}
-
-// A role without the tables' owner's privileges does not run ANALYZE (it
-// would be skipped with a warning, every time): StatsRefresh does nothing
-// and says so.
-func TestStatsRefreshLeavesOthersTables(t *testing.T) {
-	t.Parallel()
-	url := pgtest.URL(t)
-	st, err := store.Open(ctx, store.Config{URL: url})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	role := fmt.Sprintf("hipq_reader_%d", time.Now().UnixNano())
-	for _, q := range []string{
-		"CREATE ROLE " + role + " LOGIN NOINHERIT IN ROLE " + "current_user",
-		"GRANT USAGE ON SCHEMA public TO " + role,
-		"GRANT SELECT ON ALL TABLES IN SCHEMA public TO " + role,
-		`INSERT INTO hipq_job (queue, job_type, job_key, job_data)
-		 SELECT 'q', 't', 'k' || i, jsonb_build_object('pad', repeat('x', 200)) FROM generate_series(1, 5000) i`,
-	} {
-		if _, err := st.Pool().Exec(ctx, q); err != nil {
-			t.Skipf("cannot set up a second role here (%v)", err)
-		}
-	}
-	t.Cleanup(func() {
-		_, _ = st.Pool().Exec(context.Background(), "DROP OWNED BY "+role)
-		_, _ = st.Pool().Exec(context.Background(), "DROP ROLE "+role)
-	})
-	other, err := store.Open(ctx, store.Config{URL: regexp.MustCompile(`user=\S+`).ReplaceAllString(url, "user="+role)})
-	if err != nil {
-		t.Skipf("cannot connect as a second role here (%v)", err)
-	}
-	defer other.Close()
-	var who string
-	if err := other.Pool().QueryRow(ctx, "SELECT current_user").Scan(&who); err != nil || who != role {
-		t.Skipf("cannot connect as a second role here (as %q: %v)", who, err)
-	}
-	tables, err := other.StatsRefresh(ctx)
-	if err != nil || len(tables) != 0 {
-		t.Fatalf("a NOINHERIT member analyzed %v (%v)", tables, err)
-	}
-	if tables, err = st.StatsRefresh(ctx); err != nil || !slices.Contains(tables, "hipq_job") {
-		t.Fatalf("the owner analyzed %v (%v)", tables, err)
 	}
 }
