@@ -282,7 +282,12 @@ func refArrays(refs []AttemptRef) ([]int64, []int32) {
 
 // AttemptMarkSent records that the transport acknowledged the sends.
 func (s *Store) AttemptMarkSent(ctx context.Context, refs []AttemptRef) error {
-	return s.inTx(ctx, func(tx pgx.Tx) error { return attemptsMarkSent(ctx, tx, refs) })
+	return s.inTx(ctx, func(tx pgx.Tx) error {
+		if err := lockJobs(ctx, tx, refs); err != nil { // (see DeliveryRecord)
+			return err
+		}
+		return attemptsMarkSent(ctx, tx, refs)
+	})
 }
 
 // markSentSQL marks attempts sent. Each is looked up by its key in a
@@ -304,9 +309,8 @@ const markSentSQL = `
 	WHERE a.queue = $3 AND a.ctid = x.ctid`
 
 func attemptsMarkSent(ctx context.Context, tx pgx.Tx, refs []AttemptRef) error {
-	// In job id order, as resolves write attempts: a mark and a resolve of
-	// the same attempts wait for each other in turn, never in a cycle
-	// (in any order, they deadlocked: a second's stall, then a retry).
+	// (In job id order too; the callers hold the jobs' locks: see
+	// DeliveryRecord.)
 	refs = byJobID(refs, func(r AttemptRef) int64 { return r.JobID })
 	err := perQueue(refs, refQueue, func(q string, refs []AttemptRef) error {
 		ids, atts := refArrays(refs)
@@ -326,6 +330,9 @@ func attemptsMarkSent(ctx context.Context, tx pgx.Tx, refs []AttemptRef) error {
 func (s *Store) JobUndoClaim(ctx context.Context, refs []AttemptRef) (int, error) {
 	var n int
 	err := s.inTx(ctx, func(tx pgx.Tx) error {
+		if err := lockJobs(ctx, tx, refs); err != nil { // (see DeliveryRecord)
+			return err
+		}
 		var err error
 		n, err = jobsUndoClaim(ctx, tx, refs)
 		return err
@@ -432,43 +439,34 @@ func byJobID[T any](xs []T, id func(T) int64) []T {
 	return out
 }
 
-// DeliveryRecord writes a delivery's whole record in one transaction: the
-// early replies that were waiting for the jobs sent, sent_at of what was
-// sent, the undo of what never left, the attempts the send ended, and the
-// replies that came with it. Either all of it lands or none: a
+// DeliveryRecord writes a delivery's whole record in one transaction:
+// sent_at of what was sent, the undo of what never left, the attempts the
+// send ended, the replies that came with it, and then the early replies
+// that were waiting for the jobs sent. Either all of it lands or none: a
 // failure in between can never leave a delivered request looking unsent
 // (which the sweeper would undo and send again) or lose a reply. The
 // caller retries a transient failure (IsTransient) until it lands.
 //
-// A record that moves jobs locks their rows first, in (queue, id) order,
-// as the reply paths lock them, so a delivery and a reply for the same jobs queue
+// A record locks its jobs' rows first, in (queue, id) order, as the reply
+// paths lock them, so a delivery and a reply for the same jobs queue
 // up instead of deadlocking.
 func (s *Store) DeliveryRecord(ctx context.Context, d Delivery, types correlator.Types) (DeliveryResult, error) {
 	var res DeliveryResult
 	err := s.inTx(ctx, func(tx pgx.Tx) error {
 		res = DeliveryResult{}
-		if len(d.Undo)+len(d.Resolves)+len(d.Replies) > 0 {
-			// This record moves jobs: lock them first, in (queue, id)
-			// order, as the reply paths do. (Marking sends alone locks
-			// attempt rows only.)
-			if err := lockJobs(ctx, tx, d.refs()); err != nil {
-				return fmt.Errorf("delivered jobs: %w", err)
-			}
-		}
-		// The early replies waiting for the jobs sent first: applying one
-		// locks its job, and a transaction that holds attempt rows (the
-		// marks below) must never wait for a job's lock, which a reply
-		// holds while it waits for those attempt rows. (A reply applied
-		// here marks its attempt sent itself.)
-		var err error
-		if len(d.Sent) > 0 {
-			if res.Early, _, err = earlyReplyApply(ctx, tx, d.Sent, 0, 0, types); err != nil {
-				return err
-			}
+		// Every transaction that writes attempt rows holds their jobs'
+		// locks first, taken in (queue, id) order: then the order in which
+		// a statement's plan reaches the attempt rows never matters, and
+		// two such transactions wait for each other in turn, never in a
+		// cycle. (Marks taking attempt rows alone deadlocked with replies
+		// that wrote the same attempts in another order.)
+		if err := lockJobs(ctx, tx, d.refs()); err != nil {
+			return fmt.Errorf("delivered jobs: %w", err)
 		}
 		if err := attemptsMarkSent(ctx, tx, d.Sent); err != nil {
 			return err
 		}
+		var err error
 		if res.Undone, err = jobsUndoClaim(ctx, tx, d.Undo); err != nil {
 			return err
 		}
@@ -482,6 +480,13 @@ func (s *Store) DeliveryRecord(ctx context.Context, d Delivery, types correlator
 				return err
 			}
 			if err := deadLettersInsert(ctx, tx, res.Replies.DeadLetters); err != nil {
+				return err
+			}
+		}
+		// Then the early replies waiting for the jobs sent (after a reply
+		// that came with the send: that one is the answer to this request).
+		if len(d.Sent) > 0 {
+			if res.Early, _, err = earlyReplyApply(ctx, tx, d.Sent, 0, 0, types); err != nil {
 				return err
 			}
 		}

@@ -355,3 +355,24 @@ func TestRepliesLockInQueueOrder(t *testing.T) {
 		wantState(t, get(t, st, k), correlator.StateFinal, correlator.OutcomeSucceeded, 1)
 	}
 }
+
+// A reply that came with its send is the answer to that request: a reply
+// kept earlier for the same job (another channel's, or an earlier
+// attempt's) never overrides it.
+func TestSyncReplyWinsOverEarlyReply(t *testing.T) {
+	t.Parallel()
+	st := pgtest.New(t)
+	applyReplies(t, st, reply("k", 0, false)) // kept: no job yet
+	insert(t, st, job("k"))
+	c := claim(t, st, 1)[0]
+	sync := reply("k", c.Attempt, true)
+	sync.Reply.JobID, sync.Kind, sync.Queue = &c.ID, store.SourceCallback, c.Queue
+	res, err := st.DeliveryRecord(ctx, store.Delivery{Sent: []store.AttemptRef{c.Ref()}, Replies: []store.ReplyIn{sync}}, typeInfo)
+	if err != nil || len(res.Replies.Applied) != 1 {
+		t.Fatalf("the sync reply was not applied: %+v %v", res.Replies, err)
+	}
+	wantState(t, get(t, st, "k"), correlator.StateFinal, correlator.OutcomeSucceeded, 1)
+	if n := count(t, st, "SELECT count(*) FROM hipq_early_reply"); n != 0 {
+		t.Fatalf("%d early replies left", n)
+	}
+}

@@ -159,6 +159,7 @@ func (s *Store) StatementsRead(ctx context.Context) ([]StatementTime, error) {
 		        WHEN q ILIKE '%INSERT INTO hipq_job%' THEN 'job inserts (intake, API, outbox)'
 		        WHEN q ILIKE '%SET state = t.state%' THEN 'resolve (replies, timeouts)'
 		        WHEN q ILIKE '%SET sent_at%' THEN 'sent marks'
+		        WHEN q ILIKE 'SELECT 1 FROM hipq_job WHERE queue = $1 AND id = ANY%' THEN 'job locks (deliveries, resolves)'
 		        WHEN q ILIKE '%AND id IN (SELECT unnest%' OR q ILIKE '%SELECT j.queue, j.id FROM hipq_job j WHERE j.id = ANY%' THEN 'reply lookup'
 		        WHEN q ILIKE '%hipq_offset%' THEN 'consumed offsets'
 		        WHEN q ILIKE '%hipq_intake%' THEN 'outbox reads'

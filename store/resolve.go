@@ -144,8 +144,8 @@ func jobResolveMany(ctx context.Context, tx pgx.Tx, rs []Resolve) ([]resolved, e
 
 // resolveQueue is jobResolveMany's statement for the resolutions of one queue.
 func resolveQueue(ctx context.Context, tx pgx.Tx, queue string, rs []Resolve) ([]resolved, error) {
-	// In job id order: the attempts are written in the order of the input
-	// (see attemptsMarkSent).
+	// In job id order (the callers hold the jobs' locks: the order in which
+	// the plan reaches the attempt rows does not matter then).
 	rs = byJobID(rs, func(r Resolve) int64 { return r.JobID })
 	n := len(rs)
 	ids, atts := make([]int64, n), make([]int32, n)

@@ -408,50 +408,59 @@ func TestResolveIsGuarded(t *testing.T) {
 // the cluster's: other tests' waits are not these).
 const waiting = `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`
 
-// Sent marks and resolves write attempt rows in job id order, whatever
-// the order they are given: one waiting for an attempt the other holds
-// already holds the lower ones, so the two never wait in a cycle (given
-// in opposite orders, they deadlocked: a second's stall, then a retry).
-func TestAttemptsWrittenInJobOrder(t *testing.T) {
+// Every transaction that writes attempt rows takes their jobs' locks
+// first, in id order: a sent mark, an undo or a delivery waiting for a job
+// another transaction holds holds no attempt row meanwhile (so the order
+// in which a plan reaches attempt rows never matters: writers of the same
+// attempts wait in turn, never in a cycle; marks that took attempt rows
+// alone deadlocked with replies, a second's stall each), but holds the
+// lower job.
+func TestAttemptWritersLockJobsFirst(t *testing.T) {
 	t.Parallel()
 	st := pgtest.New(t)
-	insert(t, st, job("x"), job("y"))
-	c := claim(t, st, 2)
-	x, y := c[0], c[1]
-	if x.ID > y.ID {
-		x, y = y, x
-	}
-	for name, write := range map[string]func() error{
-		"sent mark": func() error { return st.AttemptMarkSent(ctx, []store.AttemptRef{y.Ref(), x.Ref()}) },
-		"resolve": func() error {
-			res := correlator.Resolution{State: correlator.StateFinal, Outcome: correlator.OutcomeSucceeded, Attempt: correlator.AttemptSucceeded}
-			_, err := st.JobResolveMany(ctx, []store.Resolve{
-				{Queue: y.Queue, JobID: y.ID, Attempt: y.Attempt, Res: res}, {Queue: x.Queue, JobID: x.ID, Attempt: x.Attempt, Res: res}})
+	insert(t, st, job("x1"), job("y1"), job("x2"), job("y2"), job("x3"), job("y3"))
+	c := claim(t, st, 6)
+	for i, write := range []func(x, y store.Claimed) error{
+		func(x, y store.Claimed) error { return st.AttemptMarkSent(ctx, []store.AttemptRef{y.Ref(), x.Ref()}) },
+		func(x, y store.Claimed) error {
+			_, err := st.DeliveryRecord(ctx, store.Delivery{Sent: []store.AttemptRef{y.Ref(), x.Ref()}}, typeInfo)
+			return err
+		},
+		func(x, y store.Claimed) error {
+			_, err := st.JobUndoClaim(ctx, []store.AttemptRef{y.Ref(), x.Ref()})
 			return err
 		},
 	} {
+		x, y := c[2*i], c[2*i+1]
+		if x.ID > y.ID {
+			x, y = y, x
+		}
 		holder, err := st.Pool().Begin(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := holder.Exec(ctx, "SELECT 1 FROM hipq_attempt WHERE job_id = $1 FOR UPDATE", y.ID); err != nil {
+		defer holder.Rollback(ctx) //nolint:errcheck // (a failed check leaves it open)
+		if _, err := holder.Exec(ctx, "SELECT 1 FROM hipq_job WHERE id = $1 FOR UPDATE", y.ID); err != nil {
 			t.Fatal(err)
 		}
 		done := make(chan error, 1)
-		go func() { done <- write() }()
+		go func() { done <- write(x, y) }()
 		deadline := time.Now().Add(10 * time.Second)
 		for count(t, st, waiting) == 0 {
 			if time.Now().After(deadline) {
-				t.Fatalf("%s: never waited for the held attempt", name)
+				t.Fatalf("writer %d never waited for the held job (%v)", i, <-done)
 			}
 			time.Sleep(10 * time.Millisecond)
 		}
-		if _, err := holder.Exec(ctx, "SELECT 1 FROM hipq_attempt WHERE job_id = $1 FOR UPDATE NOWAIT", x.ID); err == nil {
-			t.Errorf("%s: waits for job %d's attempt without holding job %d's, the lower one", name, y.ID, x.ID)
+		if _, err := holder.Exec(ctx, "SELECT 1 FROM hipq_attempt WHERE job_id = $1 FOR UPDATE NOWAIT", x.ID); err != nil {
+			t.Errorf("writer %d holds job %d's attempt while it waits for job %d: %v", i, x.ID, y.ID, err)
+		}
+		if _, err := holder.Exec(ctx, "SELECT 1 FROM hipq_job WHERE id = $1 FOR UPDATE NOWAIT", x.ID); err == nil {
+			t.Errorf("writer %d waits for job %d without holding job %d, the lower one", i, y.ID, x.ID)
 		}
 		_ = holder.Rollback(ctx)
 		if err := <-done; err != nil {
-			t.Fatalf("%s: %v", name, err)
+			t.Fatalf("writer %d: %v", i, err)
 		}
 	}
 }
