@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io/fs"
 	"path"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/hipq/hipq/schemas"
 )
@@ -95,6 +97,44 @@ func (m Migration) Statements() []string {
 	return out
 }
 
+// A migration's statements wait at most migrationLockWait for a lock, and
+// are tried again after a pause, up to migrationLockTries times. A
+// statement queued for a table's exclusive lock (ALTER TABLE) blocks
+// every statement on that table behind it: behind a long transaction it
+// would stop the writes for as long as that lasts. It gives way instead.
+const (
+	migrationLockWait  = 2 * time.Second
+	migrationLockTries = 60
+)
+
+func lockTimeoutFor(bounded bool) string {
+	if !bounded {
+		return "0"
+	}
+	return strconv.FormatInt(migrationLockWait.Milliseconds(), 10)
+}
+
+// lockBounded runs fn again while it fails for a lock it could not take
+// in time (lock_timeout), pausing between tries.
+func lockBounded(ctx context.Context, fn func() error) error {
+	for try := 1; ; try++ {
+		err := fn()
+		var pe *pgconn.PgError
+		if err == nil || !errors.As(err, &pe) || pe.Code != "55P03" {
+			return err
+		}
+		if try == migrationLockTries {
+			return fmt.Errorf("could not take a table lock within %v, %d times: a long transaction holds it (see pg_stat_activity): %w",
+				migrationLockWait, try, err)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(migrationPoll):
+		}
+	}
+}
+
 // LatestVersion is the newest schema version this binary knows.
 func LatestVersion() int {
 	ms, _ := Migrations()
@@ -149,6 +189,7 @@ func (s *Store) Migrate(ctx context.Context) (applied []Migration, err error) {
 		return nil, fmt.Errorf("migrate: %w", err)
 	}
 	defer conn.Exec(context.WithoutCancel(ctx), "RESET statement_timeout") //nolint:errcheck
+	defer conn.Exec(context.WithoutCancel(ctx), "RESET lock_timeout")      //nolint:errcheck
 	if _, err := conn.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{s.schema}.Sanitize()); err != nil {
 		return nil, fmt.Errorf("migrate: create schema %q: %w", s.schema, err)
 	}
@@ -170,7 +211,16 @@ func (s *Store) Migrate(ctx context.Context) (applied []Migration, err error) {
 		record := "INSERT INTO hipq_schema_migration (version, name) VALUES ($1, $2)"
 		if m.NoTransaction() {
 			for _, stmt := range m.Statements() {
-				if _, err = conn.Exec(ctx, stmt); err != nil {
+				// CREATE INDEX CONCURRENTLY waits for older transactions
+				// (a lock too) without blocking anyone: it may wait.
+				bounded := !strings.Contains(strings.ToUpper(stmt), "CONCURRENTLY")
+				if err = lockBounded(ctx, func() error {
+					if _, err := conn.Exec(ctx, "SELECT set_config('lock_timeout', $1, false)", lockTimeoutFor(bounded)); err != nil {
+						return err
+					}
+					_, err := conn.Exec(ctx, stmt)
+					return err
+				}); err != nil {
 					break
 				}
 			}
@@ -178,12 +228,17 @@ func (s *Store) Migrate(ctx context.Context) (applied []Migration, err error) {
 				_, err = conn.Exec(ctx, record, m.Version, m.Name)
 			}
 		} else {
-			err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-				if _, err := tx.Exec(ctx, m.SQL); err != nil {
+			err = lockBounded(ctx, func() error {
+				return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+					if _, err := tx.Exec(ctx, "SELECT set_config('lock_timeout', $1, true)", lockTimeoutFor(true)); err != nil {
+						return err
+					}
+					if _, err := tx.Exec(ctx, m.SQL); err != nil {
+						return err
+					}
+					_, err := tx.Exec(ctx, record, m.Version, m.Name)
 					return err
-				}
-				_, err := tx.Exec(ctx, record, m.Version, m.Name)
-				return err
+				})
 			})
 		}
 		if err != nil {

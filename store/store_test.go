@@ -504,3 +504,71 @@ func TestMigrationOutlastsStatementTimeout(t *testing.T) {
 		t.Fatalf("statement_timeout after the migration: %q %v", timeout, err)
 	}
 }
+
+// A migration's ALTER TABLE queued behind a long transaction blocks every
+// statement on the table behind it: it gives way after its lock wait
+// (2 s) and tries again, so the traffic goes on, and it lands once the
+// long transaction ends.
+func TestMigrationGivesWayToLongTransactions(t *testing.T) {
+	t.Parallel()
+	url := pgtest.URL(t)
+	st, err := store.Open(ctx, store.Config{URL: url})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	for _, q := range []string{"ALTER TABLE hipq_attempt DROP COLUMN queue", "DELETE FROM hipq_schema_migration WHERE version = 13"} {
+		if _, err := st.Pool().Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	migrator, err := store.Open(ctx, store.Config{URL: url})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer migrator.Close()
+	reader, err := st.Pool().Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reader.Rollback(ctx) //nolint:errcheck // (first: the migration then ends, and its store closes)
+	if _, err := reader.Exec(ctx, "SELECT count(*) FROM hipq_attempt"); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { _, err := migrator.Migrate(ctx); done <- err }()
+	deadline := time.Now().Add(10 * time.Second)
+	for count(t, st, waiting+" AND query LIKE 'ALTER TABLE hipq_attempt%'") == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the migration never waited for the long transaction")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	// Traffic on the table goes on: at most one lock wait behind the ALTER.
+	tx, err := st.Pool().Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck
+	if _, err := tx.Exec(ctx, "SET LOCAL statement_timeout = '8s'"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, "SELECT count(*) FROM hipq_attempt"); err != nil {
+		t.Fatalf("a read of hipq_attempt stayed blocked behind the migration: %v", err)
+	}
+	_ = tx.Rollback(ctx)
+	select {
+	case err := <-done:
+		t.Fatalf("the migration ended while the long transaction ran: %v", err)
+	default:
+	}
+	if err := reader.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("migrate after the long transaction: %v", err)
+	}
+	if n := count(t, st, "SELECT count(*) FROM pg_attribute WHERE attrelid = 'hipq_attempt'::regclass AND attname = 'queue' AND attnotnull"); n != 1 {
+		t.Fatal("hipq_attempt.queue is not there, NOT NULL")
+	}
+}
