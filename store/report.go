@@ -163,6 +163,7 @@ func (s *Store) StatementsRead(ctx context.Context) ([]StatementTime, error) {
 		        WHEN q ILIKE '%AND id IN (SELECT unnest%' OR q ILIKE '%SELECT j.queue, j.id FROM hipq_job j WHERE j.id = ANY%' THEN 'reply lookup'
 		        WHEN q ILIKE '%hipq_offset%' THEN 'consumed offsets'
 		        WHEN q ILIKE '%hipq_intake%' THEN 'outbox reads'
+		        WHEN q ILIKE '%USING undone%' THEN 'undone claims'
 		        WHEN q ILIKE '%DELETE FROM hipq_job%' OR q ILIKE '%DELETE FROM hipq_attempt%'
 		          OR q ILIKE '%state = ''final'' AND update_time <%' THEN 'retention prune'
 		        WHEN q ILIKE 'ANALYZE%' OR q ILIKE '%pg_relation_size%' OR q ILIKE '%relpages FROM pg_class%' THEN 'statistics (StatsRefresh)'

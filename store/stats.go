@@ -55,8 +55,9 @@ func (s *Store) StatsRefresh(ctx context.Context) ([]string, error) {
 	}
 	var done []string
 	for _, t := range grown {
-		// (ANALYZE skips a table it cannot lock at once, with no error:
-		// relpages, which the table's growth changes, tells whether it ran.)
+		// (ANALYZE skips a table it cannot lock at once, with a warning,
+		// not an error: relpages, which the table's growth changes, tells
+		// whether it ran.)
 		var pages int32
 		if _, err := s.pool.Exec(ctx, "ANALYZE (SKIP_LOCKED) "+pgx.Identifier{t.Name}.Sanitize()+statsColumns[t.Name]); err != nil {
 			return done, fmt.Errorf("analyze %s: %w", t.Name, err)

@@ -181,13 +181,14 @@ func scrapeInstances(ctx context.Context, insts []*instance) (map[string]float64
 // /metrics' consumer lag series say: one per partition assigned there).
 func waitBalanced(ctx context.Context, insts []*instance, groups []string, partitions int) error {
 	group := regexp.MustCompile(`^hipq_consumer_lag_records\{.*group="([^"]*)"`)
+	client := &http.Client{Timeout: 5 * time.Second} // a hung /metrics fails the wait, never holds it
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		balanced := true
 		total := map[string]int{}
 		for _, in := range insts {
 			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, in.metrics, nil)
-			resp, err := http.DefaultClient.Do(req)
+			resp, err := client.Do(req)
 			if err != nil {
 				return fmt.Errorf("read the metrics of hipq instance %d: %w", in.n, err)
 			}
