@@ -470,23 +470,10 @@ func TestAttemptWritersLockJobsFirst(t *testing.T) {
 // attempts outlasts 100 ms and still completes.
 func TestMigrationOutlastsStatementTimeout(t *testing.T) {
 	t.Parallel()
-	url := pgtest.URL(t)
-	st, err := store.Open(ctx, store.Config{URL: url})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	for _, q := range []string{
-		"ALTER TABLE hipq_attempt DROP COLUMN queue",
+	url, st := beforeVersion13(t,
 		`WITH j AS (INSERT INTO hipq_job (queue, job_type, job_key, state, outcome, attempt)
 		   SELECT 'q', 't', 'k' || i, 'final', 'succeeded', 1 FROM generate_series(1, 100000) i RETURNING id)
-		 INSERT INTO hipq_attempt (job_id, attempt, instance) SELECT id, 1, 'i' FROM j`,
-		"DELETE FROM hipq_schema_migration WHERE version = 13",
-	} {
-		if _, err := st.Pool().Exec(ctx, q); err != nil {
-			t.Fatal(err)
-		}
-	}
+		 INSERT INTO hipq_attempt (job_id, attempt, instance) SELECT id, 1, 'i' FROM j`)
 	bounded, err := store.Open(ctx, store.Config{URL: url, StatementTimeout: 100 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
@@ -511,17 +498,7 @@ func TestMigrationOutlastsStatementTimeout(t *testing.T) {
 // long transaction ends.
 func TestMigrationGivesWayToLongTransactions(t *testing.T) {
 	t.Parallel()
-	url := pgtest.URL(t)
-	st, err := store.Open(ctx, store.Config{URL: url})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	for _, q := range []string{"ALTER TABLE hipq_attempt DROP COLUMN queue", "DELETE FROM hipq_schema_migration WHERE version = 13"} {
-		if _, err := st.Pool().Exec(ctx, q); err != nil {
-			t.Fatal(err)
-		}
-	}
+	url, st := beforeVersion13(t)
 	migrator, err := store.Open(ctx, store.Config{URL: url})
 	if err != nil {
 		t.Fatal(err)
@@ -571,4 +548,23 @@ func TestMigrationGivesWayToLongTransactions(t *testing.T) {
 	if n := count(t, st, "SELECT count(*) FROM pg_attribute WHERE attrelid = 'hipq_attempt'::regclass AND attname = 'queue' AND attnotnull"); n != 1 {
 		t.Fatal("hipq_attempt.queue is not there, NOT NULL")
 	}
+}
+
+// beforeVersion13 returns a database as schema version 12 left it (no
+// queue on attempts, version 13 unrecorded) after the given statements,
+// and a store on it.
+func beforeVersion13(t *testing.T, then ...string) (string, *store.Store) {
+	t.Helper()
+	url := pgtest.URL(t)
+	st, err := store.Open(ctx, store.Config{URL: url})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(st.Close)
+	for _, q := range append([]string{"ALTER TABLE hipq_attempt DROP COLUMN queue", "DELETE FROM hipq_schema_migration WHERE version = 13"}, then...) {
+		if _, err := st.Pool().Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return url, st
 }
