@@ -467,6 +467,7 @@ func earlyInsert(ctx context.Context, tx pgx.Tx, early []ReplyIn) error {
 	offs := make([]*int64, n)
 	rkeys, rvals := make([][]byte, n), make([][]byte, n)
 	exp := make([]time.Time, n)
+	retryAt, retryIn := make([]*time.Time, n), make([]*float64, n)
 	for i, in := range early {
 		r := in.Reply
 		types[i], keys[i], errs[i], kinds[i] = r.JobType, r.JobKey, r.Error, in.Kind
@@ -486,13 +487,25 @@ func earlyInsert(ctx context.Context, tx pgx.Tx, early []ReplyIn) error {
 			topics[i], parts[i], offs[i] = &t, &p, &o
 		}
 		rkeys[i], rvals[i], exp[i] = in.Source.Key, in.Source.Value, in.expires
+		switch ra := r.RetryAfter; {
+		case !ra.At.IsZero():
+			retryAt[i] = &ra.At
+		case ra.Delay > 0:
+			secs := ra.Delay.Seconds()
+			retryIn[i] = &secs
+		}
 	}
 	_, err := tx.Exec(ctx, `
 		INSERT INTO hipq_early_reply (job_type, job_key, job_id, attempt, success, retryable, error_text, reply, headers,
-		                              source, topic, kafka_partition, kafka_offset, record_key, record_value, expires_at)
-		SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::int[], $5::bool[], $6::bool[], $7::text[], $8::jsonb[],
-		                     $9::jsonb[], $10::text[], $11::text[], $12::int[], $13::bigint[], $14::bytea[], $15::bytea[], $16::timestamptz[])`,
-		types, keys, jobIDs, atts, succ, retry, errs, replies, headers, kinds, topics, parts, offs, rkeys, rvals, exp)
+		                              source, topic, kafka_partition, kafka_offset, record_key, record_value, expires_at, retry_at)
+		SELECT t, k, id, att, ok, rt, err, rep, hdr, src, top, part, off, rk, rv, exp,
+		       -- a delay counts from the reply's arrival, on the database's clock
+		       coalesce(rat, now() + make_interval(secs => rin))
+		FROM unnest($1::text[], $2::text[], $3::bigint[], $4::int[], $5::bool[], $6::bool[], $7::text[], $8::jsonb[],
+		            $9::jsonb[], $10::text[], $11::text[], $12::int[], $13::bigint[], $14::bytea[], $15::bytea[], $16::timestamptz[],
+		            $17::timestamptz[], $18::float8[])
+		  AS u(t, k, id, att, ok, rt, err, rep, hdr, src, top, part, off, rk, rv, exp, rat, rin)`,
+		types, keys, jobIDs, atts, succ, retry, errs, replies, headers, kinds, topics, parts, offs, rkeys, rvals, exp, retryAt, retryIn)
 	if err != nil {
 		return fmt.Errorf("keep early replies: %w", err)
 	}
@@ -558,7 +571,7 @@ func earlyReplyApply(ctx context.Context, tx pgx.Tx, sent []AttemptRef, after in
 
 const earlyColumns = `SELECT e.id, e.job_type, e.job_key, e.job_id, e.attempt, e.success, e.retryable, e.error_text, e.reply,
 	             e.headers, e.source, coalesce(e.topic, ''), coalesce(e.kafka_partition, 0), coalesce(e.kafka_offset, 0),
-	             e.record_key, e.record_value, e.received_at, e.expires_at
+	             e.record_key, e.record_value, e.received_at, e.expires_at, e.retry_at
 	      FROM hipq_early_reply e `
 
 // earlyByJobSQL loads the kept replies for jobs $1 of queue $2.
@@ -584,10 +597,15 @@ func earlyLoad(ctx context.Context, tx pgx.Tx, ins []ReplyIn, queue, q string, a
 	var r correlator.Reply
 	var att *int32
 	var reply, hdr []byte
+	var retryAt *time.Time
 	_, err = pgx.ForEachRow(rows, []any{&in.earlyID, &r.JobType, &r.JobKey, &r.JobID, &att, &r.Success, &r.Retryable,
 		&r.Error, &reply, &hdr, &in.Kind, &in.Source.Topic, &in.Source.Partition, &in.Source.Offset,
-		&in.Source.Key, &in.Source.Value, &in.Source.Received, &in.expires}, func() error {
+		&in.Source.Key, &in.Source.Value, &in.Source.Received, &in.expires, &retryAt}, func() error {
 		rc := r
+		rc.RetryAfter = correlator.RetryAfter{}
+		if retryAt != nil {
+			rc.RetryAfter.At = *retryAt
+		}
 		if att != nil {
 			a := int(*att)
 			rc.Attempt = &a

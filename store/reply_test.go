@@ -376,3 +376,32 @@ func TestSyncReplyWinsOverEarlyReply(t *testing.T) {
 		t.Fatalf("%d early replies left", n)
 	}
 }
+
+// An early reply keeps its retry_after: a failure kept before its job was
+// sent schedules the retry no earlier than it says (a delay counted from
+// the reply's arrival), not by the policy's backoff (a minute here).
+func TestEarlyReplyKeepsRetryAfter(t *testing.T) {
+	t.Parallel()
+	st := pgtest.New(t)
+	at := time.Now().Add(45 * time.Minute).UTC().Truncate(time.Second)
+	delayed, until := reply("delay", 0, false), reply("until", 0, false)
+	delayed.Reply.RetryAfter = correlator.RetryAfter{Delay: 30 * time.Minute}
+	until.Reply.RetryAfter = correlator.RetryAfter{At: at}
+	applyReplies(t, st, delayed, until) // kept: no job yet
+	insert(t, st, job("delay"), job("until"))
+	var sent []store.AttemptRef
+	for _, c := range claim(t, st, 2) {
+		sent = append(sent, c.Ref())
+	}
+	res, err := st.DeliveryRecord(ctx, store.Delivery{Sent: sent}, typeInfo)
+	if err != nil || len(res.Early.Applied) != 2 {
+		t.Fatalf("early replies applied: %+v %v", res.Early, err)
+	}
+	for key, earliest := range map[string]time.Time{"delay": time.Now().Add(29 * time.Minute), "until": at} {
+		j := get(t, st, key)
+		wantState(t, j, correlator.StateRetry, "", 1)
+		if j.ScheduledRunTime.Before(earliest) {
+			t.Errorf("%s: retry at %v, before the reply's retry_after (%v)", key, j.ScheduledRunTime, earliest)
+		}
+	}
+}
