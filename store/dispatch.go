@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -309,9 +308,6 @@ const markSentSQL = `
 	WHERE a.queue = $3 AND a.ctid = x.ctid`
 
 func attemptsMarkSent(ctx context.Context, tx pgx.Tx, refs []AttemptRef) error {
-	// (In job id order too; the callers hold the jobs' locks: see
-	// DeliveryRecord.)
-	refs = byJobID(refs, func(r AttemptRef) int64 { return r.JobID })
 	err := perQueue(refs, refQueue, func(q string, refs []AttemptRef) error {
 		ids, atts := refArrays(refs)
 		_, err := tx.Exec(ctx, markSentSQL, ids, atts, q)
@@ -427,16 +423,6 @@ type DeliveryResult struct {
 	Undone  int
 	Replies ReplyResult // of Delivery.Replies
 	Early   ReplyResult // early replies waiting for the jobs sent
-}
-
-// byJobID returns xs sorted by job id (a copy; stable).
-func byJobID[T any](xs []T, id func(T) int64) []T {
-	if slices.IsSortedFunc(xs, func(a, b T) int { return cmp.Compare(id(a), id(b)) }) {
-		return xs
-	}
-	out := slices.Clone(xs)
-	slices.SortStableFunc(out, func(a, b T) int { return cmp.Compare(id(a), id(b)) })
-	return out
 }
 
 // DeliveryRecord writes a delivery's whole record in one transaction:

@@ -69,8 +69,8 @@ func refsOf(rs []resolved) []AttemptRef {
 }
 
 // resolveManySQL is jobResolveMany's statement. Its caller has locked the
-// jobs in an earlier statement of the transaction (in id order, as every
-// path that moves jobs does).
+// jobs in an earlier statement of the transaction (in (queue, id) order, as
+// every path that writes jobs or attempts does: see DeliveryRecord).
 const resolveManySQL = `
 		WITH u AS (
 		  SELECT * FROM unnest($1::bigint[], $2::int[], $3::text[], $4::text[], $5::text[], $6::timestamptz[],
@@ -144,9 +144,6 @@ func jobResolveMany(ctx context.Context, tx pgx.Tx, rs []Resolve) ([]resolved, e
 
 // resolveQueue is jobResolveMany's statement for the resolutions of one queue.
 func resolveQueue(ctx context.Context, tx pgx.Tx, queue string, rs []Resolve) ([]resolved, error) {
-	// In job id order (the callers hold the jobs' locks: the order in which
-	// the plan reaches the attempt rows does not matter then).
-	rs = byJobID(rs, func(r Resolve) int64 { return r.JobID })
 	n := len(rs)
 	ids, atts := make([]int64, n), make([]int32, n)
 	states, errs, attOutcomes := make([]string, n), make([]string, n), make([]string, n)

@@ -7,6 +7,13 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
+// statsSmallPages is the size (8 KB pages) under which StatsRefresh
+// follows a table's growth: 2.5 MB.
+const statsSmallPages = 320
+
+// statsColumns are the columns StatsRefresh analyzes, by table.
+var statsColumns = map[string]string{"hipq_job": " (queue, state)", "hipq_attempt": " (queue, job_id)"}
+
 // StatsRefresh analyzes hipq_job and hipq_attempt when either has grown to
 // more than twice the size its statistics last recorded, while those say
 // it is small (under statsSmallPages), and returns the tables it analyzed.
@@ -26,14 +33,9 @@ import (
 // after a TRUNCATE or a vacuum that shrinks it); and only the columns the
 // hot statements filter on are analyzed (the sample still gives the
 // table's size): about six quick analyzes each time a table grows from
-// empty. SKIP_LOCKED: a table being
-// vacuumed or analyzed is left to that. Only tables this role owns are
-// analyzed (ANALYZE skips the others).
-const statsSmallPages = 320
-
-// statsColumns are the columns StatsRefresh analyzes, by table.
-var statsColumns = map[string]string{"hipq_job": " (queue, state)", "hipq_attempt": " (queue, job_id)"}
-
+// empty. SKIP_LOCKED: a table being vacuumed or analyzed is left to that.
+// Only tables whose owner's privileges this role has are analyzed (ANALYZE
+// skips the others, with a warning).
 func (s *Store) StatsRefresh(ctx context.Context) ([]string, error) {
 	rows, err := s.pool.Query(ctx, `
 		SELECT c.relname, c.relpages FROM pg_class c
