@@ -576,3 +576,24 @@ func beforeVersion13(t *testing.T, then ...string) (string, *store.Store) {
 	}
 	return url, st
 }
+
+// The store's connections run without JIT compilation (its statements
+// reach rows by key; JIT compiled the few whose estimates passed
+// jit_above_cost at every call, for longer than they ran), unless the URL
+// asks for it.
+func TestNoJITUnlessAsked(t *testing.T) {
+	t.Parallel()
+	url := pgtest.URL(t)
+	for _, tc := range []struct{ url, want string }{{url, "off"}, {url + " jit=on", "on"}} {
+		st, err := store.Open(ctx, store.Config{URL: tc.url})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var jit string
+		err = st.Pool().QueryRow(ctx, "SHOW jit").Scan(&jit)
+		st.Close()
+		if err != nil || jit != tc.want {
+			t.Errorf("%q: jit %q (%v), want %q", tc.url, jit, err, tc.want)
+		}
+	}
+}
