@@ -295,17 +295,22 @@ func (s *Store) AttemptMarkSent(ctx context.Context, refs []AttemptRef) error {
 // by the very version looked at (its ctid). A plain join let the planner
 // scan hipq_attempt for "sent_at IS NULL" when statistics said no row had
 // it: quadratic in the batch beside a few hundred thousand final attempts
-// (700 us per job at 200k). A row changed meanwhile is left alone: its
-// writer set sent_at (a reply), or ended the attempt (cancel, timeout), or
-// recorded news of it (progress), which proves it left as well
-// (AttemptFindUnsent never takes an attempt with news).
+// (700 us per job at 200k). The versions found are collected first (an
+// array the statement computes once): joined to the update instead, a
+// table never analyzed (its queue's rows estimated at one) was scanned
+// with every probe of the batch run again for each of its rows, 300 ms a
+// batch at the start of a burst (TestPlansOfEmptyTablesStayLinear). A row
+// changed meanwhile is left alone: its writer set sent_at (a reply), or
+// ended the attempt (cancel, timeout), or recorded news of it (progress),
+// which proves it left as well (AttemptFindUnsent never takes an attempt
+// with news).
 const markSentSQL = `
 	UPDATE hipq_attempt a SET sent_at = now()
-	FROM unnest($1::bigint[], $2::int[]) AS u(id, att)
-	CROSS JOIN LATERAL (SELECT b.ctid FROM hipq_attempt b
-	                    WHERE b.queue = $3 AND b.job_id = u.id AND b.attempt = u.att AND b.sent_at IS NULL
-	                    OFFSET 0) x
-	WHERE a.queue = $3 AND a.ctid = x.ctid`
+	WHERE a.queue = $3 AND a.ctid = ANY (ARRAY(
+	  SELECT x.ctid FROM unnest($1::bigint[], $2::int[]) AS u(id, att)
+	  CROSS JOIN LATERAL (SELECT b.ctid FROM hipq_attempt b
+	                      WHERE b.queue = $3 AND b.job_id = u.id AND b.attempt = u.att AND b.sent_at IS NULL
+	                      OFFSET 0) x))`
 
 func attemptsMarkSent(ctx context.Context, tx pgx.Tx, refs []AttemptRef) error {
 	err := perQueue(refs, refQueue, func(q string, refs []AttemptRef) error {

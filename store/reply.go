@@ -184,20 +184,24 @@ func applyReplies(ctx context.Context, tx pgx.Tx, ins []ReplyIn, types correlato
 
 // lockTargetsSQL is lockTargets' statement: the jobs of one queue ($4)
 // of ids $1 and the non-final jobs of (type, key) pairs $2, $3, locked in
-// id order.
+// id order. The ids are collected first (an array the statement computes
+// once), so the jobs are read once whatever the plan: joined instead, a
+// table never analyzed was scanned and matched against every id of the
+// batch for each of its rows (TestPlansOfEmptyTablesStayLinear).
 const lockTargetsSQL = `
 		SELECT id, job_type, job_key, state, attempt, max_attempts, expires_at, time_windows,
 		       coalesce(started_at, 'epoch'), timeout_seconds
 		FROM hipq_job
 		WHERE queue = $4
-		  AND id IN (SELECT unnest($1::bigint[])
+		  AND id = ANY (ARRAY(
+		             SELECT unnest($1::bigint[])
 		             UNION ALL
 		             -- each key probed (OFFSET 0: never a walk of every
 		             -- non-final job, whatever the statistics say)
 		             SELECT x.id FROM unnest($2::text[], $3::text[]) AS k(t, k)
 		             CROSS JOIN LATERAL (SELECT j.id FROM hipq_job j
 		                                 WHERE j.queue = $4 AND j.job_type = k.t AND j.job_key = k.k AND j.state <> 'final'
-		                                 OFFSET 0) x)
+		                                 OFFSET 0) x))
 		ORDER BY id
 		FOR UPDATE`
 
