@@ -146,8 +146,8 @@ func (e explained) unroutable() []string {
 // explainStore opens a store whose every statement, nested ones included
 // (the claim function's), is explained into plans by auto_explain, as
 // custom or generic plans (PL/pgSQL and pgx cache statements: both kinds
-// must name the queue).
-func explainStore(t *testing.T, generic bool) (ex, plain *Store, plans func() []explained) {
+// must name the queue), with their actual rows and loops when analyze.
+func explainStore(t *testing.T, generic, analyze bool) (ex, plain *Store, plans func() []explained) {
 	t.Helper()
 	pg, st := planStore(t)
 	pc, err := pgxpool.ParseConfig(pg.URL("postgres"))
@@ -180,7 +180,8 @@ func explainStore(t *testing.T, generic bool) (ex, plain *Store, plans func() []
 	pc.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
 		for _, set := range []string{"LOAD 'auto_explain'", "SET auto_explain.log_min_duration = 0",
 			"SET auto_explain.log_nested_statements = on", "SET auto_explain.log_format = json",
-			"SET auto_explain.log_level = notice", "SET plan_cache_mode = " + mode} {
+			"SET auto_explain.log_level = notice", "SET plan_cache_mode = " + mode,
+			fmt.Sprintf("SET auto_explain.log_analyze = %v", analyze)} {
 			if _, err := c.Exec(ctx, set); err != nil {
 				return fmt.Errorf("%s: %w", set, err)
 			}
@@ -217,7 +218,7 @@ func TestEveryWriteNamesItsQueue(t *testing.T) {
 	for _, generic := range []bool{false, true} {
 		t.Run(map[bool]string{false: "custom plans", true: "generic plans"}[generic], func(t *testing.T) {
 			t.Parallel()
-			st, plain, plans := explainStore(t, generic)
+			st, plain, plans := explainStore(t, generic, false)
 			queueLife(t, st, plain)
 			seen := 0
 			for _, e := range plans() {

@@ -14,35 +14,48 @@ const statsSmallPages = 320
 // statsColumns are the columns StatsRefresh analyzes, by table.
 var statsColumns = map[string]string{"hipq_job": " (queue, state)", "hipq_attempt": " (queue, job_id)"}
 
-// StatsRefresh analyzes hipq_job and hipq_attempt when either has grown to
-// more than twice the size its statistics last recorded, while those say
-// it is small (under statsSmallPages), and returns the tables it analyzed.
+// StatsRefresh analyzes hipq_job and hipq_attempt when either has rows
+// and was never analyzed, or has grown to more than twice the size its
+// statistics last recorded while those say it is small (under
+// statsSmallPages), and returns the tables it analyzed.
 //
 // Why: statements are planned once per connection and their generic plan
-// is kept (pgx prepares them; PL/pgSQL caches the claim's). A plan made
-// while the table was nearly empty joins by sequential scans, which is
-// right for ten rows and quadratic for a hundred thousand, and it is kept
-// until the table's statistics change. Autovacuum looks at a table at most
-// once per autovacuum_naptime (a minute by default): a burst that fills an
-// empty table within that minute ran on such plans (two instances: one
-// claim took 12 s). ANALYZE replaces the statistics, which invalidates
-// every cached plan of the table. Plans go wrong only while statistics say
-// the table is tiny (a few dozen pages: then a scan looks cheaper than
-// reaching rows by key), so the table is analyzed each time it doubles
-// until its statistics say 2.5 MB, and left to autovacuum after (again
-// after a TRUNCATE or a vacuum that shrinks it); and only the columns the
-// hot statements filter on are analyzed (the sample still gives the
-// table's size): about six quick analyzes each time a table grows from
-// empty. SKIP_LOCKED: a table being vacuumed or analyzed is left to that.
-// Only tables whose owner's privileges this role has are analyzed (ANALYZE
-// skips the others, with a warning).
+// is kept (pgx prepares them). A plan made while the table was nearly
+// empty reads it by sequential scans, which is right for ten rows and not
+// for a hundred thousand, and it is kept until the table's statistics
+// change. Autovacuum looks at a table at most once per
+// autovacuum_naptime (a minute by default): a burst that fills an empty
+// table within that minute ran on such plans (two instances: one claim
+// took 12 s, before the claim's plans stopped depending on statistics).
+// A table never analyzed is worse: without statistics the planner takes
+// `queue = $1` to keep 0.5% of the rows, so a few hundred attempts look
+// like one, and a join to a batch could scan them once per row of the
+// batch; it is analyzed as soon as it has rows. Sent marks and reply
+// lookups stay linear in their batch whatever their plan; the resolve's
+// update of attempts does once the table has statistics
+// (TestHotPathsStayLinearOnNewTables); and fresh statistics make the
+// plans good, not only linear: probes by key or tuple id rather than one
+// scan of the table per batch (TestStatsFollowGrowth). ANALYZE replaces
+// the statistics, which invalidates every cached plan of the table.
+//
+// Plans go wrong only while statistics say the table is tiny (a few dozen
+// pages: then a scan looks cheaper than reaching rows by key), so the
+// table is analyzed each time it doubles until its statistics say 2.5 MB,
+// and left to autovacuum after (again after a TRUNCATE or a vacuum that
+// shrinks it); and only the columns the hot statements filter on are
+// analyzed (the sample still gives the table's size): about seven quick
+// analyzes each time a table grows from empty. SKIP_LOCKED: a table being
+// vacuumed or analyzed is left to that. Only tables whose owner's
+// privileges this role has are analyzed (ANALYZE skips the others, with a
+// warning).
 func (s *Store) StatsRefresh(ctx context.Context) ([]string, error) {
 	rows, err := s.pool.Query(ctx, `
 		SELECT c.relname, c.relpages FROM pg_class c
 		WHERE c.oid = ANY (ARRAY['hipq_job'::regclass, 'hipq_attempt'::regclass])
 		  AND pg_has_role(c.relowner, 'USAGE')
 		  AND c.relpages < $1
-		  AND pg_relation_size(c.oid) > 2 * greatest(c.relpages, 10)::bigint * current_setting('block_size')::bigint
+		  AND (pg_relation_size(c.oid) > 2 * greatest(c.relpages, 10)::bigint * current_setting('block_size')::bigint
+		       OR (c.reltuples < 0 AND pg_relation_size(c.oid) > 0))
 		ORDER BY 1`, statsSmallPages)
 	if err != nil {
 		return nil, fmt.Errorf("read table sizes: %w", err)
