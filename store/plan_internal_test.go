@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/hipq/hipq/internal/localpg"
 	"regexp"
 	"slices"
 	"strconv"
@@ -608,48 +609,11 @@ func TestHotPathsStayLinearOnNewTables(t *testing.T) {
 			if _, err := plain.pool.Exec(ctx, "ALTER TABLE hipq_job SET (autovacuum_enabled = off); ALTER TABLE hipq_attempt SET (autovacuum_enabled = off)"); err != nil {
 				t.Fatal(err)
 			}
-			types := correlator.Types{"t": &correlator.JobType{Name: "t", Queue: "q", Timeout: time.Hour, Priority: 100, ThrottleFactor: 1,
-				Delivery: correlator.AtLeastOnce}}
 			round := 0
 			life := func(n int) {
 				t.Helper()
 				round++
-				var jobs []*correlator.Job
-				for i := range n {
-					jobs = append(jobs, &correlator.Job{Queue: "q", JobType: "t", JobKey: fmt.Sprintf("r%d-%d", round, i), JobData: json.RawMessage(`{"i":1}`),
-						MaxAttempts: 1, Priority: 100, ThrottleFactor: 1, TimeoutSeconds: 3600})
-				}
-				if got, err := st.JobsInsert(ctx, jobs); err != nil || got != n {
-					t.Fatalf("inserted %d of %d: %v", got, n, err)
-				}
-				c, err := st.JobClaim(ctx, JobClaimParams{Queue: "q", Limit: n, Instance: "i"})
-				if err != nil || len(c.Jobs) != n {
-					t.Fatalf("claimed %d of %d: %v", len(c.Jobs), n, err)
-				}
-				half := c.Jobs[:n/2]
-				var refs []AttemptRef
-				var replies []ReplyIn
-				for _, j := range half {
-					refs = append(refs, j.Ref())
-					replies = append(replies, ReplyIn{Reply: &correlator.Reply{JobType: "t", JobKey: j.JobKey, Success: true}, Kind: SourceReply, Source: Source{Topic: "r"}})
-				}
-				if err := st.AttemptMarkSent(ctx, refs); err != nil {
-					t.Fatal(err)
-				}
-				rr, err := st.ReplyApply(ctx, ReplyBatch{Group: "g", EarlyTTL: time.Hour, Replies: replies}, types)
-				if err != nil || len(rr.Applied) != len(half) {
-					t.Fatalf("replies applied %d of %d: %v", len(rr.Applied), len(half), err)
-				}
-				var d Delivery
-				for _, j := range c.Jobs[n/2:] {
-					id, att := j.ID, j.Attempt
-					d.Sent = append(d.Sent, j.Ref())
-					d.Replies = append(d.Replies, ReplyIn{Reply: &correlator.Reply{JobID: &id, Attempt: &att, Success: true}, Kind: SourceCallback})
-				}
-				res, err := st.DeliveryRecord(ctx, d, types)
-				if err != nil || len(res.Replies.Applied) != n-n/2 {
-					t.Fatalf("delivered %d of %d: %v", len(res.Replies.Applied), n-n/2, err)
-				}
+				hotPaths(t, st, fmt.Sprintf("r%d-", round), n)
 			}
 			for range 3 {
 				life(6) // planned while the tables are nearly empty
@@ -688,5 +652,93 @@ func TestHotPathsStayLinearOnNewTables(t *testing.T) {
 				t.Fatalf("only %d statements explained", seen)
 			}
 		})
+	}
+}
+
+// hotPaths runs n new jobs of queue q through the hot paths: inserted,
+// claimed, half marked sent then replied to by key, half delivered with a
+// sync reply by id. Their keys start with prefix.
+func hotPaths(t *testing.T, st *Store, prefix string, n int) {
+	t.Helper()
+	ctx := context.Background()
+	types := correlator.Types{"t": &correlator.JobType{Name: "t", Queue: "q", Timeout: time.Hour, Priority: 100, ThrottleFactor: 1,
+		Delivery: correlator.AtLeastOnce}}
+	var jobs []*correlator.Job
+	for i := range n {
+		jobs = append(jobs, &correlator.Job{Queue: "q", JobType: "t", JobKey: fmt.Sprintf("%s%d", prefix, i), JobData: json.RawMessage(`{"i":1}`),
+			MaxAttempts: 1, Priority: 100, ThrottleFactor: 1, TimeoutSeconds: 3600})
+	}
+	if got, err := st.JobsInsert(ctx, jobs); err != nil || got != n {
+		t.Fatalf("inserted %d of %d: %v", got, n, err)
+	}
+	c, err := st.JobClaim(ctx, JobClaimParams{Queue: "q", Limit: n, Instance: "i"})
+	if err != nil || len(c.Jobs) != n {
+		t.Fatalf("claimed %d of %d: %v", len(c.Jobs), n, err)
+	}
+	half := c.Jobs[:n/2]
+	var refs []AttemptRef
+	var replies []ReplyIn
+	for _, j := range half {
+		refs = append(refs, j.Ref())
+		replies = append(replies, ReplyIn{Reply: &correlator.Reply{JobType: "t", JobKey: j.JobKey, Success: true}, Kind: SourceReply, Source: Source{Topic: "r"}})
+	}
+	if err := st.AttemptMarkSent(ctx, refs); err != nil {
+		t.Fatal(err)
+	}
+	rr, err := st.ReplyApply(ctx, ReplyBatch{Group: "g", EarlyTTL: time.Hour, Replies: replies}, types)
+	if err != nil || len(rr.Applied) != len(half) {
+		t.Fatalf("replies applied %d of %d: %v", len(rr.Applied), len(half), err)
+	}
+	var d Delivery
+	for _, j := range c.Jobs[n/2:] {
+		id, att := j.ID, j.Attempt
+		d.Sent = append(d.Sent, j.Ref())
+		d.Replies = append(d.Replies, ReplyIn{Reply: &correlator.Reply{JobID: &id, Attempt: &att, Success: true}, Kind: SourceCallback})
+	}
+	res, err := st.DeliveryRecord(ctx, d, types)
+	if err != nil || len(res.Replies.Applied) != n-n/2 {
+		t.Fatalf("delivered %d of %d: %v", len(res.Replies.Applied), n-n/2, err)
+	}
+}
+
+// --db-profile names the family of every statement of the hot paths: none
+// is left in "other" (pg_stat_statements normalizes constants, so the
+// families match the statements' texts as it stores them).
+func TestStatementFamilies(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pg, err := localpg.Start(ctx, localpg.Options{Settings: map[string]string{"shared_preload_libraries": "pg_stat_statements"}})
+	if err != nil {
+		t.Skip(err)
+	}
+	t.Cleanup(pg.Stop)
+	st, err := Open(ctx, Config{URL: pg.URL("postgres")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(st.Close)
+	if _, err := st.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.StatementsReset(ctx); err != nil {
+		t.Fatal(err)
+	}
+	hotPaths(t, st, "k", 100)
+	families, err := st.StatementsRead(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]int64{}
+	for _, f := range families {
+		seen[f.Family] = f.Rows
+	}
+	for _, want := range []string{"claim (hipq_claim)", "resolve (replies, timeouts)", "job inserts (intake, API, outbox)",
+		"sent marks", "job locks (deliveries, resolves)", "reply lookup"} {
+		if seen[want] == 0 {
+			t.Errorf("no rows in family %q: %v", want, families)
+		}
+	}
+	if seen["other"] >= 50 {
+		t.Errorf("%d rows of hot statements in \"other\": %v", seen["other"], families)
 	}
 }
