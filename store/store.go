@@ -66,13 +66,19 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	if cfg.CustomPlans {
 		pc.ConnConfig.RuntimeParams["plan_cache_mode"] = "force_custom_plan"
 	}
-	// No JIT compilation, unless the URL asks for it (jit=on): hipq's
-	// statements reach rows by key and run in milliseconds, and JIT
+	// No JIT compilation unless someone chose it for these sessions:
+	// hipq's statements reach rows by key and run in milliseconds, and JIT
 	// compiled the few whose estimated cost passed jit_above_cost (the
 	// sweeper's walks of running jobs, say) at every call, for longer
 	// than they ran (183 ms of 244 for the unsent claims in a burst).
-	if _, set := pc.ConnConfig.RuntimeParams["jit"]; !set {
-		pc.ConnConfig.RuntimeParams["jit"] = "off"
+	// Only the server's default is overridden, each connection once: a
+	// jit set for the role or the database (ALTER ROLE/DATABASE ... SET),
+	// or by the URL (jit=on, options=-c jit=on) stands. A SET rather than
+	// a startup parameter, which poolers may refuse.
+	pc.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
+		_, err := c.Exec(ctx, `SELECT set_config('jit', 'off', false) FROM pg_settings
+			WHERE name = 'jit' AND source IN ('default', 'configuration file')`)
+		return err
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {

@@ -579,21 +579,42 @@ func beforeVersion13(t *testing.T, then ...string) (string, *store.Store) {
 
 // The store's connections run without JIT compilation (its statements
 // reach rows by key; JIT compiled the few whose estimates passed
-// jit_above_cost at every call, for longer than they ran), unless the URL
-// asks for it.
+// jit_above_cost at every call, for longer than they ran), unless the URL,
+// the role or the database asks for it.
 func TestNoJITUnlessAsked(t *testing.T) {
 	t.Parallel()
 	url := pgtest.URL(t)
-	for _, tc := range []struct{ url, want string }{{url, "off"}, {url + " jit=on", "on"}} {
-		st, err := store.Open(ctx, store.Config{URL: tc.url})
+	jitOf := func(url string) string {
+		t.Helper()
+		st, err := store.Open(ctx, store.Config{URL: url})
 		if err != nil {
 			t.Fatal(err)
 		}
+		defer st.Close()
 		var jit string
-		err = st.Pool().QueryRow(ctx, "SHOW jit").Scan(&jit)
-		st.Close()
-		if err != nil || jit != tc.want {
-			t.Errorf("%q: jit %q (%v), want %q", tc.url, jit, err, tc.want)
+		if err := st.Pool().QueryRow(ctx, "SHOW jit").Scan(&jit); err != nil {
+			t.Fatal(err)
 		}
+		return jit
+	}
+	for _, tc := range []struct{ url, want string }{{url, "off"}, {url + " jit=on", "on"}, {url + " options='-c jit=on'", "on"}} {
+		if got := jitOf(tc.url); got != tc.want {
+			t.Errorf("%q: jit %q, want %q", tc.url, got, tc.want)
+		}
+	}
+	st, err := store.Open(ctx, store.Config{URL: url})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	var db string
+	if err := st.Pool().QueryRow(ctx, "SELECT current_database()").Scan(&db); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Pool().Exec(ctx, "ALTER DATABASE "+db+" SET jit = on"); err != nil {
+		t.Fatal(err)
+	}
+	if got := jitOf(url); got != "on" {
+		t.Errorf("with ALTER DATABASE ... SET jit = on: jit %q", got)
 	}
 }
