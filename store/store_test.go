@@ -417,7 +417,8 @@ func TestResolveIsGuarded(t *testing.T) {
 const waiting = `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`
 
 // Every transaction that writes attempt rows takes their jobs' locks
-// first, in id order: a sent mark, an undo or a delivery waiting for a job
+// first, in id order: a sent mark, an undo, a delivery or the send spans'
+// contexts waiting for a job
 // another transaction holds holds no attempt row meanwhile (so the order
 // in which a plan reaches attempt rows never matters: writers of the same
 // attempts wait in turn, never in a cycle; marks that took attempt rows
@@ -426,8 +427,8 @@ const waiting = `SELECT count(*) FROM pg_stat_activity WHERE datname = current_d
 func TestAttemptWritersLockJobsFirst(t *testing.T) {
 	t.Parallel()
 	st := pgtest.New(t)
-	insert(t, st, job("x1"), job("y1"), job("x2"), job("y2"), job("x3"), job("y3"))
-	c := claim(t, st, 6)
+	insert(t, st, job("x1"), job("y1"), job("x2"), job("y2"), job("x3"), job("y3"), job("x4"), job("y4"))
+	c := claim(t, st, 8)
 	for i, write := range []func(x, y store.Claimed) error{
 		func(x, y store.Claimed) error { return st.AttemptMarkSent(ctx, []store.AttemptRef{y.Ref(), x.Ref()}) },
 		func(x, y store.Claimed) error {
@@ -437,6 +438,9 @@ func TestAttemptWritersLockJobsFirst(t *testing.T) {
 		func(x, y store.Claimed) error {
 			_, err := st.JobUndoClaim(ctx, []store.AttemptRef{y.Ref(), x.Ref()})
 			return err
+		},
+		func(x, y store.Claimed) error {
+			return st.AttemptTracesWrite(ctx, []store.AttemptTrace{{AttemptRef: y.Ref(), Parent: "p"}, {AttemptRef: x.Ref(), Parent: "p"}})
 		},
 	} {
 		x, y := c[2*i], c[2*i+1]

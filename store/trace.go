@@ -64,22 +64,35 @@ func (s *Store) AttemptTraces(ctx context.Context, refs []AttemptRef) (map[Attem
 
 // AttemptTracesWrite keeps the send spans' contexts on their attempts.
 // The dispatcher writes them before it sends, so a reply, which can only
-// follow its request, always finds its parent.
+// follow its request, always finds its parent. Like every writer of
+// attempt rows it locks their jobs first, in (queue, id) order: a write
+// that outlived its timeout on the server would otherwise give an attempt
+// a new version under a sent mark that names the one it found (by tuple
+// id), and the mark would be lost (the claim then undone and sent again).
 func (s *Store) AttemptTracesWrite(ctx context.Context, ts []AttemptTrace) error {
 	if len(ts) == 0 {
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, traceTimeout)
 	defer cancel()
-	err := perQueue(ts, func(t AttemptTrace) string { return t.Queue }, func(q string, ts []AttemptTrace) error {
-		ids, atts, ps := make([]int64, len(ts)), make([]int32, len(ts)), make([]string, len(ts))
-		for i, t := range ts {
-			ids[i], atts[i], ps[i] = t.JobID, int32(t.Attempt), t.Parent
+	refs := make([]AttemptRef, len(ts))
+	for i, t := range ts {
+		refs[i] = t.AttemptRef
+	}
+	err := s.inTx(ctx, func(tx pgx.Tx) error {
+		if err := lockJobs(ctx, tx, refs); err != nil {
+			return err
 		}
-		_, err := s.pool.Exec(ctx, `UPDATE hipq_attempt a SET trace_parent = u.tp
-			FROM unnest($1::bigint[], $2::int[], $3::text[]) AS u(id, att, tp)
-			WHERE a.queue = $4 AND a.job_id = u.id AND a.attempt = u.att`, ids, atts, ps, q)
-		return err
+		return perQueue(ts, func(t AttemptTrace) string { return t.Queue }, func(q string, ts []AttemptTrace) error {
+			ids, atts, ps := make([]int64, len(ts)), make([]int32, len(ts)), make([]string, len(ts))
+			for i, t := range ts {
+				ids[i], atts[i], ps[i] = t.JobID, int32(t.Attempt), t.Parent
+			}
+			_, err := tx.Exec(ctx, `UPDATE hipq_attempt a SET trace_parent = u.tp
+				FROM unnest($1::bigint[], $2::int[], $3::text[]) AS u(id, att, tp)
+				WHERE a.queue = $4 AND a.job_id = u.id AND a.attempt = u.att`, ids, atts, ps, q)
+			return err
+		})
 	})
 	if err != nil {
 		return fmt.Errorf("record send spans: %w", err)
