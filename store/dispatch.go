@@ -296,14 +296,15 @@ func (s *Store) AttemptMarkSent(ctx context.Context, refs []AttemptRef) error {
 // scan hipq_attempt for "sent_at IS NULL" when statistics said no row had
 // it: quadratic in the batch beside a few hundred thousand final attempts
 // (700 us per job at 200k). The versions found are collected first (an
-// array the statement computes once): joined to the update instead, a
-// table never analyzed (its queue's rows estimated at one) was scanned
-// with every probe of the batch run again for each of its rows, 300 ms a
-// batch at the start of a burst (TestPlansOfEmptyTablesStayLinear). A row
-// changed meanwhile is left alone: its writer set sent_at (a reply), or
-// ended the attempt (cancel, timeout), or recorded news of it (progress),
-// which proves it left as well (AttemptFindUnsent never takes an attempt
-// with news).
+// array the statement computes once) and updated by tuple id (or, on a
+// stale plan, found by one scan comparing each row with the array):
+// joined to the update instead, a table never analyzed (its queue's rows
+// estimated at one) was scanned with every probe of the batch run again
+// for each of its rows, 300 ms a batch at the start of a burst
+// (TestPlansOfEmptyTablesStayLinear). The versions found stay current:
+// every writer of attempt rows takes their jobs' locks first, as the
+// caller has. (A row changed by a writer that did not would be left
+// alone.)
 const markSentSQL = `
 	UPDATE hipq_attempt a SET sent_at = now()
 	WHERE a.queue = $3 AND a.ctid = ANY (ARRAY(

@@ -611,8 +611,9 @@ func TestPlansOfEmptyTablesStayLinear(t *testing.T) {
 // analyzed, then analyzed by StatsRefresh (as the instance does four times
 // a second), then run over 300 jobs beside a few thousand: no plan node
 // runs more times than the batch has jobs (a statement is linear in its
-// batch). Statements are explained on the store's own connections
-// (auto_explain), custom and generic plans. Without StatsRefresh's first
+// batch; a plan may still read a table once, comparing each row with the
+// batch: TestStatsFollowGrowth). Statements are explained through a pool
+// set up like the store's (auto_explain), custom and generic plans. Without StatsRefresh's first
 // analyze of a table that has rows, the resolve's update of attempts ran
 // a node 3,336 times.
 func TestHotPathsStayLinearOnNewTables(t *testing.T) {

@@ -185,9 +185,10 @@ func applyReplies(ctx context.Context, tx pgx.Tx, ins []ReplyIn, types correlato
 // lockTargetsSQL is lockTargets' statement: the jobs of one queue ($4)
 // of ids $1 and the non-final jobs of (type, key) pairs $2, $3, locked in
 // id order. The ids are collected first (an array the statement computes
-// once), so the jobs are read once whatever the plan: joined instead, a
-// table never analyzed was scanned and matched against every id of the
-// batch for each of its rows (TestPlansOfEmptyTablesStayLinear).
+// once), and the jobs read by that array: by primary key, or, on a stale
+// plan, by one scan comparing each row with it. Joined instead, a table
+// never analyzed was scanned and matched against a materialized batch
+// for each of its rows (TestPlansOfEmptyTablesStayLinear).
 const lockTargetsSQL = `
 		SELECT id, job_type, job_key, state, attempt, max_attempts, expires_at, time_windows,
 		       coalesce(started_at, 'epoch'), timeout_seconds

@@ -33,11 +33,12 @@ var statsColumns = map[string]string{"hipq_job": " (queue, state, job_type)", "h
 // `queue = $1` to keep 0.5% of the rows, so a few hundred attempts look
 // like one, and a join to a batch could scan them once per row of the
 // batch; it is analyzed as soon as it has rows. Sent marks and reply
-// lookups stay linear in their batch whatever their plan; the resolve's
-// update of attempts does once the table has statistics
-// (TestHotPathsStayLinearOnNewTables); and fresh statistics make the
-// plans good, not only linear: probes by key or tuple id rather than one
-// scan of the table per batch (TestStatsFollowGrowth). ANALYZE replaces
+// lookups probe each row of their batch once whatever their plan; the
+// resolve's update of attempts does once the table has statistics
+// (TestHotPathsStayLinearOnNewTables). A stale plan may still read the
+// whole table once per batch, each row compared with the batch's list:
+// fresh statistics make the plans probe by key or tuple id instead
+// (TestStatsFollowGrowth). ANALYZE replaces
 // the statistics, which invalidates every cached plan of the table.
 //
 // Plans go wrong only while statistics say the table is tiny (a few dozen
