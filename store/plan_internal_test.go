@@ -366,25 +366,7 @@ func TestStatsFollowGrowth(t *testing.T) {
 	if tables, err := st.StatsRefresh(ctx); err != nil || len(tables) != 0 {
 		t.Fatalf("empty tables analyzed: %v %v", tables, err)
 	}
-	seeded := 0
-	seed := func(n int) []AttemptRef {
-		seeded++
-		rows, _ := st.pool.Query(ctx, `
-			WITH j AS (
-			  INSERT INTO hipq_job (queue, job_type, job_key, state, attempt, started_at, job_data)
-			  SELECT 'q', 't', 'k' || i || '-' || $2::int, 'running', 1, now(), '{"pad": "`+strings.Repeat("x", 200)+`"}'
-			  FROM generate_series(1, $1::int) i RETURNING id)
-			INSERT INTO hipq_attempt (queue, job_id, attempt, instance) SELECT 'q', id, 1, 'i' FROM j RETURNING job_id`, n, seeded)
-		ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
-		if err != nil || len(ids) != n {
-			t.Fatalf("seeded %d: %v", len(ids), err)
-		}
-		refs := make([]AttemptRef, n)
-		for i, id := range ids {
-			refs[i] = AttemptRef{Queue: "q", JobID: id, Attempt: 1}
-		}
-		return refs
-	}
+	seed := runningSeeder(t, st, `{"pad": "`+strings.Repeat("x", 200)+`"}`)
 	// mark marks refs sent through the sent marks' statement and returns
 	// its plan.
 	mark := func(refs []AttemptRef) string {
@@ -521,24 +503,7 @@ func TestPlansOfEmptyTablesStayLinear(t *testing.T) {
 	if _, err := st.pool.Exec(ctx, "ALTER TABLE hipq_job SET (autovacuum_enabled = off); ALTER TABLE hipq_attempt SET (autovacuum_enabled = off)"); err != nil {
 		t.Fatal(err)
 	}
-	seeded := 0
-	seed := func(n int) []AttemptRef {
-		seeded++
-		rows, _ := st.pool.Query(ctx, `
-			WITH j AS (
-			  INSERT INTO hipq_job (queue, job_type, job_key, state, attempt, started_at)
-			  SELECT 'q', 't', 'k' || i || '-' || $2::int, 'running', 1, now() FROM generate_series(1, $1::int) i RETURNING id)
-			INSERT INTO hipq_attempt (queue, job_id, attempt, instance) SELECT 'q', id, 1, 'i' FROM j RETURNING job_id`, n, seeded)
-		ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
-		if err != nil || len(ids) != n {
-			t.Fatalf("seeded %d: %v", len(ids), err)
-		}
-		refs := make([]AttemptRef, n)
-		for i, id := range ids {
-			refs[i] = AttemptRef{Queue: "q", JobID: id, Attempt: 1}
-		}
-		return refs
-	}
+	seed := runningSeeder(t, st, `null`)
 	// loops returns the largest loops= of plan's nodes.
 	loops := func(plan string) int {
 		most := 0
@@ -757,5 +722,30 @@ func TestStatementFamilies(t *testing.T) {
 	}
 	if seen["other"] >= 50 {
 		t.Errorf("%d rows of hot statements in \"other\": %v", seen["other"], families)
+	}
+}
+
+// runningSeeder returns a function that inserts n running jobs of queue q
+// (job_data data), each with its attempt 1, and returns their attempts.
+func runningSeeder(t *testing.T, st *Store, data string) func(n int) []AttemptRef {
+	seeded := 0
+	return func(n int) []AttemptRef {
+		t.Helper()
+		seeded++
+		rows, _ := st.pool.Query(context.Background(), `
+			WITH j AS (
+			  INSERT INTO hipq_job (queue, job_type, job_key, state, attempt, started_at, job_data)
+			  SELECT 'q', 't', 'k' || i || '-' || $2::int, 'running', 1, now(), $3::jsonb
+			  FROM generate_series(1, $1::int) i RETURNING id)
+			INSERT INTO hipq_attempt (queue, job_id, attempt, instance) SELECT 'q', id, 1, 'i' FROM j RETURNING job_id`, n, seeded, data)
+		ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+		if err != nil || len(ids) != n {
+			t.Fatalf("seeded %d: %v", len(ids), err)
+		}
+		refs := make([]AttemptRef, n)
+		for i, id := range ids {
+			refs[i] = AttemptRef{Queue: "q", JobID: id, Attempt: 1}
+		}
+		return refs
 	}
 }

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/hipq/hipq/correlator"
 	"github.com/hipq/hipq/internal/pgtest"
 	"github.com/hipq/hipq/store"
@@ -588,37 +590,36 @@ func beforeVersion13(t *testing.T, then ...string) (string, *store.Store) {
 func TestNoJITUnlessAsked(t *testing.T) {
 	t.Parallel()
 	url := pgtest.URL(t)
-	jitOf := func(url string) string {
+	// ask runs q on a store of url and returns its one text.
+	ask := func(url, q string) string {
 		t.Helper()
 		st, err := store.Open(ctx, store.Config{URL: url})
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer st.Close()
-		var jit string
-		if err := st.Pool().QueryRow(ctx, "SHOW jit").Scan(&jit); err != nil {
+		var out string
+		if err := st.Pool().QueryRow(ctx, q).Scan(&out); err != nil {
 			t.Fatal(err)
 		}
-		return jit
+		return out
 	}
 	for _, tc := range []struct{ url, want string }{{url, "off"}, {url + " jit=on", "on"}, {url + " options='-c jit=on'", "on"}} {
-		if got := jitOf(tc.url); got != tc.want {
+		if got := ask(tc.url, "SHOW jit"); got != tc.want {
 			t.Errorf("%q: jit %q, want %q", tc.url, got, tc.want)
 		}
 	}
-	st, err := store.Open(ctx, store.Config{URL: url})
+	db := ask(url, "SELECT current_database()::text")
+	alter, err := store.Open(ctx, store.Config{URL: url})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer st.Close()
-	var db string
-	if err := st.Pool().QueryRow(ctx, "SELECT current_database()").Scan(&db); err != nil {
+	_, err = alter.Pool().Exec(ctx, "ALTER DATABASE "+pgx.Identifier{db}.Sanitize()+" SET jit = on")
+	alter.Close()
+	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := st.Pool().Exec(ctx, "ALTER DATABASE "+db+" SET jit = on"); err != nil {
-		t.Fatal(err)
-	}
-	if got := jitOf(url); got != "on" {
+	if got := ask(url, "SHOW jit"); got != "on" {
 		t.Errorf("with ALTER DATABASE ... SET jit = on: jit %q", got)
 	}
 }
