@@ -147,7 +147,9 @@ func TestNewsIsNeverUnsent(t *testing.T) {
 	if _, err := st.ReplyApply(ctx, store.ReplyBatch{Replies: []store.ReplyIn{progress("newsy", 1)}, EarlyTTL: time.Minute}, types); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := st.Pool().Exec(ctx, `UPDATE hipq_attempt SET dispatched_at = now() - interval '1 hour'`); err != nil {
+	// (a running job's started_at is its attempt's dispatched_at)
+	if _, err := st.Pool().Exec(ctx, `UPDATE hipq_attempt SET dispatched_at = now() - interval '1 hour';
+		UPDATE hipq_job SET started_at = now() - interval '1 hour' WHERE state = 'running'`); err != nil {
 		t.Fatal(err)
 	}
 	unsent, err := st.AttemptFindUnsent(ctx, types, time.Second, 10)

@@ -368,7 +368,8 @@ func queueLife(t *testing.T, st, plain *Store) {
 	if _, err := plain.pool.Exec(ctx, `UPDATE hipq_job SET started_at = now() - interval '2 hours' WHERE id = $1`, c[2].ID); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := plain.pool.Exec(ctx, `UPDATE hipq_attempt SET dispatched_at = now() - interval '1 hour' WHERE job_id = $1`, c[3].ID); err != nil {
+	if _, err := plain.pool.Exec(ctx, `WITH j AS (UPDATE hipq_job SET started_at = now() - interval '30 minutes' WHERE id = $1 RETURNING id)
+		UPDATE hipq_attempt a SET dispatched_at = now() - interval '30 minutes' FROM j WHERE a.job_id = j.id`, c[3].ID); err != nil {
 		t.Fatal(err)
 	}
 	out, err := st.JobTimeOutStuck(ctx, 100, types)

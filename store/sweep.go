@@ -47,16 +47,7 @@ func (s *Store) SweeperLock(ctx context.Context) (release func(), ok bool, err e
 // another transaction holds (a reply being applied) are skipped and the
 // writes are guarded, so a reply racing a timeout is never overwritten.
 func (s *Store) JobTimeOutStuck(ctx context.Context, limit int, types correlator.Types) ([]AttemptRef, error) {
-	// The queues with running jobs, read from their index one queue at a
-	// time (a skip scan: as cheap with a million running jobs as with one).
-	queues, err := s.queuesOf(ctx, `
-		WITH RECURSIVE q AS (
-		  (SELECT queue FROM hipq_job WHERE state = 'running' ORDER BY queue LIMIT 1)
-		  UNION ALL
-		  SELECT (SELECT j.queue FROM hipq_job j WHERE j.state = 'running' AND j.queue > q.queue ORDER BY j.queue LIMIT 1)
-		  FROM q WHERE q.queue IS NOT NULL
-		)
-		SELECT queue FROM q WHERE queue IS NOT NULL`)
+	queues, err := s.queuesOf(ctx, runningQueuesSQL)
 	if err != nil {
 		return nil, fmt.Errorf("find timed-out jobs: %w", err)
 	}
@@ -168,46 +159,88 @@ type Unsent struct {
 	DispatchedAt time.Time
 }
 
-// findUnsentSQL finds unsent claims through the running jobs: each
-// one's current attempt is looked up by its key (OFFSET 0: never
-// flattened into a scan of hipq_attempt for unsent rows, which statistics
-// may say do not exist).
+// findUnsentSQL finds the unsent claims of queue $6 through its running
+// jobs claimed longer ago than the least send bound ($7) plus grace: a
+// range of hipq_job_running (queue, started_at; a running job's
+// started_at is its attempt's dispatched_at), so a burst of recent claims
+// is never read. Each one's current attempt is looked up by its key
+// (OFFSET 0: never flattened into a scan of hipq_attempt for unsent rows,
+// which statistics may say do not exist).
 const findUnsentSQL = `
 		SELECT j.queue, j.id, j.attempt, j.job_type, a.dispatched_at
 		FROM hipq_job j
 		CROSS JOIN LATERAL (SELECT b.dispatched_at, b.sent_at, b.outcome, b.progress_at FROM hipq_attempt b
 		                    WHERE b.queue = j.queue AND b.job_id = j.id AND b.attempt = j.attempt OFFSET 0) a
 		LEFT JOIN unnest($1::text[], $2::float8[]) AS t(job_type, secs) ON t.job_type = j.job_type
-		WHERE j.state = 'running'
+		WHERE j.queue = $6 AND j.state = 'running' AND j.started_at < now() - make_interval(secs => $7) - $4::interval
 		  AND a.sent_at IS NULL AND a.outcome IS NULL AND a.progress_at IS NULL AND a.dispatched_at < now() - $4::interval
 		  AND a.dispatched_at < now() - make_interval(secs => coalesce(t.secs, $3)) - $4::interval
-		ORDER BY a.dispatched_at LIMIT $5`
+		ORDER BY j.started_at LIMIT $5`
+
+// runningQueuesSQL lists the queues with running jobs, read from their
+// index one queue at a time (a skip scan: as cheap with a million running
+// jobs as with one).
+const runningQueuesSQL = `
+		WITH RECURSIVE q AS (
+		  (SELECT queue FROM hipq_job WHERE state = 'running' ORDER BY queue LIMIT 1)
+		  UNION ALL
+		  SELECT (SELECT j.queue FROM hipq_job j WHERE j.state = 'running' AND j.queue > q.queue ORDER BY j.queue LIMIT 1)
+		  FROM q WHERE q.queue IS NOT NULL
+		)
+		SELECT queue FROM q WHERE queue IS NOT NULL`
 
 // AttemptFindUnsent lists running jobs whose current attempt has no
 // sent_at (nor news: progress proves the request left) though it was
 // claimed longer ago than its type's send bound
 // (JobType.SendBound; a type not configured here gets the default) plus
-// grace. The deadline is PostgreSQL's, on the clock that stamped
-// dispatched_at: no other clock enters it.
+// grace, oldest first. The deadline is PostgreSQL's, on the clock that
+// stamped dispatched_at: no other clock enters it. It reads indexes only
+// (sequential scans off for its transaction: a plan made on statistics
+// that say the table is small would read every row, final ones included,
+// at every sweep), each queue's running jobs older than the least bound.
 func (s *Store) AttemptFindUnsent(ctx context.Context, types correlator.Types, grace time.Duration, limit int) ([]Unsent, error) {
 	var names []string
 	var secs []float64
+	least := correlator.DefaultSendTimeout.Seconds()
 	for name, jt := range types {
-		names, secs = append(names, name), append(secs, jt.SendBound().Seconds())
+		b := jt.SendBound().Seconds()
+		names, secs = append(names, name), append(secs, b)
+		least = min(least, b)
 	}
-	rows, err := s.pool.Query(ctx, findUnsentSQL, names, secs, correlator.DefaultSendTimeout.Seconds(), grace, limit)
+	var out []Unsent
+	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+		out = out[:0]
+		if _, err := tx.Exec(ctx, "SET LOCAL enable_seqscan = off"); err != nil {
+			return err
+		}
+		rows, err := tx.Query(ctx, runningQueuesSQL)
+		if err != nil {
+			return err
+		}
+		queues, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return err
+		}
+		for _, q := range queues {
+			rows, err := tx.Query(ctx, findUnsentSQL, names, secs, correlator.DefaultSendTimeout.Seconds(), grace, limit, q, least)
+			if err != nil {
+				return err
+			}
+			var u Unsent
+			if _, err := pgx.ForEachRow(rows, []any{&u.Queue, &u.JobID, &u.Attempt, &u.JobType, &u.DispatchedAt}, func() error {
+				out = append(out, u)
+				return nil
+			}); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
 	if err != nil {
 		return nil, fmt.Errorf("find unsent claims: %w", err)
 	}
-	var out []Unsent
-	var u Unsent
-	if _, err := pgx.ForEachRow(rows, []any{&u.Queue, &u.JobID, &u.Attempt, &u.JobType, &u.DispatchedAt}, func() error {
-		out = append(out, u)
-		return nil
-	}); err != nil {
-		return nil, fmt.Errorf("find unsent claims: %w", err)
-	}
-	return out, nil
+	slices.SortFunc(out, func(a, b Unsent) int { return a.DispatchedAt.Compare(b.DispatchedAt) })
+	return out[:min(len(out), limit)], nil
 }
 
 // JobExpire ends up to limit waiting jobs past expires_at: final / expired.

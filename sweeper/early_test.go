@@ -160,8 +160,10 @@ func TestSweeperDeadlinesOnTheDatabaseClock(t *testing.T) {
 	}
 	// Kafka types: 30s send timeout; "web": 5s. Grace 10s.
 	for key, ago := range map[string]int{"due": 45, "not-yet": 35, "http-due": 20, "http-not-yet": 10} {
-		if _, err := st.Pool().Exec(ctx, fmt.Sprintf(`UPDATE hipq_attempt a SET dispatched_at = now() - interval '%d seconds'
-			FROM hipq_job j WHERE j.id = a.job_id AND j.job_key = '%s'`, ago, key)); err != nil {
+		// (a running job's started_at is its attempt's dispatched_at)
+		if _, err := st.Pool().Exec(ctx, fmt.Sprintf(`WITH j AS (
+			  UPDATE hipq_job SET started_at = now() - interval '%[1]d seconds' WHERE job_key = '%[2]s' RETURNING id)
+			UPDATE hipq_attempt a SET dispatched_at = now() - interval '%[1]d seconds' FROM j WHERE j.id = a.job_id`, ago, key)); err != nil {
 			t.Fatal(err)
 		}
 	}

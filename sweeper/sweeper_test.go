@@ -48,6 +48,7 @@ func TestSweep(t *testing.T) {
 		}
 	}
 	exec(`UPDATE hipq_attempt a SET dispatched_at = now() - interval '10 minutes' FROM hipq_job j WHERE j.id = a.job_id AND j.job_key = 'dead'`)
+	exec(`UPDATE hipq_job SET started_at = now() - interval '10 minutes' WHERE job_key = 'dead'`) // (a running job's started_at is its attempt's dispatched_at)
 	exec(`UPDATE hipq_job SET started_at = now() - interval '2 hours' WHERE job_key = 'slow'`)
 	exec(`UPDATE hipq_attempt a SET sent_at = now() FROM hipq_job j WHERE j.id = a.job_id AND j.job_key = 'slow'`)
 	if _, err := st.JobsInsert(ctx, []*correlator.Job{mk("alo", "expired", &past)}); err != nil {
