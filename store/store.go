@@ -71,10 +71,11 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	// compiled the few whose estimated cost passed jit_above_cost (the
 	// sweeper's walks of running jobs, say) at every call, for longer
 	// than they ran (183 ms of 244 for the unsent claims in a burst).
-	// Only the server's default is overridden, each connection once: a
-	// jit set for the role or the database (ALTER ROLE/DATABASE ... SET),
-	// or by the URL (jit=on, options=-c jit=on) stands. A SET rather than
-	// a startup parameter, which poolers may refuse.
+	// Only a jit from the server's configuration (postgresql.conf, ALTER
+	// SYSTEM) or its default is overridden, each connection once: one set
+	// for the role or the database (ALTER ROLE/DATABASE ... SET), on the
+	// server's command line, or by the URL (jit=on, options=-c jit=on)
+	// stands, which a startup parameter would override.
 	pc.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
 		_, err := c.Exec(ctx, `SELECT set_config('jit', 'off', false) FROM pg_settings
 			WHERE name = 'jit' AND source IN ('default', 'configuration file')`)
