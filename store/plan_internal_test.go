@@ -360,9 +360,7 @@ func TestStatsFollowGrowth(t *testing.T) {
 	ctx := context.Background()
 	conn, notices := explainedConn(t, pg.URL("postgres"), st.schema, false)
 	// (Autovacuum stays out of the way: its analyze would do what is tested.)
-	if _, err := st.pool.Exec(ctx, "ALTER TABLE hipq_job SET (autovacuum_enabled = off); ALTER TABLE hipq_attempt SET (autovacuum_enabled = off)"); err != nil {
-		t.Fatal(err)
-	}
+	autovacuumOff(t, st)
 	if tables, err := st.StatsRefresh(ctx); err != nil || len(tables) != 0 {
 		t.Fatalf("empty tables analyzed: %v %v", tables, err)
 	}
@@ -500,9 +498,7 @@ func TestPlansOfEmptyTablesStayLinear(t *testing.T) {
 	pg, st := planStore(t)
 	ctx := context.Background()
 	conn, notices := explainedConn(t, pg.URL("postgres"), st.schema, true)
-	if _, err := st.pool.Exec(ctx, "ALTER TABLE hipq_job SET (autovacuum_enabled = off); ALTER TABLE hipq_attempt SET (autovacuum_enabled = off)"); err != nil {
-		t.Fatal(err)
-	}
+	autovacuumOff(t, st)
 	seed := runningSeeder(t, st, `null`)
 	// loops returns the largest loops= of plan's nodes.
 	loops := func(plan string) int {
@@ -588,9 +584,7 @@ func TestHotPathsStayLinearOnNewTables(t *testing.T) {
 			t.Parallel()
 			st, plain, plans := explainStore(t, generic, true)
 			ctx := context.Background()
-			if _, err := plain.pool.Exec(ctx, "ALTER TABLE hipq_job SET (autovacuum_enabled = off); ALTER TABLE hipq_attempt SET (autovacuum_enabled = off)"); err != nil {
-				t.Fatal(err)
-			}
+			autovacuumOff(t, plain)
 			round := 0
 			life := func(n int) {
 				t.Helper()
@@ -760,8 +754,8 @@ func TestUnsentFinderReadsOldClaimsOnly(t *testing.T) {
 	t.Parallel()
 	st, plain, plans := explainStore(t, false, true)
 	ctx := context.Background()
+	autovacuumOff(t, plain)
 	if _, err := plain.pool.Exec(ctx, `
-		ALTER TABLE hipq_job SET (autovacuum_enabled = off); ALTER TABLE hipq_attempt SET (autovacuum_enabled = off);
 		ANALYZE hipq_job; ANALYZE hipq_attempt;
 		INSERT INTO hipq_job (queue, job_type, job_key, state, outcome, attempt)
 		SELECT 'q', 't', 'f' || i, 'final', 'succeeded', 1 FROM generate_series(1, 100000) i;
@@ -795,5 +789,15 @@ func TestUnsentFinderReadsOldClaimsOnly(t *testing.T) {
 	}
 	if seen == 0 {
 		t.Fatal("no plan read hipq_attempt")
+	}
+}
+
+// autovacuumOff keeps autovacuum off hipq_job and hipq_attempt: its
+// analyze would change the statistics a test sets up.
+func autovacuumOff(t *testing.T, st *Store) {
+	t.Helper()
+	if _, err := st.pool.Exec(context.Background(),
+		"ALTER TABLE hipq_job SET (autovacuum_enabled = off); ALTER TABLE hipq_attempt SET (autovacuum_enabled = off)"); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -33,19 +33,8 @@ func conjuncts(cond string) []string {
 	for len(cond) > 1 && cond[0] == '(' && closing(cond, 0) == len(cond)-1 {
 		cond = strings.TrimSpace(cond[1 : len(cond)-1])
 	}
-	depth, quoted := 0, false
-	for i := 0; i < len(cond); i++ {
-		switch c := cond[i]; {
-		case c == '\'':
-			quoted = !quoted
-		case quoted:
-		case c == '(':
-			depth++
-		case c == ')':
-			depth--
-		case depth == 0 && strings.HasPrefix(cond[i:], " AND "):
-			return append(conjuncts(cond[:i]), conjuncts(cond[i+5:])...)
-		}
+	if i := scanParens(cond, 0, func(i, depth int) bool { return depth == 0 && strings.HasPrefix(cond[i:], " AND ") }); i >= 0 {
+		return append(conjuncts(cond[:i]), conjuncts(cond[i+5:])...)
 	}
 	if cond == "" {
 		return nil
@@ -55,19 +44,28 @@ func conjuncts(cond string) []string {
 
 // closing is the index of the parenthesis closing the one at open (-1: none).
 func closing(s string, open int) int {
+	return scanParens(s, open, func(i, depth int) bool { return s[i] == ')' && depth == 0 })
+}
+
+// scanParens walks s from from, outside quoted strings, and returns the
+// first index at which stop holds, given the parenthesis depth after that
+// byte (-1: none).
+func scanParens(s string, from int, stop func(i, depth int) bool) int {
 	depth, quoted := 0, false
-	for i := open; i < len(s); i++ {
+	for i := from; i < len(s); i++ {
 		switch c := s[i]; {
 		case c == '\'':
 			quoted = !quoted
+			continue
 		case quoted:
+			continue
 		case c == '(':
 			depth++
 		case c == ')':
 			depth--
-			if depth == 0 {
-				return i
-			}
+		}
+		if stop(i, depth) {
+			return i
 		}
 	}
 	return -1

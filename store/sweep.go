@@ -67,7 +67,14 @@ func (s *Store) JobTimeOutStuck(ctx context.Context, limit int, types correlator
 // queuesOf reads the queues a statement finds (a read over every queue:
 // a sweep's writes then name one queue each), in name order.
 func (s *Store) queuesOf(ctx context.Context, q string, args ...any) ([]string, error) {
-	rows, err := s.pool.Query(ctx, "SELECT * FROM ("+q+") q ORDER BY 1", args...)
+	return queuesIn(ctx, s.pool, q, args...)
+}
+
+// queuesIn is queuesOf on db (a transaction, say).
+func queuesIn(ctx context.Context, db interface {
+	Query(context.Context, string, ...any) (pgx.Rows, error)
+}, q string, args ...any) ([]string, error) {
+	rows, err := db.Query(ctx, "SELECT * FROM ("+q+") q ORDER BY 1", args...)
 	if err != nil {
 		return nil, err
 	}
@@ -209,15 +216,10 @@ func (s *Store) AttemptFindUnsent(ctx context.Context, types correlator.Types, g
 	}
 	var out []Unsent
 	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
-		out = out[:0]
 		if _, err := tx.Exec(ctx, "SET LOCAL enable_seqscan = off"); err != nil {
 			return err
 		}
-		rows, err := tx.Query(ctx, runningQueuesSQL)
-		if err != nil {
-			return err
-		}
-		queues, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		queues, err := queuesIn(ctx, tx, runningQueuesSQL)
 		if err != nil {
 			return err
 		}

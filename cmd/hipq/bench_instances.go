@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"os"
@@ -162,18 +161,30 @@ func (in *instance) peakRSS() int64 {
 func scrapeInstances(ctx context.Context, insts []*instance) (map[string]float64, error) {
 	sum := map[string]float64{}
 	for _, in := range insts {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, in.metrics, nil)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			return nil, fmt.Errorf("read the metrics of hipq instance %d: %w", in.n, err)
-		}
-		err = addMetrics(resp.Body, sum)
-		resp.Body.Close()
-		if err != nil {
-			return nil, fmt.Errorf("read the metrics of hipq instance %d: %w", in.n, err)
+		if err := in.metricLines(ctx, http.DefaultClient, func(line string) { addMetric(line, sum) }); err != nil {
+			return nil, err
 		}
 	}
 	return sum, nil
+}
+
+// metricLines reads the instance's /metrics, a line at a time.
+func (in *instance) metricLines(ctx context.Context, client *http.Client, line func(string)) error {
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, in.metrics, nil)
+	resp, err := client.Do(req)
+	if err != nil {
+		return fmt.Errorf("read the metrics of hipq instance %d: %w", in.n, err)
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		line(sc.Text())
+	}
+	if err := sc.Err(); err != nil {
+		return fmt.Errorf("read the metrics of hipq instance %d: %w", in.n, err)
+	}
+	return nil
 }
 
 // waitBalanced waits until each group's partitions are all assigned, each
@@ -187,20 +198,14 @@ func waitBalanced(ctx context.Context, insts []*instance, groups []string, parti
 		balanced := true
 		total := map[string]int{}
 		for _, in := range insts {
-			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, in.metrics, nil)
-			resp, err := client.Do(req)
-			if err != nil {
-				return fmt.Errorf("read the metrics of hipq instance %d: %w", in.n, err)
-			}
 			mine := map[string]int{}
-			sc := bufio.NewScanner(resp.Body)
-			sc.Buffer(make([]byte, 64<<10), 1<<20)
-			for sc.Scan() {
-				if m := group.FindStringSubmatch(sc.Text()); m != nil {
+			if err := in.metricLines(ctx, client, func(line string) {
+				if m := group.FindStringSubmatch(line); m != nil {
 					mine[m[1]]++
 				}
+			}); err != nil {
+				return err
 			}
-			resp.Body.Close()
 			for _, g := range groups {
 				total[g] += mine[g]
 				balanced = balanced && (mine[g] > 0 || len(insts) > partitions)
@@ -223,29 +228,24 @@ func waitBalanced(ctx context.Context, insts []*instance, groups []string, parti
 	}
 }
 
-func addMetrics(r io.Reader, sum map[string]float64) error {
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		if line == "" || line[0] == '#' {
-			continue
-		}
-		i := strings.LastIndexByte(line, ' ')
-		if i < 0 {
-			continue
-		}
-		v, err := strconv.ParseFloat(line[i+1:], 64)
-		if err != nil {
-			continue
-		}
-		series := line[:i]
-		sum[series] += v
-		if name, _, ok := strings.Cut(series, "{"); ok {
-			sum[name] += v
-		}
+// addMetric adds a /metrics line's value to its series and to its name.
+func addMetric(line string, sum map[string]float64) {
+	if line == "" || line[0] == '#' {
+		return
 	}
-	return sc.Err()
+	i := strings.LastIndexByte(line, ' ')
+	if i < 0 {
+		return
+	}
+	v, err := strconv.ParseFloat(line[i+1:], 64)
+	if err != nil {
+		return
+	}
+	series := line[:i]
+	sum[series] += v
+	if name, _, ok := strings.Cut(series, "{"); ok {
+		sum[name] += v
+	}
 }
 
 func freePort() (int, error) {
