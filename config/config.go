@@ -136,6 +136,10 @@ type Intake struct {
 	// Outbox drains hipq_intake, the transactional outbox, in the intake
 	// role. Defaults to true.
 	Outbox *bool `yaml:"outbox"`
+	// Concurrency is how many batches of records the instance applies at
+	// once, each in its own transaction, from different partitions.
+	// Defaults to 1.
+	Concurrency int `yaml:"concurrency"`
 }
 
 // Responses is the consumer of replies.
@@ -149,6 +153,10 @@ type Responses struct {
 	// DeadLetterTopic gets a copy of each unusable reply; optional.
 	DeadLetterTopic string          `yaml:"dead_letter_topic"`
 	Topics          []ResponseTopic `yaml:"topics"`
+	// Concurrency is how many batches of replies the instance applies at
+	// once, each in its own transaction, from different partitions.
+	// Defaults to 2.
+	Concurrency int `yaml:"concurrency"`
 }
 
 // ResponseTopic is one response topic and where its fields are. Fields
