@@ -138,9 +138,13 @@ type group struct {
 	paused  map[store.TopicPartition]bool     // partitions flush paused
 	stuck   []bool                            // by lane: its partitions are paused
 	taken   int                               // buffers lanes took
-	done    int                               // buffers lanes are done with
-	closed  bool                              // the lanes end
-	wake    context.CancelFunc                // ends the poll in progress
+	// reloadAt: after reloads failed reloadFailures times in a row, the
+	// next is tried no sooner.
+	reloadAt       time.Time
+	reloadFailures int
+	done           int                // buffers lanes are done with
+	closed         bool               // the lanes end
+	wake           context.CancelFunc // ends the poll in progress
 }
 
 func newGroup(log *zap.Logger, st *store.Store, cfg GroupConfig, app applier) (*group, error) {
@@ -337,10 +341,17 @@ func (g *group) Run(ctx context.Context) error {
 		if g.cfg.Concurrency == 1 {
 			g.waitLane()
 		}
+		g.mu.Lock()
+		reloadAt := g.reloadAt
+		reload := len(g.reloads) > 0
+		g.mu.Unlock()
 		poll, wake := context.WithCancel(ctx)
+		if reload && time.Now().Before(reloadAt) {
+			poll, wake = context.WithDeadline(ctx, reloadAt) // the reload's next try ends the poll
+		}
 		g.mu.Lock()
 		g.wake = wake
-		now := len(g.reloads) > 0 // a reload waits: take what is buffered, then seek
+		now := reload && !time.Now().Before(reloadAt) // a reload waits: take what is buffered, then seek
 		for i := range g.pending {
 			now = now || g.stuck[i] && !g.fullLocked(i) // a stuck lane took its records
 		}
@@ -357,7 +368,7 @@ func (g *group) Run(ctx context.Context) error {
 			return nil
 		}
 		fetches.EachError(func(t string, p int32, err error) {
-			if !errors.Is(err, context.Canceled) {
+			if !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
 				g.log.Warn("fetch error", zap.String("group", g.cfg.Group), zap.String("topic", t), zap.Int32("partition", p), zap.Error(err))
 			}
 		})
@@ -370,9 +381,7 @@ func (g *group) Run(ctx context.Context) error {
 }
 
 // advances computes each partition's move for recs, from the stored offset.
-func (g *group) advances(recs []*kgo.Record) []store.OffsetAdvance {
-	g.mu.Lock()
-	defer g.mu.Unlock()
+func (c *claimed) advances(recs []*kgo.Record) []store.OffsetAdvance {
 	idx := map[store.TopicPartition]int{}
 	var adv []store.OffsetAdvance
 	for _, r := range recs {
@@ -381,11 +390,7 @@ func (g *group) advances(recs []*kgo.Record) []store.OffsetAdvance {
 		if !ok {
 			i = len(adv)
 			idx[tp] = i
-			from, known := g.pos[tp]
-			if !known {
-				from = -1
-			}
-			adv = append(adv, store.OffsetAdvance{Topic: r.Topic, Partition: r.Partition, From: from})
+			adv = append(adv, store.OffsetAdvance{Topic: r.Topic, Partition: r.Partition, From: c.from[tp]})
 		}
 		adv[i].To = r.Offset + 1
 	}
@@ -398,16 +403,21 @@ func (g *group) advances(recs []*kgo.Record) []store.OffsetAdvance {
 // fault is found; a record refused again on its own is dead-lettered. So
 // no error class, listed or not, can stall a partition: only a database
 // that cannot be reached or written at all holds it.
-func (g *group) process(ctx context.Context, recs []*kgo.Record) error {
-	adv := g.advances(recs)
+//
+// c holds each partition's offset as the lane claimed it, and moves it on
+// as parts of the batch commit: a split batch's second half starts where
+// the first ended, never at an offset read again meanwhile (the partition
+// may have gone to another member and come back).
+func (g *group) process(ctx context.Context, c *claimed, recs []*kgo.Record) error {
+	adv := c.advances(recs)
 	after, err := g.app.apply(ctx, recs, adv)
 	if err != nil && !errors.Is(err, store.ErrOffsetConflict) && !store.IsTransient(err) && ctx.Err() == nil {
 		if len(recs) > 1 {
 			half := len(recs) / 2
-			if err := g.process(ctx, recs[:half]); err != nil {
+			if err := g.process(ctx, c, recs[:half]); err != nil {
 				return err
 			}
-			return g.process(ctx, recs[half:])
+			return g.process(ctx, c, recs[half:])
 		}
 		after, err = g.poison(ctx, recs[0], adv, err)
 	}
@@ -425,7 +435,8 @@ func (g *group) process(ctx context.Context, recs []*kgo.Record) error {
 	g.mu.Lock()
 	for _, a := range adv {
 		tp := store.TopicPartition{Topic: a.Topic, Partition: a.Partition}
-		if _, ok := g.pos[tp]; ok { // not revoked meanwhile
+		c.from[tp] = a.To
+		if p, ok := g.parts[tp]; ok && p.epoch == c.epoch[tp] { // not revoked or sought meanwhile
 			g.pos[tp] = a.To
 		}
 	}

@@ -76,6 +76,9 @@ func (g *group) resetLocked(tp store.TopicPartition) {
 	p.epoch = g.epochs
 	p.stalled = false
 	delete(g.reloads, tp)
+	if g.paused[tp] && g.wake != nil {
+		g.wake() // flush resumes it, should its lane no longer be stuck
+	}
 }
 
 // split tags recs with their partitions' epochs and adds them to their
@@ -226,25 +229,29 @@ func (g *group) waitLane() {
 // failure may pass and its partitions are still assigned here.
 func (g *group) applyBatch(ctx context.Context, b *laneBatch) {
 	for try := 0; ; try++ {
-		recs := g.claimBatch(b)
-		if len(recs) == 0 {
+		c := g.claimBatch(b)
+		if len(c.recs) == 0 {
 			return
 		}
-		err := g.process(context.WithoutCancel(ctx), recs)
-		g.releaseBatch(recs)
+		err := g.process(context.WithoutCancel(ctx), c, c.recs)
+		g.releaseBatch(c.recs)
 		var conflict conflictError
 		switch {
 		case err == nil:
 			return
 		case errors.As(err, &conflict):
+			// The conflicting partitions are stalled until sought; the
+			// batch's other partitions (a split batch stops at its first
+			// conflict) are applied on the next turn.
 			g.log.Warn("records were already applied by another consumer; seeking to the stored offsets",
-				zap.String("group", g.cfg.Group), zap.Int("records", len(recs)))
+				zap.String("group", g.cfg.Group), zap.Int("records", len(c.recs)))
 			g.askReload(conflict.tps)
-			return
+			try = -1
+			continue
 		}
 		wait := backoff(try)
 		g.log.Error("cannot apply records; trying them again", zap.String("group", g.cfg.Group),
-			zap.Int("records", len(recs)), zap.Int("try", try+1), zap.Duration("in", wait),
+			zap.Int("records", len(c.recs)), zap.Int("try", try+1), zap.Duration("in", wait),
 			zap.String("error", correlator.Clip(err.Error(), 2048)))
 		sleep(ctx, wait)
 		if ctx.Err() != nil {
@@ -253,10 +260,18 @@ func (g *group) applyBatch(ctx context.Context, b *laneBatch) {
 	}
 }
 
+// claimed is a batch a lane applies: its records, and each partition's
+// offset and epoch when it was claimed.
+type claimed struct {
+	recs  []*kgo.Record
+	from  map[store.TopicPartition]int64
+	epoch map[store.TopicPartition]uint64
+}
+
 // claimBatch returns b's records still to apply (their partitions in the
 // epoch they were read in, and at or past the stored offset), marking
 // their partitions busy.
-func (g *group) claimBatch(b *laneBatch) []*kgo.Record {
+func (g *group) claimBatch(b *laneBatch) *claimed {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	out := make([]*kgo.Record, 0, len(b.recs))
@@ -271,10 +286,13 @@ func (g *group) claimBatch(b *laneBatch) []*kgo.Record {
 		}
 	}
 	b.recs, b.epochs = out, epochs
+	c := &claimed{recs: out, from: map[store.TopicPartition]int64{}, epoch: map[store.TopicPartition]uint64{}}
 	for tp := range partitionsOf(out) {
-		g.parts[tp].busy++
+		p := g.parts[tp]
+		p.busy++
+		c.from[tp], c.epoch[tp] = g.pos[tp], p.epoch
 	}
-	return out
+	return c
 }
 
 func (g *group) releaseBatch(recs []*kgo.Record) {
@@ -283,6 +301,9 @@ func (g *group) releaseBatch(recs []*kgo.Record) {
 	for tp := range partitionsOf(recs) {
 		if p, ok := g.parts[tp]; ok {
 			p.busy--
+			if _, assigned := g.pos[tp]; !assigned && p.busy == 0 {
+				delete(g.parts, tp) // revoked while busy: its lane is free again
+			}
 		}
 	}
 	g.cond.Broadcast()
@@ -328,29 +349,42 @@ func (g *group) reloadAsked(ctx context.Context) {
 	for tp := range g.reloads {
 		tps = append(tps, tp)
 	}
+	due := !time.Now().Before(g.reloadAt)
 	g.mu.Unlock()
-	if len(tps) == 0 {
+	if len(tps) == 0 || !due {
 		return
 	}
-	stored, err := g.st.OffsetsLoad(ctx, g.cfg.Group, tps)
+	load, cancel := context.WithTimeout(ctx, g.cfg.rebalanceTimeout()/2) // a rebalance waits meanwhile
+	stored, err := g.st.OffsetsLoad(load, g.cfg.Group, tps)
+	cancel()
 	if err != nil {
-		g.log.Warn("cannot reload stored offsets; trying again at the next poll", zap.String("group", g.cfg.Group), zap.Error(err))
+		g.mu.Lock()
+		g.reloadFailures++
+		wait := backoff(g.reloadFailures - 1)
+		g.reloadAt = time.Now().Add(wait)
+		g.mu.Unlock()
+		g.log.Warn("cannot reload stored offsets; trying again", zap.String("group", g.cfg.Group),
+			zap.Duration("in", wait), zap.Error(err))
 		return
 	}
 	seek := map[string]map[int32]kgo.EpochOffset{}
 	g.mu.Lock()
+	g.reloadFailures = 0
 	for _, tp := range tps {
 		if _, asked := g.reloads[tp]; !asked {
 			continue // revoked or reassigned meanwhile
 		}
 		next, ok := stored[tp]
-		if !ok {
-			// The stored offset is gone (deleted by hand): read the
-			// partition again from its start, as at a first assignment.
-			next = -1
-		}
-		g.pos[tp] = next
+		g.pos[tp] = -1
 		g.resetLocked(tp)
+		if !ok && g.cfg.Start == StartLatest {
+			continue // the stored offset is gone (deleted by hand): read on, as a first assignment at latest would
+		}
+		if ok {
+			g.pos[tp] = next
+		}
+		// Gone with start earliest: the partition is read again from its
+		// start, as at a first assignment.
 		if seek[tp.Topic] == nil {
 			seek[tp.Topic] = map[int32]kgo.EpochOffset{}
 		}

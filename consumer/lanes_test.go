@@ -318,3 +318,69 @@ func TestLanesReadAgainFromRewoundOffsets(t *testing.T) {
 		t.Fatalf("committed offsets %v, want 0..9 then 5..59", got)
 	}
 }
+
+// A batch split to find a poison record whose first half then meets a
+// conflict (another consumer applied some of its partition): the
+// conflicting partition is sought again, and the batch's other partition
+// is still applied, poison record dead-lettered, none of it skipped.
+func TestLaneConflictInASplitBatchKeepsTheRest(t *testing.T) {
+	t.Parallel()
+	st := pgtest.New(t)
+	k := kafkatest.New(t)
+	topic := k.Topic("split")
+	k.CreateTopics(2, topic)
+	produce := func(p int32, from, n int) []*kgo.Record {
+		var recs []*kgo.Record
+		for i := from; i < from+n; i++ {
+			recs = append(recs, &kgo.Record{Topic: topic, Partition: p,
+				Value: fmt.Appendf(nil, `{"job_type":"t","job_key":"p%d-%d","job_data":{}}`, p, i)})
+		}
+		return recs
+	}
+	cl := k.Client(kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	defer cl.Close()
+	if err := cl.ProduceSync(context.Background(), produce(0, 0, 10)...).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	rec := &recorder{committed: map[int32][]int64{}}
+	rec.hook = func(recs []*kgo.Record) error {
+		onlyP := true
+		for _, r := range recs {
+			if r.Partition == 1 && r.Offset == 5 {
+				return fmt.Errorf("poison record (test)") // not transient: the batch is split
+			}
+			onlyP = onlyP && r.Partition == 0
+		}
+		if onlyP && recs[0].Offset == 10 {
+			once.Do(func() { // another consumer applied offsets 10 and 11 of partition 0
+				if _, err := st.Pool().Exec(context.Background(), `UPDATE hipq_offset SET next_offset = 12
+				  WHERE consumer_group = $1 AND topic = $2 AND kafka_partition = 0`, topic+"-g", topic); err != nil {
+					t.Error(err)
+				}
+			})
+		}
+		return nil
+	}
+	in := laneIntake(t, st, zap.NewNop(), k.Brokers, topic, 1, 40, rec)
+	stop := runGroup(t, in.Run)
+	defer stop()
+	waitFor(t, time.Minute, "partition 0's first records", func() bool { return rec.count(0) == 10 })
+	if err := cl.ProduceSync(context.Background(), append(produce(0, 10, 10), produce(1, 0, 10)...)...).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	tps := []store.TopicPartition{{Topic: topic, Partition: 0}, {Topic: topic, Partition: 1}}
+	waitFor(t, time.Minute, "both partitions applied to their ends", func() bool {
+		stored, err := st.OffsetsLoad(context.Background(), topic+"-g", tps)
+		return err == nil && stored[tps[0]] == 20 && stored[tps[1]] == 10
+	})
+	stop()
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	if got, want := rec.committed[1], []int64{0, 1, 2, 3, 4, 6, 7, 8, 9}; !slices.Equal(got, want) {
+		t.Errorf("partition 1: committed %v, want %v (5 dead-lettered)", got, want)
+	}
+	if got := rec.committed[0]; !slices.Equal(got, []int64{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 13, 14, 15, 16, 17, 18, 19}) {
+		t.Errorf("partition 0: committed %v, want 0..9 then 12..19", got)
+	}
+}
