@@ -155,7 +155,7 @@ type Responses struct {
 	Topics          []ResponseTopic `yaml:"topics"`
 	// Concurrency is how many batches of replies the instance applies at
 	// once, each in its own transaction, from different partitions.
-	// Defaults to 2.
+	// Defaults to 1.
 	Concurrency int `yaml:"concurrency"`
 }
 

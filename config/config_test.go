@@ -292,11 +292,11 @@ job_types: [{name: a, transport: {kafka: {topic: t, compression: LZ4}}}]
 	}
 }
 
-// How many batches the consumers apply at once: replies two, intake one
-// by default; a value out of 1..64 is refused with its path.
+// How many batches the consumers apply at once: one by default; a value
+// out of 1..64 is refused with its path.
 func TestConsumerConcurrency(t *testing.T) {
 	cfg, err := Parse("database: {url: \"postgres://x\"}\nkafka: {brokers: [k:9092]}\n", env(nil))
-	if err != nil || cfg.Intake.Concurrency != 1 || cfg.Responses.Concurrency != 2 {
+	if err != nil || cfg.Intake.Concurrency != 1 || cfg.Responses.Concurrency != 1 {
 		t.Fatalf("defaults: intake %d, responses %d, %v", cfg.Intake.Concurrency, cfg.Responses.Concurrency, err)
 	}
 	_, err = Parse(`

@@ -60,12 +60,13 @@ const (
 	// against 122-129).
 	DefaultMaxPollRecords = 1000
 	DefaultEarlyTTL       = 10 * time.Minute
-	// DefaultResponsesConcurrency: replies are applied in two lanes, from
-	// different partitions. A reply costs PostgreSQL more than a new job:
-	// with one lane, replies fell behind a burst and were then finished on
-	// one core (hipq bench -n 100000, six alternating runs: medians 18,003
-	// jobs/s with one lane, 18,977 with two; --rate 9500 p99 alike).
-	DefaultResponsesConcurrency = 2
+	// DefaultResponsesConcurrency: replies are applied in one lane. Two
+	// raised a burst's throughput (hipq bench -n 100000, six alternating
+	// runs: medians 18,003 and 18,977 jobs/s) but, on 2 cores, cost
+	// latency at half load (--rate 9500, alternating: p50 36-40 against
+	// 41-47 ms, p99 85-107 against 92-216 ms): the extra backend's CPU
+	// comes out of everyone's share. With more cores, raise it.
+	DefaultResponsesConcurrency = 1
 	DefaultIntakeConcurrency    = 1
 	// MaxConcurrency bounds a group's lanes (each may hold a connection).
 	MaxConcurrency     = 64

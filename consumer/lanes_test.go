@@ -117,6 +117,20 @@ func produceJobs(t *testing.T, k *kafkatest.Cluster, topic string, partitions in
 	}
 }
 
+// laneFixture is a store, a fake cluster and a topic of parts partitions
+// holding n jobs each, and a recorder for the groups over it.
+func laneFixture(t *testing.T, name string, parts int32, n int) (*store.Store, *kafkatest.Cluster, string, *recorder) {
+	t.Helper()
+	st := pgtest.New(t)
+	k := kafkatest.New(t)
+	topic := k.Topic(name)
+	k.CreateTopics(parts, topic)
+	if n > 0 {
+		produceJobs(t, k, topic, parts, 0, n)
+	}
+	return st, k, topic, &recorder{committed: map[int32][]int64{}}
+}
+
 func runGroup(t *testing.T, run func(context.Context) error) (stop func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
@@ -129,15 +143,10 @@ func runGroup(t *testing.T, run func(context.Context) error) (stop func()) {
 // for a second that never comes), and each record exactly once.
 func TestLanesApplyPartitionsAtOnce(t *testing.T) {
 	t.Parallel()
-	st := pgtest.New(t)
-	k := kafkatest.New(t)
-	topic := k.Topic("lanes")
-	k.CreateTopics(2, topic)
-	produceJobs(t, k, topic, 2, 0, 50)
+	st, k, topic, rec := laneFixture(t, "lanes", 2, 50)
 
 	var mu sync.Mutex
 	inside, most := 0, 0
-	rec := &recorder{committed: map[int32][]int64{}}
 	rec.hook = func([]*kgo.Record) error {
 		mu.Lock()
 		inside++
@@ -178,13 +187,8 @@ func TestLanesApplyPartitionsAtOnce(t *testing.T) {
 // meanwhile.
 func TestLaneTriesAFailedBatchAgainInPlace(t *testing.T) {
 	t.Parallel()
-	st := pgtest.New(t)
-	k := kafkatest.New(t)
-	topic := k.Topic("retry")
-	k.CreateTopics(2, topic)
-	produceJobs(t, k, topic, 2, 0, 60)
+	st, k, topic, rec := laneFixture(t, "retry", 2, 60)
 
-	rec := &recorder{committed: map[int32][]int64{}}
 	failures := 0
 	rec.hook = func(recs []*kgo.Record) error {
 		// Partition 0 fails until partition 1 is all applied.
@@ -212,12 +216,8 @@ func TestLaneTriesAFailedBatchAgainInPlace(t *testing.T) {
 // record is applied exactly once, and none is skipped.
 func TestLanesRebalanceAppliesEachRecordOnce(t *testing.T) {
 	t.Parallel()
-	st := pgtest.New(t)
-	k := kafkatest.New(t)
-	topic := k.Topic("rebalance")
 	const parts, rounds, per = 6, 30, 10
-	k.CreateTopics(parts, topic)
-	rec := &recorder{committed: map[int32][]int64{}}
+	st, k, topic, rec := laneFixture(t, "rebalance", parts, 0)
 	a := laneIntake(t, st, zap.NewNop(), k.Brokers, topic, 2, 25, rec)
 	stopA := runGroup(t, a.Run)
 	defer stopA()
@@ -273,16 +273,11 @@ func TestLanesRebalanceAppliesEachRecordOnce(t *testing.T) {
 // the partition is read again from the stored offset.
 func TestLanesReadAgainFromRewoundOffsets(t *testing.T) {
 	t.Parallel()
-	st := pgtest.New(t)
-	k := kafkatest.New(t)
-	topic := k.Topic("rewind")
-	k.CreateTopics(1, topic)
-	produceJobs(t, k, topic, 1, 0, 60)
+	st, k, topic, rec := laneFixture(t, "rewind", 1, 60)
 
 	release := make(chan struct{})
 	var once, released sync.Once
 	defer released.Do(func() { close(release) }) // a failed wait must not hold the lane
-	rec := &recorder{committed: map[int32][]int64{}}
 	rec.hook = func(recs []*kgo.Record) error {
 		if recs[0].Offset == 10 {
 			once.Do(func() { <-release }) // the second batch waits while the group reads ahead
@@ -325,10 +320,7 @@ func TestLanesReadAgainFromRewoundOffsets(t *testing.T) {
 // is still applied, poison record dead-lettered, none of it skipped.
 func TestLaneConflictInASplitBatchKeepsTheRest(t *testing.T) {
 	t.Parallel()
-	st := pgtest.New(t)
-	k := kafkatest.New(t)
-	topic := k.Topic("split")
-	k.CreateTopics(2, topic)
+	st, k, topic, rec := laneFixture(t, "split", 2, 0)
 	produce := func(p int32, from, n int) []*kgo.Record {
 		var recs []*kgo.Record
 		for i := from; i < from+n; i++ {
@@ -343,7 +335,6 @@ func TestLaneConflictInASplitBatchKeepsTheRest(t *testing.T) {
 		t.Fatal(err)
 	}
 	var once sync.Once
-	rec := &recorder{committed: map[int32][]int64{}}
 	rec.hook = func(recs []*kgo.Record) error {
 		onlyP := true
 		for _, r := range recs {
