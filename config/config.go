@@ -136,10 +136,6 @@ type Intake struct {
 	// Outbox drains hipq_intake, the transactional outbox, in the intake
 	// role. Defaults to true.
 	Outbox *bool `yaml:"outbox"`
-	// Concurrency is how many batches of records the instance applies at
-	// once, each in its own transaction, from different partitions.
-	// Defaults to 1.
-	Concurrency int `yaml:"concurrency"`
 }
 
 // Responses is the consumer of replies.
@@ -153,10 +149,6 @@ type Responses struct {
 	// DeadLetterTopic gets a copy of each unusable reply; optional.
 	DeadLetterTopic string          `yaml:"dead_letter_topic"`
 	Topics          []ResponseTopic `yaml:"topics"`
-	// Concurrency is how many batches of replies the instance applies at
-	// once, each in its own transaction, from different partitions.
-	// Defaults to 1.
-	Concurrency int `yaml:"concurrency"`
 }
 
 // ResponseTopic is one response topic and where its fields are. Fields

@@ -291,23 +291,3 @@ job_types: [{name: a, transport: {kafka: {topic: t, compression: LZ4}}}]
 		t.Fatalf("default compression %q, %v", cfg.Kafka.Compression, err)
 	}
 }
-
-// How many batches the consumers apply at once: one by default; a value
-// out of 1..64 is refused with its path.
-func TestConsumerConcurrency(t *testing.T) {
-	cfg, err := Parse("database: {url: \"postgres://x\"}\nkafka: {brokers: [k:9092]}\n", env(nil))
-	if err != nil || cfg.Intake.Concurrency != 1 || cfg.Responses.Concurrency != 1 {
-		t.Fatalf("defaults: intake %d, responses %d, %v", cfg.Intake.Concurrency, cfg.Responses.Concurrency, err)
-	}
-	_, err = Parse(`
-database: {url: "postgres://x"}
-kafka: {brokers: [k:9092]}
-intake: {concurrency: -1}
-responses: {concurrency: 65}
-`, env(nil))
-	for _, want := range []string{"intake.concurrency: -1 is not between 1 and 64", "responses.concurrency: 65 is not between 1 and 64"} {
-		if err == nil || !strings.Contains(err.Error(), want) {
-			t.Errorf("missing %q in %v", want, err)
-		}
-	}
-}

@@ -73,12 +73,10 @@ func (c *Config) fillDefaults() {
 	c.Intake.Start = cmp.Or(c.Intake.Start, consumer.DefaultStart)
 	yes(&c.Intake.Outbox)
 	c.Intake.MaxBytes = cmp.Or(c.Intake.MaxBytes, DefaultMaxBytes)
-	c.Intake.Concurrency = cmp.Or(c.Intake.Concurrency, consumer.DefaultIntakeConcurrency)
 	c.Kafka.MaxRecordBytes = cmp.Or(c.Kafka.MaxRecordBytes, DefaultMaxRecordBytes)
 	def(&c.Responses.Group, c.Name+"-responses")
 	c.Responses.Start = cmp.Or(c.Responses.Start, consumer.DefaultStart)
 	defD(&c.Responses.EarlyTTL, consumer.DefaultEarlyTTL)
-	c.Responses.Concurrency = cmp.Or(c.Responses.Concurrency, consumer.DefaultResponsesConcurrency)
 	defD(&c.Dispatch.Interval, dispatcher.DefaultInterval)
 	c.Dispatch.BatchSize = cmp.Or(c.Dispatch.BatchSize, dispatcher.DefaultBatchSize)
 	defD(&c.Dispatch.Grace, sweeper.DefaultGrace)
@@ -187,12 +185,6 @@ func (c *Config) Validate() error {
 	oneOf("intake.start", string(c.Intake.Start), string(consumer.StartEarliest), string(consumer.StartLatest))
 	if c.Intake.MaxBytes < 1 {
 		bad("intake.max_bytes", "must be positive")
-	}
-	if n := c.Intake.Concurrency; n < 1 || n > consumer.MaxConcurrency {
-		bad("intake.concurrency", "%d is not between 1 and %d", n, consumer.MaxConcurrency)
-	}
-	if n := c.Responses.Concurrency; n < 1 || n > consumer.MaxConcurrency {
-		bad("responses.concurrency", "%d is not between 1 and %d", n, consumer.MaxConcurrency)
 	}
 	if c.Kafka.MaxRecordBytes < RecordOverhead+1024 {
 		bad("kafka.max_record_bytes", "%d is too small for a request record (at least %d)", c.Kafka.MaxRecordBytes, RecordOverhead+1024)

@@ -52,26 +52,15 @@ const (
 const (
 	DefaultStart          = StartEarliest
 	DefaultSessionTimeout = 10 * time.Second
-	// DefaultMaxPollRecords bounds a batch (one transaction; a poll reads
-	// as many for each lane):
+	// DefaultMaxPollRecords bounds a poll, so a batch (one transaction):
 	// 1,000 records run as fast as 5,000 did (hipq bench, 50k burst:
 	// 15.0k and 14.6k jobs/s against 14.7k and 15.3k) and the process
 	// holds a fifth of the decoded records at once (peak RSS 87-95 MiB
 	// against 122-129).
 	DefaultMaxPollRecords = 1000
 	DefaultEarlyTTL       = 10 * time.Minute
-	// DefaultResponsesConcurrency: replies are applied in one lane. Two
-	// raised a burst's throughput (hipq bench -n 100000, six alternating
-	// runs: medians 18,003 and 18,977 jobs/s) but, on 2 cores, cost
-	// latency at half load (--rate 9500, alternating: p50 36-40 against
-	// 41-47 ms, p99 85-107 against 92-216 ms): the extra backend's CPU
-	// comes out of everyone's share. With more cores, raise it.
-	DefaultResponsesConcurrency = 1
-	DefaultIntakeConcurrency    = 1
-	// MaxConcurrency bounds a group's lanes (each may hold a connection).
-	MaxConcurrency     = 64
-	DefaultOutboxBatch = 1000
-	DefaultOutboxPoll  = time.Second
+	DefaultOutboxBatch    = 1000
+	DefaultOutboxPoll     = time.Second
 )
 
 // GroupConfig is one consumer group.
@@ -85,10 +74,6 @@ type GroupConfig struct {
 	// default only committed records are read.
 	ReadUncommitted bool
 	MaxPollRecords  int // defaults to DefaultMaxPollRecords
-	// Concurrency is how many batches the group applies at once, each in
-	// its own transaction, from different partitions (a partition is
-	// applied in order, by one lane). Defaults to 1.
-	Concurrency int
 	// Metrics receives the consumer's counts and lag; nil = not served.
 	Metrics *metrics.Metrics
 	// CrashPoint is a test hook: the process kills itself at the named
@@ -105,7 +90,6 @@ func (c GroupConfig) WithDefaults() GroupConfig {
 	c.Start = cmp.Or(c.Start, DefaultStart)
 	c.SessionTimeout = cmp.Or(c.SessionTimeout, DefaultSessionTimeout)
 	c.MaxPollRecords = cmp.Or(c.MaxPollRecords, DefaultMaxPollRecords)
-	c.Concurrency = max(c.Concurrency, 1)
 	c.Metrics = metrics.Or(c.Metrics)
 	return c
 }
@@ -129,32 +113,13 @@ type group struct {
 	cl  *kgo.Client
 	app applier
 
-	mu      sync.Mutex
-	cond    *sync.Cond                        // on mu: lanes' queues, busy partitions
-	pos     map[store.TopicPartition]int64    // stored next offset; -1: none stored
-	parts   map[store.TopicPartition]*part    // epochs and lanes (lanes.go)
-	epochs  uint64                            // the last epoch given
-	reloads map[store.TopicPartition]struct{} // to seek to PostgreSQL's offsets
-	pending []*laneBatch                      // by lane: records read, not yet taken
-	paused  map[store.TopicPartition]bool     // partitions flush paused
-	stuck   []bool                            // by lane: its partitions are paused
-	taken   int                               // buffers lanes took
-	// reloadAt: after reloads failed reloadFailures times in a row, the
-	// next is tried no sooner.
-	reloadAt       time.Time
-	reloadFailures int
-	done           int                // buffers lanes are done with
-	closed         bool               // the lanes end
-	wake           context.CancelFunc // ends the poll in progress
+	mu  sync.Mutex
+	pos map[store.TopicPartition]int64 // stored next offset; -1: none stored
 }
 
 func newGroup(log *zap.Logger, st *store.Store, cfg GroupConfig, app applier) (*group, error) {
 	cfg = cfg.WithDefaults()
-	g := &group{log: log, st: st, cfg: cfg, app: app, pos: map[store.TopicPartition]int64{},
-		parts: map[store.TopicPartition]*part{}, reloads: map[store.TopicPartition]struct{}{},
-		pending: make([]*laneBatch, cfg.Concurrency),
-		paused:  map[store.TopicPartition]bool{}, stuck: make([]bool, cfg.Concurrency)}
-	g.cond = sync.NewCond(&g.mu)
+	g := &group{log: log, st: st, cfg: cfg, app: app, pos: map[store.TopicPartition]int64{}}
 	reset := kgo.NewOffset().AtStart()
 	if cfg.Start == StartLatest {
 		reset = kgo.NewOffset().AtEnd()
@@ -235,35 +200,17 @@ func (g *group) adjust(ctx context.Context, offsets map[string]map[int32]kgo.Off
 			offsets[tp.Topic][tp.Partition] = reset
 			g.pos[tp] = -1
 		}
-		g.resetLocked(tp) // anything read before is dropped
 	}
 	g.log.Info("partitions assigned", zap.String("group", g.cfg.Group), zap.Int("partitions", len(tps)))
 	return offsets, nil
 }
 
-// forget drops the partitions revoked or lost: their records waiting in
-// lanes are dropped, and the batches of them being applied are waited for
-// (half the rebalance timeout at most), so their next owner starts from
-// what this one committed. (Were one to commit after, the next owner's
-// compare-and-set would refuse its batch and it would seek past it.)
 func (g *group) forget(_ context.Context, _ *kgo.Client, lost map[string][]int32) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	var tps []store.TopicPartition
 	for t, ps := range lost {
 		for _, p := range ps {
-			tp := store.TopicPartition{Topic: t, Partition: p}
-			delete(g.pos, tp)
-			if _, ok := g.parts[tp]; ok {
-				g.resetLocked(tp)
-			}
-			tps = append(tps, tp)
-		}
-	}
-	g.waitIdleLocked(tps, time.Now().Add(g.cfg.rebalanceTimeout()/2))
-	for _, tp := range tps {
-		if p, ok := g.parts[tp]; ok && p.busy == 0 {
-			delete(g.parts, tp) // its lane is free for the next partition
+			delete(g.pos, store.TopicPartition{Topic: t, Partition: p})
 		}
 	}
 }
@@ -318,71 +265,56 @@ func (g *group) lag(ctx context.Context) ([]metrics.PartitionLag, error) {
 	return out, nil
 }
 
-// Run polls and applies until ctx ends, then leaves the group. The
-// lanes (lanes.go) apply what it reads; it ends after the batches they
-// are in, dropping what waits (not committed: read again at the next
-// start).
+// Run polls and applies until ctx ends, then leaves the group.
 func (g *group) Run(ctx context.Context) error {
 	defer g.cl.Close()
-	var lanes sync.WaitGroup
-	for i := range g.cfg.Concurrency {
-		lanes.Add(1)
-		go func() { defer lanes.Done(); g.runLane(ctx, i) }()
-	}
-	defer func() {
-		g.mu.Lock()
-		g.closed = true
-		g.cond.Broadcast()
-		g.mu.Unlock()
-		lanes.Wait()
-		g.cl.AllowRebalance()
-	}()
+	failures := 0
 	for {
-		g.flush()
-		if g.cfg.Concurrency == 1 {
-			g.waitLane()
-		}
-		g.mu.Lock()
-		reloadAt := g.reloadAt
-		reload := len(g.reloads) > 0
-		g.mu.Unlock()
-		poll, wake := context.WithCancel(ctx)
-		if reload && time.Now().Before(reloadAt) {
-			poll, wake = context.WithDeadline(ctx, reloadAt) // the reload's next try ends the poll
-		}
-		g.mu.Lock()
-		g.wake = wake
-		now := reload && !time.Now().Before(reloadAt) // a reload waits: take what is buffered, then seek
-		for i := range g.pending {
-			now = now || g.stuck[i] && !g.fullLocked(i) // a stuck lane took its records
-		}
-		g.mu.Unlock()
-		if now {
-			wake()
-		}
-		fetches := g.cl.PollRecords(poll, g.cfg.Concurrency*g.cfg.MaxPollRecords)
-		g.mu.Lock()
-		g.wake = nil
-		g.mu.Unlock()
-		wake()
+		fetches := g.cl.PollRecords(ctx, g.cfg.MaxPollRecords)
 		if fetches.IsClientClosed() || ctx.Err() != nil {
+			g.cl.AllowRebalance()
 			return nil
 		}
 		fetches.EachError(func(t string, p int32, err error) {
-			if !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
+			if !errors.Is(err, context.Canceled) {
 				g.log.Warn("fetch error", zap.String("group", g.cfg.Group), zap.String("topic", t), zap.Int32("partition", p), zap.Error(err))
 			}
 		})
-		// Tagged before the seeks, so what this poll read of a partition
-		// sought now is dropped; sought before a rebalance may revoke.
-		g.split(fetches.Records())
-		g.reloadAsked(ctx)
+		recs := g.fresh(fetches.Records())
+		if len(recs) > 0 {
+			if err := g.process(context.WithoutCancel(ctx), recs); err != nil {
+				failures++
+				g.log.Error("cannot apply records; will read them again", zap.String("group", g.cfg.Group),
+					zap.Int("records", len(recs)), zap.Int("failures", failures), zap.String("error", correlator.Clip(err.Error(), 2048)))
+				g.reseek(recs)
+				g.cl.AllowRebalance()
+				sleep(ctx, backoff(failures))
+				continue
+			}
+			failures = 0
+		}
 		g.cl.AllowRebalance()
 	}
 }
 
+// fresh drops records before the stored offset (already applied).
+func (g *group) fresh(recs []*kgo.Record) []*kgo.Record {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	out := recs[:0]
+	for _, r := range recs {
+		pos, ok := g.pos[store.TopicPartition{Topic: r.Topic, Partition: r.Partition}]
+		if ok && r.Offset >= pos {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
 // advances computes each partition's move for recs, from the stored offset.
-func (c *claimed) advances(recs []*kgo.Record) []store.OffsetAdvance {
+func (g *group) advances(recs []*kgo.Record) []store.OffsetAdvance {
+	g.mu.Lock()
+	defer g.mu.Unlock()
 	idx := map[store.TopicPartition]int{}
 	var adv []store.OffsetAdvance
 	for _, r := range recs {
@@ -391,7 +323,11 @@ func (c *claimed) advances(recs []*kgo.Record) []store.OffsetAdvance {
 		if !ok {
 			i = len(adv)
 			idx[tp] = i
-			adv = append(adv, store.OffsetAdvance{Topic: r.Topic, Partition: r.Partition, From: c.from[tp]})
+			from, known := g.pos[tp]
+			if !known {
+				from = -1
+			}
+			adv = append(adv, store.OffsetAdvance{Topic: r.Topic, Partition: r.Partition, From: from})
 		}
 		adv[i].To = r.Offset + 1
 	}
@@ -404,30 +340,24 @@ func (c *claimed) advances(recs []*kgo.Record) []store.OffsetAdvance {
 // fault is found; a record refused again on its own is dead-lettered. So
 // no error class, listed or not, can stall a partition: only a database
 // that cannot be reached or written at all holds it.
-//
-// c holds each partition's offset as the lane claimed it, and moves it on
-// as parts of the batch commit: a split batch's second half starts where
-// the first ended, never at an offset read again meanwhile (the partition
-// may have gone to another member and come back).
-func (g *group) process(ctx context.Context, c *claimed, recs []*kgo.Record) error {
-	adv := c.advances(recs)
+func (g *group) process(ctx context.Context, recs []*kgo.Record) error {
+	adv := g.advances(recs)
 	after, err := g.app.apply(ctx, recs, adv)
 	if err != nil && !errors.Is(err, store.ErrOffsetConflict) && !store.IsTransient(err) && ctx.Err() == nil {
 		if len(recs) > 1 {
 			half := len(recs) / 2
-			if err := g.process(ctx, c, recs[:half]); err != nil {
+			if err := g.process(ctx, recs[:half]); err != nil {
 				return err
 			}
-			return g.process(ctx, c, recs[half:])
+			return g.process(ctx, recs[half:])
 		}
 		after, err = g.poison(ctx, recs[0], adv, err)
 	}
 	if errors.Is(err, store.ErrOffsetConflict) {
-		tps := make([]store.TopicPartition, len(adv))
-		for i, a := range adv {
-			tps[i] = store.TopicPartition{Topic: a.Topic, Partition: a.Partition}
-		}
-		return conflictError{tps: tps}
+		g.log.Warn("records were already applied by another consumer; seeking to the stored offsets",
+			zap.String("group", g.cfg.Group), zap.Int("records", len(recs)))
+		g.reload(ctx, adv)
+		return nil
 	}
 	if err != nil {
 		return err
@@ -435,11 +365,7 @@ func (g *group) process(ctx context.Context, c *claimed, recs []*kgo.Record) err
 	g.hit("after-commit")
 	g.mu.Lock()
 	for _, a := range adv {
-		tp := store.TopicPartition{Topic: a.Topic, Partition: a.Partition}
-		c.from[tp] = a.To
-		if p, ok := g.parts[tp]; ok && p.epoch == c.epoch[tp] { // not revoked or sought meanwhile
-			g.pos[tp] = a.To
-		}
+		g.pos[store.TopicPartition{Topic: a.Topic, Partition: a.Partition}] = a.To
 	}
 	g.mu.Unlock()
 	g.cl.MarkCommitRecords(recs...)
@@ -470,6 +396,47 @@ func (g *group) poison(ctx context.Context, rec *kgo.Record, adv []store.OffsetA
 	bare := *rec
 	bare.Headers = nil
 	return g.app.poison(ctx, &bare, adv, fmt.Errorf("%w; its dead letter was refused with its headers: %v", err, perr))
+}
+
+// reload reads the stored offsets of adv's partitions and seeks there.
+func (g *group) reload(ctx context.Context, adv []store.OffsetAdvance) {
+	tps := make([]store.TopicPartition, len(adv))
+	for i, a := range adv {
+		tps[i] = store.TopicPartition{Topic: a.Topic, Partition: a.Partition}
+	}
+	stored, err := g.st.OffsetsLoad(ctx, g.cfg.Group, tps)
+	if err != nil {
+		g.log.Warn("cannot reload stored offsets", zap.Error(err))
+		return
+	}
+	seek := map[string]map[int32]kgo.EpochOffset{}
+	g.mu.Lock()
+	for _, tp := range tps {
+		if next, ok := stored[tp]; ok {
+			g.pos[tp] = next
+			if seek[tp.Topic] == nil {
+				seek[tp.Topic] = map[int32]kgo.EpochOffset{}
+			}
+			seek[tp.Topic][tp.Partition] = kgo.EpochOffset{Epoch: -1, Offset: next}
+		}
+	}
+	g.mu.Unlock()
+	g.cl.SetOffsets(seek)
+}
+
+// reseek rewinds the partitions of recs to their first record, so a batch
+// that could not be written is read again.
+func (g *group) reseek(recs []*kgo.Record) {
+	seek := map[string]map[int32]kgo.EpochOffset{}
+	for _, r := range recs {
+		if seek[r.Topic] == nil {
+			seek[r.Topic] = map[int32]kgo.EpochOffset{}
+		}
+		if _, ok := seek[r.Topic][r.Partition]; !ok {
+			seek[r.Topic][r.Partition] = kgo.EpochOffset{Epoch: -1, Offset: r.Offset}
+		}
+	}
+	g.cl.SetOffsets(seek)
 }
 
 // hit kills the process at a named crash point; tests use it to prove a

@@ -198,8 +198,8 @@ func (a *app) startTracing(ctx context.Context) error {
 }
 
 // group is a consumer group's config from the config's kafka section.
-func (a *app) group(name string, topics []string, start consumer.Start, concurrency int) consumer.GroupConfig {
-	return consumer.GroupConfig{Kafka: a.kc, Group: name, Topics: topics, Start: start, Concurrency: concurrency,
+func (a *app) group(name string, topics []string, start consumer.Start) consumer.GroupConfig {
+	return consumer.GroupConfig{Kafka: a.kc, Group: name, Topics: topics, Start: start,
 		SessionTimeout: a.cfg.Kafka.SessionTimeout.D(), Metrics: a.metrics, CrashPoint: a.crash, Tracer: a.tracing.Tracer,
 		ReadUncommitted: a.cfg.Kafka.IsolationLevel == "read_uncommitted"}
 }
@@ -214,7 +214,7 @@ func (a *app) buildIntake(context.Context) error {
 		return nil
 	}
 	var err error
-	a.intake, err = consumer.NewIntake(a.log, a.st, consumer.IntakeConfig{GroupConfig: a.group(in.Group, in.Topics, in.Start, in.Concurrency),
+	a.intake, err = consumer.NewIntake(a.log, a.st, consumer.IntakeConfig{GroupConfig: a.group(in.Group, in.Topics, in.Start),
 		DeadLetterTopic: in.DeadLetterTopic, MaxBytes: in.MaxBytes, Types: a.types})
 	return err
 }
@@ -231,7 +231,7 @@ func (a *app) buildResponses(context.Context) error {
 		topics = append(topics, rt.Topic)
 	}
 	var err error
-	a.responses, err = consumer.NewResponses(a.log, a.st, consumer.ResponsesConfig{GroupConfig: a.group(rs.Group, topics, rs.Start, rs.Concurrency),
+	a.responses, err = consumer.NewResponses(a.log, a.st, consumer.ResponsesConfig{GroupConfig: a.group(rs.Group, topics, rs.Start),
 		DeadLetterTopic: rs.DeadLetterTopic, EarlyTTL: rs.EarlyTTL.D(), Matchers: a.matchers, Types: a.types})
 	return err
 }
