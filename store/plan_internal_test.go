@@ -356,15 +356,11 @@ func TestPruneProbesByID(t *testing.T) {
 // StatsRefresh; then they go by tuple id.
 func TestStatsFollowGrowth(t *testing.T) {
 	t.Parallel()
-	pg, st := planStore(t)
+	st, conn, notices, seed := seededPlanStore(t, false, `{"pad": "`+strings.Repeat("x", 200)+`"}`)
 	ctx := context.Background()
-	conn, notices := explainedConn(t, pg.URL("postgres"), st.schema, false)
-	// (Autovacuum stays out of the way: its analyze would do what is tested.)
-	autovacuumOff(t, st)
 	if tables, err := st.StatsRefresh(ctx); err != nil || len(tables) != 0 {
 		t.Fatalf("empty tables analyzed: %v %v", tables, err)
 	}
-	seed := runningSeeder(t, st, `{"pad": "`+strings.Repeat("x", 200)+`"}`)
 	// mark marks refs sent through the sent marks' statement and returns
 	// its plan.
 	mark := func(refs []AttemptRef) string {
@@ -495,11 +491,8 @@ func TestStatsRefreshLeavesOthersTables(t *testing.T) {
 // behind it waiting on the locks it held).
 func TestPlansOfEmptyTablesStayLinear(t *testing.T) {
 	t.Parallel()
-	pg, st := planStore(t)
+	_, conn, notices, seed := seededPlanStore(t, true, `null`)
 	ctx := context.Background()
-	conn, notices := explainedConn(t, pg.URL("postgres"), st.schema, true)
-	autovacuumOff(t, st)
-	seed := runningSeeder(t, st, `null`)
 	// loops returns the largest loops= of plan's nodes.
 	loops := func(plan string) int {
 		most := 0
@@ -717,6 +710,18 @@ func TestStatementFamilies(t *testing.T) {
 	if seen["other"] >= 50 {
 		t.Errorf("%d rows of hot statements in \"other\": %v", seen["other"], families)
 	}
+}
+
+// seededPlanStore is a store of its own with autovacuum off (its analyze
+// would do what the plan tests test), a connection that explains the
+// statements it runs (analyze: with their actual rows and loops), and a
+// seeder of running jobs (job_data data).
+func seededPlanStore(t *testing.T, analyze bool, data string) (*Store, *pgx.Conn, func() []string, func(n int) []AttemptRef) {
+	t.Helper()
+	pg, st := planStore(t)
+	conn, notices := explainedConn(t, pg.URL("postgres"), st.schema, analyze)
+	autovacuumOff(t, st)
+	return st, conn, notices, runningSeeder(t, st, data)
 }
 
 // runningSeeder returns a function that inserts n running jobs of queue q
