@@ -126,7 +126,7 @@ func TestRepliesProbeByKey(t *testing.T) {
 	for i := range ids {
 		atts[i], states[i], errs[i], attOutcomes[i], outcomes[i] = 1, "final", "NONE", "succeeded", &ok
 	}
-	resolveArgs := []any{ids, atts, states, outcomes, errs, next, results, attOutcomes, attErrs, replies, sent, "q"}
+	resolveArgs := []any{ids, atts, states, outcomes, errs, next, results, attOutcomes, attErrs, replies, sent, "q", make([]bool, n)}
 	plan := func(q string, generic bool, args ...any) string { return explainAnalyze(t, st, q, generic, args...) }
 	oldLookup := `SELECT id FROM hipq_job WHERE id IN (SELECT unnest($1::bigint[]) UNION ALL
 		SELECT j.id FROM hipq_job j JOIN unnest($2::text[], $3::text[]) AS k(t, k)

@@ -74,8 +74,8 @@ func refsOf(rs []resolved) []AttemptRef {
 const resolveManySQL = `
 		WITH u AS (
 		  SELECT * FROM unnest($1::bigint[], $2::int[], $3::text[], $4::text[], $5::text[], $6::timestamptz[],
-		                       $7::jsonb[], $8::text[], $9::text[], $10::jsonb[], $11::bool[])
-		    AS u(id, att, state, outcome, error, next_run, result, att_outcome, att_error, reply, sent)
+		                       $7::jsonb[], $8::text[], $9::text[], $10::jsonb[], $11::bool[], $13::bool[])
+		    AS u(id, att, state, outcome, error, next_run, result, att_outcome, att_error, reply, sent, result_is_reply)
 		), t AS (
 		  -- Each job found by its key, then updated by its tuple id: never
 		  -- a join that reads every running job, which statistics taken
@@ -90,7 +90,7 @@ const resolveManySQL = `
 		  UPDATE hipq_job j
 		  SET state = t.state, outcome = t.outcome, error = t.error,
 		      scheduled_run_time = coalesce(t.next_run, j.scheduled_run_time),
-		      result = coalesce(t.result, j.result), update_time = now()
+		      result = coalesce(t.result, CASE WHEN t.result_is_reply THEN t.reply END, j.result), update_time = now()
 		  FROM t
 		  WHERE j.queue = $12 AND j.ctid = t.tid AND t.cur_state = 'running' AND t.cur_att = t.att
 		  RETURNING j.id, j.queue, j.job_type, j.attempt, j.started_at, t.att_outcome, t.att_error, t.reply, t.sent
@@ -149,7 +149,7 @@ func resolveQueue(ctx context.Context, tx pgx.Tx, queue string, rs []Resolve) ([
 	states, errs, attOutcomes := make([]string, n), make([]string, n), make([]string, n)
 	outcomes, results, attErrs, replies := make([]*string, n), make([]*string, n), make([]*string, n), make([]*string, n)
 	next := make([]*time.Time, n)
-	sent := make([]bool, n)
+	sent, resultIsReply := make([]bool, n), make([]bool, n)
 	for i, r := range rs {
 		ids[i], atts[i], sent[i] = r.JobID, int32(r.Attempt), r.Sent
 		states[i], errs[i], attOutcomes[i] = string(r.Res.State), safeText(r.Res.Error), string(r.Res.Attempt)
@@ -167,9 +167,14 @@ func resolveQueue(ctx context.Context, tx pgx.Tx, queue string, rs []Resolve) ([
 		if r.Reply != nil {
 			replies[i] = nullable(string(r.Reply))
 		}
+		// A reply's result is the reply itself: sent (and parsed into
+		// jsonb) once, for both columns.
+		if results[i] != nil && replies[i] != nil && *results[i] == *replies[i] {
+			results[i], resultIsReply[i] = nil, true
+		}
 	}
 	rows, err := tx.Query(ctx, resolveManySQL,
-		ids, atts, states, outcomes, errs, next, results, attOutcomes, attErrs, replies, sent, queue)
+		ids, atts, states, outcomes, errs, next, results, attOutcomes, attErrs, replies, sent, queue, resultIsReply)
 	if err != nil {
 		return nil, err
 	}
