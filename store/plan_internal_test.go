@@ -752,8 +752,8 @@ func runningSeeder(t *testing.T, st *Store, data string) func(n int) []AttemptRe
 // The sweeper's search for unsent claims reads each queue's running jobs
 // claimed longer ago than the least send bound, by index, whatever the
 // statistics: beside a burst of 5,000 jobs claimed just now and 100,000
-// final ones, on statistics taken when the table was empty, it probes the
-// 10 old claims' attempts only (it scanned the whole table, 167 ms a call
+// final ones, on statistics taken when the table was empty, it reads and
+// probes the 10 old claims only (it scanned the whole table, 167 ms a call
 // in hipq bench, and probed every running job).
 func TestUnsentFinderReadsOldClaimsOnly(t *testing.T) {
 	t.Parallel()
@@ -790,10 +790,92 @@ func TestUnsentFinderReadsOldClaimsOnly(t *testing.T) {
 					t.Errorf("%v probes of attempts for 10 old claims:\n%s", l, e.Query)
 				}
 			}
+			rows, _ := n["Actual Rows"].(float64)
+			loops, _ := n["Actual Loops"].(float64)
+			removed, _ := n["Rows Removed by Filter"].(float64)
+			if read := (rows + removed) * loops; n.str("Relation Name") == "hipq_job" && read > 50 {
+				t.Errorf("%v rows of hipq_job read for 10 old claims:\n%s", read, e.Query)
+			}
 		})
 	}
 	if seen == 0 {
 		t.Fatal("no plan read hipq_attempt")
+	}
+}
+
+// The sweeper's timeouts read the running jobs whose time is up, not every
+// running job: beside 5,000 jobs running within their timeout and 100,000
+// final ones, on statistics taken when the table was empty, it reads the
+// 15 whose started_at + timeout_seconds has passed (10 of a short timeout,
+// 3 of the long one, 2 of them given a later deadline by news), each
+// queue's running jobs by timeout_seconds then started_at. It read every
+// running job of the queue (1.1 s a sweep beside a million of them),
+// or, ordered by id, every row of the table; and it read every attempt
+// once a job had timed out, looking for deadlines that news moved.
+func TestTimeoutsReadExpiredJobsOnly(t *testing.T) {
+	t.Parallel()
+	for _, generic := range []bool{false, true} {
+		t.Run(map[bool]string{false: "custom plans", true: "generic plans"}[generic], func(t *testing.T) {
+			t.Parallel()
+			st, plain, plans := explainStore(t, generic, true)
+			ctx := context.Background()
+			autovacuumOff(t, plain)
+			if _, err := plain.pool.Exec(ctx, `
+				ANALYZE hipq_job; ANALYZE hipq_attempt;
+				INSERT INTO hipq_job (queue, job_type, job_key, state, outcome, attempt)
+				SELECT 'q', 't', 'f' || i, 'final', 'succeeded', 1 FROM generate_series(1, 100000) i;
+				WITH j AS (
+				  INSERT INTO hipq_job (queue, job_type, job_key, state, attempt, started_at, timeout_seconds)
+				  SELECT 'q', 't', k, 'running', 1, now() - make_interval(secs => ago), secs
+				  FROM (SELECT 'now' || i AS k, 0 AS ago, 3600 AS secs FROM generate_series(1, 5000) i
+				        UNION ALL SELECT 'short' || i, 3600, 60 FROM generate_series(1, 10) i
+				        UNION ALL SELECT 'long' || i, 7200, 3600 FROM generate_series(1, 3) i
+				        UNION ALL SELECT 'news' || i, 3600, 60 FROM generate_series(1, 2) i) s
+				  RETURNING id, job_key, started_at)
+				INSERT INTO hipq_attempt (queue, job_id, attempt, instance, dispatched_at, sent_at, deadline)
+				SELECT 'q', id, 1, 'i', started_at, started_at, CASE WHEN job_key LIKE 'news%' THEN now() + interval '1 hour' END FROM j`); err != nil {
+				t.Fatal(err)
+			}
+			types := correlator.Types{"t": &correlator.JobType{Name: "t", Queue: "q", Timeout: time.Hour, Priority: 100, ThrottleFactor: 1}}
+			plans()
+			done, err := st.JobTimeOutStuck(ctx, 100, types)
+			if err != nil || len(done) != 13 {
+				t.Fatalf("timed out %d jobs, want the 13 past their time: %v", len(done), err)
+			}
+			var keys []string
+			if err := plain.pool.QueryRow(ctx, `SELECT array_agg(job_key ORDER BY job_key) FROM hipq_job WHERE outcome = 'timed_out'`).Scan(&keys); err != nil {
+				t.Fatal(err)
+			}
+			if len(keys) != 13 || slices.ContainsFunc(keys, func(k string) bool { return strings.HasPrefix(k, "news") || strings.HasPrefix(k, "now") }) {
+				t.Errorf("timed out %v", keys)
+			}
+			seen := 0
+			for _, e := range plans() {
+				e.Plan.walk(func(n planNode) {
+					if strings.Contains(n.str("Node Type"), "Seq Scan") {
+						t.Errorf("a scan of %s:\n%s", n.str("Relation Name"), e.Query)
+					}
+					rows, _ := n["Actual Rows"].(float64)
+					loops, _ := n["Actual Loops"].(float64)
+					removed, _ := n["Rows Removed by Filter"].(float64)
+					switch n.str("Relation Name") {
+					case "hipq_job":
+						seen++
+						if read := (rows + removed) * loops; read > 100 {
+							js, _ := json.Marshal(n)
+							t.Errorf("%v rows of hipq_job read to time out 13 jobs: %s\n%s", read, js, e.Query)
+						}
+					case "hipq_attempt":
+						if read := (rows + removed) * loops; read > 30 || loops > 30 {
+							t.Errorf("%v rows of hipq_attempt read (%v probes) to time out 13 jobs:\n%s", read, loops, e.Query)
+						}
+					}
+				})
+			}
+			if seen == 0 {
+				t.Fatal("no plan read hipq_job")
+			}
+		})
 	}
 }
 
