@@ -177,7 +177,7 @@ func explainStore(t *testing.T, generic, analyze bool) (ex, plain *Store, plans 
 	}
 	pc.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
 		for _, set := range []string{"LOAD 'auto_explain'", "SET auto_explain.log_min_duration = 0",
-			"SET auto_explain.log_nested_statements = on", "SET auto_explain.log_format = json",
+			"SET auto_explain.log_nested_statements = on", "SET auto_explain.log_format = json", "SET auto_explain.log_buffers = on",
 			"SET auto_explain.log_level = notice", "SET plan_cache_mode = " + mode,
 			fmt.Sprintf("SET auto_explain.log_analyze = %v", analyze)} {
 			if _, err := c.Exec(ctx, set); err != nil {

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -81,43 +83,67 @@ func queuesIn(ctx context.Context, db interface {
 	return pgx.CollectRows(rows, pgx.RowTo[string])
 }
 
+// runningTimeouts is a WITH RECURSIVE clause that reads, into vals, the
+// timeouts (timeout_seconds) of the running jobs of the queue that
+// parameter q names, from hipq_job_running_timeout (queue,
+// timeout_seconds, started_at) one value at a time, smallest first: a
+// skip scan, as cheap beside a million running jobs as beside one. It
+// stops at runningTimeoutValues values; the jobs of larger timeouts, if
+// any, are read together (tail), each checked on its own: a queue whose
+// jobs carry many different timeouts costs what it did before version 16
+// (a read of those jobs), never one probe per value.
+func runningTimeouts(q string) string {
+	return strings.NewReplacer("$Q", q, "$N", strconv.Itoa(runningTimeoutValues)).Replace(`
+		WITH RECURSIVE v AS (
+		  (SELECT r.timeout_seconds AS secs, 1 AS n FROM hipq_job r WHERE r.queue = $Q AND r.state = 'running'
+		   ORDER BY r.timeout_seconds LIMIT 1)
+		  UNION ALL
+		  SELECT (SELECT r.timeout_seconds FROM hipq_job r
+		          WHERE r.queue = $Q AND r.state = 'running' AND r.timeout_seconds > v.secs
+		          ORDER BY r.timeout_seconds LIMIT 1), v.n + 1
+		  FROM v WHERE v.secs IS NOT NULL AND v.n < $N
+		), vals AS (SELECT secs FROM v WHERE secs IS NOT NULL)`)
+}
+
+// runningTimeoutValues bounds the timeouts read one by one.
+const runningTimeoutValues = 32
+
 // timingOutSQL finds and locks up to $1 running jobs of queue $2 whose
 // time is up. A job's deadline, started_at + timeout_seconds, is no range
 // of any index; its time is up when started_at < now() - timeout_seconds,
-// a range of hipq_job_running_timeout (queue, timeout_seconds, started_at)
-// for each timeout: the queue's timeouts are read from that index one
-// value at a time (a skip scan, as cheap beside a million running jobs
-// as beside one), then each one's range, oldest first. A job whose
-// attempt got news that moved its deadline past now is left out (its
-// attempt probed by key: OFFSET 0 keeps the probe a lookup per job,
-// never a scan of every attempt for deadlines). The versions found are
-// collected first (an array the statement computes once) and locked by
-// tuple id: a condition on the state would let the planner read the
-// queue's running jobs by that index again instead, and a version that
-// changed since it was found is no longer the one named (the lock
-// follows it to its new version, whose tuple id differs), so it is left
-// for the next sweep.
-const timingOutSQL = `
+// a range of hipq_job_running_timeout for each of the queue's timeouts
+// (runningTimeouts), oldest first. A job whose attempt got news that
+// moved its deadline past now is left out (its attempt probed by key:
+// OFFSET 0 keeps the probe a lookup per job, never a scan of every
+// attempt for deadlines). The versions found are collected first (an
+// array the statement computes once) and locked by tuple id: a condition
+// on the state would let the planner read the queue's running jobs by
+// that index again instead. A version that changed since it was found is
+// no longer the one named: PostgreSQL checks the tuple id again on the
+// version it locks (releases from late 2025: the fix of the TID scan's
+// recheck, back to 13). On an older release the newer version is locked
+// and returned: the time condition leaves out a job claimed again since
+// (its started_at is new), and the resolve, guarded by the state and
+// attempt the job was found in, leaves any other alone.
+var timingOutSQL = `
 		SELECT j.id, j.job_type, j.attempt, j.max_attempts, j.expires_at, j.time_windows, now() FROM hipq_job j
-		WHERE j.ctid = ANY (ARRAY(
-		        WITH RECURSIVE v AS (
-		          (SELECT r.timeout_seconds AS secs FROM hipq_job r WHERE r.queue = $2 AND r.state = 'running'
-		           ORDER BY r.timeout_seconds LIMIT 1)
-		          UNION ALL
-		          SELECT (SELECT r.timeout_seconds FROM hipq_job r
-		                  WHERE r.queue = $2 AND r.state = 'running' AND r.timeout_seconds > v.secs
-		                  ORDER BY r.timeout_seconds LIMIT 1)
-		          FROM v WHERE v.secs IS NOT NULL
-		        )
-		        SELECT x.tid FROM v CROSS JOIN LATERAL (
+		WHERE j.ctid = ANY (ARRAY(` + runningTimeouts("$2") + `
+		        SELECT x.tid FROM vals CROSS JOIN LATERAL (
 		          SELECT r.ctid AS tid FROM hipq_job r
-		          WHERE r.queue = $2 AND r.state = 'running' AND r.timeout_seconds = v.secs
-		            AND r.started_at < now() - make_interval(secs => v.secs)
+		          WHERE r.queue = $2 AND r.state = 'running' AND r.timeout_seconds = vals.secs
+		            AND r.started_at < now() - make_interval(secs => vals.secs)
 		            AND NOT EXISTS (SELECT 1 FROM hipq_attempt a
 		                            WHERE a.queue = $2 AND a.job_id = r.id AND a.attempt = r.attempt AND a.deadline >= now()
 		                            OFFSET 0)
 		          ORDER BY r.started_at LIMIT $1) x
-		        WHERE v.secs IS NOT NULL))
+		        UNION ALL
+		        (SELECT r.ctid FROM hipq_job r
+		         WHERE r.queue = $2 AND r.state = 'running' AND r.timeout_seconds > (SELECT max(secs) FROM vals)
+		           AND r.started_at + make_interval(secs => r.timeout_seconds) < now()
+		           AND NOT EXISTS (SELECT 1 FROM hipq_attempt a
+		                           WHERE a.queue = $2 AND a.job_id = r.id AND a.attempt = r.attempt AND a.deadline >= now()
+		                           OFFSET 0)
+		         LIMIT $1)))
 		  AND j.queue = $2 AND j.started_at + make_interval(secs => j.timeout_seconds) < now()
 		ORDER BY j.id LIMIT $1
 		FOR UPDATE OF j SKIP LOCKED`
@@ -208,34 +234,27 @@ type Unsent struct {
 
 // findUnsentSQL finds the unsent claims of queue $6 through its running
 // jobs claimed longer ago than the least send bound ($7) plus grace: for
-// each timeout_seconds the queue's running jobs have (read from
-// hipq_job_running_timeout one value at a time, a skip scan), a range of
-// that index (queue, timeout_seconds, started_at; a running job's
-// started_at is its attempt's dispatched_at), so a burst of recent claims
-// is never read. Each one's current attempt is looked up by its key
-// (OFFSET 0: never flattened into a scan of hipq_attempt for unsent rows,
-// which statistics may say do not exist).
-const findUnsentSQL = `
-		WITH RECURSIVE v AS (
-		  (SELECT r.timeout_seconds AS secs FROM hipq_job r WHERE r.queue = $6 AND r.state = 'running'
-		   ORDER BY r.timeout_seconds LIMIT 1)
-		  UNION ALL
-		  SELECT (SELECT r.timeout_seconds FROM hipq_job r
-		          WHERE r.queue = $6 AND r.state = 'running' AND r.timeout_seconds > v.secs
-		          ORDER BY r.timeout_seconds LIMIT 1)
-		  FROM v WHERE v.secs IS NOT NULL
-		)
+// each of the queue's timeouts (runningTimeouts), a range of
+// hipq_job_running_timeout (queue, timeout_seconds, started_at; a running
+// job's started_at is its attempt's dispatched_at), so a burst of recent
+// claims is never read. Each one's current attempt is looked up by its
+// key (OFFSET 0: never flattened into a scan of hipq_attempt for unsent
+// rows, which statistics may say do not exist).
+var findUnsentSQL = runningTimeouts("$6") + `
 		SELECT j.queue, j.id, j.attempt, j.job_type, a.dispatched_at
-		FROM v
-		CROSS JOIN LATERAL (SELECT r.queue, r.id, r.attempt, r.job_type, r.started_at FROM hipq_job r
-		                    WHERE r.queue = $6 AND r.state = 'running' AND r.timeout_seconds = v.secs
-		                      AND r.started_at < now() - make_interval(secs => $7) - $4::interval
-		                    OFFSET 0) j
+		FROM (SELECT x.* FROM vals
+		      CROSS JOIN LATERAL (SELECT r.queue, r.id, r.attempt, r.job_type, r.started_at FROM hipq_job r
+		                          WHERE r.queue = $6 AND r.state = 'running' AND r.timeout_seconds = vals.secs
+		                            AND r.started_at < now() - make_interval(secs => $7) - $4::interval
+		                          OFFSET 0) x
+		      UNION ALL
+		      SELECT r.queue, r.id, r.attempt, r.job_type, r.started_at FROM hipq_job r
+		      WHERE r.queue = $6 AND r.state = 'running' AND r.timeout_seconds > (SELECT max(secs) FROM vals)
+		        AND r.started_at < now() - make_interval(secs => $7) - $4::interval) j
 		CROSS JOIN LATERAL (SELECT b.dispatched_at, b.sent_at, b.outcome, b.progress_at FROM hipq_attempt b
 		                    WHERE b.queue = j.queue AND b.job_id = j.id AND b.attempt = j.attempt OFFSET 0) a
 		LEFT JOIN unnest($1::text[], $2::float8[]) AS t(job_type, secs) ON t.job_type = j.job_type
-		WHERE v.secs IS NOT NULL
-		  AND a.sent_at IS NULL AND a.outcome IS NULL AND a.progress_at IS NULL
+		WHERE a.sent_at IS NULL AND a.outcome IS NULL AND a.progress_at IS NULL
 		  AND a.dispatched_at < now() - make_interval(secs => coalesce(t.secs, $3)) - $4::interval
 		ORDER BY j.started_at LIMIT $5`
 
