@@ -757,13 +757,9 @@ func runningSeeder(t *testing.T, st *Store, data string) func(n int) []AttemptRe
 // in hipq bench, and probed every running job).
 func TestUnsentFinderReadsOldClaimsOnly(t *testing.T) {
 	t.Parallel()
-	st, plain, plans := explainStore(t, false, true)
+	st, plain, plans := sweepPlanStore(t, false)
 	ctx := context.Background()
-	autovacuumOff(t, plain)
 	if _, err := plain.pool.Exec(ctx, `
-		ANALYZE hipq_job; ANALYZE hipq_attempt;
-		INSERT INTO hipq_job (queue, job_type, job_key, state, outcome, attempt)
-		SELECT 'q', 't', 'f' || i, 'final', 'succeeded', 1 FROM generate_series(1, 100000) i;
 		WITH j AS (
 		  INSERT INTO hipq_job (queue, job_type, job_key, state, attempt, started_at)
 		  SELECT 'q', 't', CASE WHEN i <= 10 THEN 'old' ELSE 'new' END || i, 'running', 1,
@@ -820,13 +816,9 @@ func TestTimeoutsReadExpiredJobsOnly(t *testing.T) {
 	for _, generic := range []bool{false, true} {
 		t.Run(map[bool]string{false: "custom plans", true: "generic plans"}[generic], func(t *testing.T) {
 			t.Parallel()
-			st, plain, plans := explainStore(t, generic, true)
+			st, plain, plans := sweepPlanStore(t, generic)
 			ctx := context.Background()
-			autovacuumOff(t, plain)
 			if _, err := plain.pool.Exec(ctx, `
-				ANALYZE hipq_job; ANALYZE hipq_attempt;
-				INSERT INTO hipq_job (queue, job_type, job_key, state, outcome, attempt)
-				SELECT 'q', 't', 'f' || i, 'final', 'succeeded', 1 FROM generate_series(1, 100000) i;
 				WITH j AS (
 				  INSERT INTO hipq_job (queue, job_type, job_key, state, attempt, started_at, timeout_seconds)
 				  SELECT 'q', 't', k, 'running', 1, now() - make_interval(secs => ago), secs
@@ -884,6 +876,23 @@ func TestTimeoutsReadExpiredJobsOnly(t *testing.T) {
 			}
 		})
 	}
+}
+
+// sweepPlanStore is explainStore (analyzed plans, generic or custom) over
+// tables holding 100,000 final jobs of queue q, on statistics taken while
+// they were empty (autovacuum off): the sweeper's statements are then
+// planned as on a table that grew since its last analyze.
+func sweepPlanStore(t *testing.T, generic bool) (ex, plain *Store, plans func() []explained) {
+	t.Helper()
+	ex, plain, plans = explainStore(t, generic, true)
+	autovacuumOff(t, plain)
+	if _, err := plain.pool.Exec(context.Background(), `
+		ANALYZE hipq_job; ANALYZE hipq_attempt;
+		INSERT INTO hipq_job (queue, job_type, job_key, state, outcome, attempt)
+		SELECT 'q', 't', 'f' || i, 'final', 'succeeded', 1 FROM generate_series(1, 100000) i`); err != nil {
+		t.Fatal(err)
+	}
+	return ex, plain, plans
 }
 
 // autovacuumOff keeps autovacuum off hipq_job and hipq_attempt: its
