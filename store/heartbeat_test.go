@@ -79,7 +79,7 @@ func TestHeartbeatRacingTimeout(t *testing.T) {
 		keys = append(keys, k)
 		insert(t, st, job(k))
 	}
-	claim(t, st, n)
+	claimSent(t, st, n)
 	// Deadlines spread over the next 300 ms.
 	if _, err := st.Pool().Exec(ctx, `UPDATE hipq_job SET started_at = now() - interval '1 hour' + random() * interval '300 ms'`); err != nil {
 		t.Fatal(err)

@@ -49,6 +49,22 @@ func claim(t *testing.T, st *store.Store, limit int) []store.Claimed {
 	return c.Jobs
 }
 
+// claimSent claims as claim does, then marks the attempts sent, as a
+// dispatcher does once the transport acknowledged them: only a request
+// known to have left times out (a claim never sent is the rescue's).
+func claimSent(t *testing.T, st *store.Store, limit int) []store.Claimed {
+	t.Helper()
+	c := claim(t, st, limit)
+	refs := make([]store.AttemptRef, len(c))
+	for i, j := range c {
+		refs[i] = j.Ref()
+	}
+	if err := st.AttemptMarkSent(ctx, refs); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
 func get(t *testing.T, st *store.Store, key string) *correlator.Job {
 	t.Helper()
 	j, err := st.JobGet(ctx, "t", key)

@@ -362,8 +362,9 @@ func queueLife(t *testing.T, st, plain *Store) {
 	if _, err := st.JobCancel(ctx, "tc", c[1].JobKey); err != nil {
 		t.Fatal(err)
 	}
-	// The sweeper: c[2] timed out, c[3] claimed long ago and never sent.
-	if _, err := plain.pool.Exec(ctx, `UPDATE hipq_job SET started_at = now() - interval '2 hours' WHERE id = $1`, c[2].ID); err != nil {
+	// The sweeper: c[2] sent and timed out, c[3] claimed long ago and never sent.
+	if _, err := plain.pool.Exec(ctx, `WITH j AS (UPDATE hipq_job SET started_at = now() - interval '2 hours' WHERE id = $1 RETURNING id)
+		UPDATE hipq_attempt a SET sent_at = now() - interval '2 hours' FROM j WHERE a.job_id = j.id`, c[2].ID); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := plain.pool.Exec(ctx, `WITH j AS (UPDATE hipq_job SET started_at = now() - interval '30 minutes' WHERE id = $1 RETURNING id)

@@ -151,7 +151,7 @@ func TestTimeoutRacingReply(t *testing.T) {
 	t.Parallel()
 	st := pgtest.New(t)
 	insert(t, st, job("a"), job("b"))
-	claim(t, st, 2)
+	claimSent(t, st, 2)
 	if _, err := st.Pool().Exec(ctx, "UPDATE hipq_job SET started_at = now() - interval '2 hours'"); err != nil {
 		t.Fatal(err)
 	}
@@ -194,7 +194,7 @@ func TestConcurrentRepliesAndSweeps(t *testing.T) {
 		jobs = append(jobs, job(string(rune('a'+i%26))+string(rune('a'+i/26))))
 	}
 	insert(t, st, jobs...)
-	claimed := claim(t, st, 200)
+	claimed := claimSent(t, st, 200)
 	if _, err := st.Pool().Exec(ctx, "UPDATE hipq_job SET started_at = now() - interval '2 hours'"); err != nil {
 		t.Fatal(err)
 	}
