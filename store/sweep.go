@@ -117,22 +117,22 @@ const runningTimeoutValues = 32
 // a range of hipq_job_running_timeout for each of the queue's timeouts
 // (runningTimeouts), oldest first; in the tail, started_at < now() - the
 // largest timeout read one by one (smaller than any of the tail's) bounds
-// the entries read, and each job's own timeout is checked on its row. Left out are a job whose attempt got
-// news that moved its deadline past now, and one whose request is not
-// known to have left (no sent_at, no news): timing it out would burn an
-// attempt for an outage of hipq's own (invariant 8); the rescue of unsent
-// claims undoes it once the send bound and grace have passed
-// (AttemptFindUnsent), whatever its timeout. Each attempt is probed by
-// key (OFFSET 0 keeps the probe a lookup per job, never a scan of every
-// attempt). The versions found are collected first (an
-// array the statement computes once) and locked by tuple id: a condition
-// on the state would let the planner read the queue's running jobs by
-// that index again instead. A version that changed since it was found is
-// no longer the one named: PostgreSQL checks the tuple id again on the
-// version it locks (releases from late 2025: the fix of the TID scan's
-// recheck, back to 13). On an older release the newer version is locked
-// and returned: the time condition leaves out a job claimed again since
-// (its started_at is new), and the resolve, guarded by the state and
+// the entries read, and each job's own timeout is checked on its row. Left
+// out are a job whose attempt got news that moved its deadline past now,
+// and one whose request is not known to have left (no sent_at, no news):
+// timing it out would burn an attempt for an outage of hipq's own
+// (invariant 8); the rescue of unsent claims undoes it once the send bound
+// and grace have passed (AttemptFindUnsent), whatever its timeout. Each
+// attempt is probed by key (OFFSET 0 keeps the probe a lookup per job,
+// never a scan of every attempt). The versions found are collected first
+// (an array the statement computes once) and locked by tuple id: a
+// condition on the state would let the planner read the queue's running
+// jobs by that index again instead. A version that changed since it was
+// found is no longer the one named: PostgreSQL checks the tuple id again
+// on the version it locks (releases from late 2025: the fix of the TID
+// scan's recheck, back to 13). On an older release the newer version is
+// locked and returned: the time condition leaves out a job claimed again
+// since (its started_at is new), and the resolve, guarded by the state and
 // attempt the job was found in, leaves any other alone.
 var timingOutSQL = `
 		SELECT j.id, j.job_type, j.attempt, j.max_attempts, j.expires_at, j.time_windows, now() FROM hipq_job j
@@ -250,9 +250,9 @@ type Unsent struct {
 // hipq_job_running_timeout (queue, timeout_seconds, started_at; a running
 // job's started_at is its attempt's dispatched_at), so a burst of recent
 // claims is not read (but for the tail's index entries, when the queue's
-// jobs carry more than runningTimeoutValues timeouts). Each one's current attempt is looked up by its
-// key (OFFSET 0: never flattened into a scan of hipq_attempt for unsent
-// rows, which statistics may say do not exist).
+// jobs carry more than runningTimeoutValues timeouts). Each one's current
+// attempt is looked up by its key (OFFSET 0: never flattened into a scan
+// of hipq_attempt for unsent rows, which statistics may say do not exist).
 var findUnsentSQL = runningTimeouts("$6") + `
 		SELECT j.queue, j.id, j.attempt, j.job_type, a.dispatched_at
 		FROM (SELECT x.* FROM vals
