@@ -50,8 +50,8 @@ func claim(t *testing.T, st *store.Store, limit int) []store.Claimed {
 }
 
 // claimSent claims as claim does, then marks the attempts sent, as a
-// dispatcher does once the transport acknowledged them: only a request
-// known to have left times out (a claim never sent is the rescue's).
+// dispatcher does once the transport acknowledged them: the jobs then
+// time out as requests that left.
 func claimSent(t *testing.T, st *store.Store, limit int) []store.Claimed {
 	t.Helper()
 	c := claim(t, st, limit)

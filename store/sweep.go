@@ -45,9 +45,7 @@ func (s *Store) SweeperLock(ctx context.Context) (release func(), ok bool, err e
 
 // JobTimeOutStuck times out up to limit running jobs whose deadline
 // (started_at + timeout_seconds, or the later one news gave the attempt)
-// has passed and whose request is known to have left (sent_at, or news):
-// error "timeout", then the retry policy. A claim never known to be sent
-// is the rescue's (AttemptFindUnsent), never timed out. Rows
+// has passed: error "timeout", then the retry policy. Rows
 // another transaction holds (a reply being applied) are skipped and the
 // writes are guarded, so a reply racing a timeout is never overwritten.
 func (s *Store) JobTimeOutStuck(ctx context.Context, limit int, types correlator.Types) ([]AttemptRef, error) {
@@ -117,14 +115,10 @@ const runningTimeoutValues = 32
 // a range of hipq_job_running_timeout for each of the queue's timeouts
 // (runningTimeouts), oldest first; in the tail, started_at < now() - the
 // largest timeout read one by one (smaller than any of the tail's) bounds
-// the entries read, and each job's own timeout is checked on its row. Left
-// out are a job whose attempt got news that moved its deadline past now,
-// and one whose request is not known to have left (no sent_at, no news):
-// timing it out would burn an attempt for an outage of hipq's own
-// (invariant 8); the rescue of unsent claims undoes it once the send bound
-// and grace have passed (AttemptFindUnsent), whatever its timeout. Each
-// attempt is probed by key (OFFSET 0 keeps the probe a lookup per job,
-// never a scan of every attempt). The versions found are collected first
+// the entries read, and each job's own timeout is checked on its row. A
+// job whose attempt got news that moved its deadline past now is left out
+// (its attempt probed by key: OFFSET 0 keeps the probe a lookup per job,
+// never a scan of every attempt for deadlines). The versions found are collected first
 // (an array the statement computes once) and locked by tuple id: a
 // condition on the state would let the planner read the queue's running
 // jobs by that index again instead. A version that changed since it was
@@ -142,8 +136,7 @@ var timingOutSQL = `
 		          WHERE r.queue = $2 AND r.state = 'running' AND r.timeout_seconds = vals.secs
 		            AND r.started_at < now() - make_interval(secs => vals.secs)
 		            AND NOT EXISTS (SELECT 1 FROM hipq_attempt a
-		                            WHERE a.queue = $2 AND a.job_id = r.id AND a.attempt = r.attempt
-		                              AND (a.deadline >= now() OR (a.sent_at IS NULL AND a.progress_at IS NULL))
+		                            WHERE a.queue = $2 AND a.job_id = r.id AND a.attempt = r.attempt AND a.deadline >= now()
 		                            OFFSET 0)
 		          ORDER BY r.started_at LIMIT $1) x
 		        UNION ALL
@@ -152,8 +145,7 @@ var timingOutSQL = `
 		           AND r.started_at < now() - make_interval(secs => (SELECT max(secs) FROM vals))
 		           AND r.started_at + make_interval(secs => r.timeout_seconds) < now()
 		           AND NOT EXISTS (SELECT 1 FROM hipq_attempt a
-		                           WHERE a.queue = $2 AND a.job_id = r.id AND a.attempt = r.attempt
-		                             AND (a.deadline >= now() OR (a.sent_at IS NULL AND a.progress_at IS NULL))
+		                           WHERE a.queue = $2 AND a.job_id = r.id AND a.attempt = r.attempt AND a.deadline >= now()
 		                           OFFSET 0)
 		         LIMIT $1)))
 		  AND j.queue = $2 AND j.started_at + make_interval(secs => j.timeout_seconds) < now()
