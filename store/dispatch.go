@@ -327,8 +327,9 @@ func attemptsMarkSent(ctx context.Context, tx pgx.Tx, refs []AttemptRef) error {
 
 // JobUndoClaim takes back claims whose request never left (invariant 8):
 // state, attempt, started_at and error are restored and the hipq_attempt row
-// deleted, guarded by state running, the attempt, and no sent_at. It returns
-// how many were undone.
+// deleted, guarded by state running, the attempt, no sent_at and no news
+// (news proves the request left, whatever the dispatcher recorded). It
+// returns how many were undone.
 func (s *Store) JobUndoClaim(ctx context.Context, refs []AttemptRef) (int, error) {
 	var n int
 	err := s.inTx(ctx, func(tx pgx.Tx) error {
@@ -361,7 +362,8 @@ func jobsUndoClaim(ctx context.Context, tx pgx.Tx, refs []AttemptRef) (int, erro
 		  LEFT JOIN hipq_attempt prev ON prev.queue = $3 AND prev.job_id = u.id AND prev.attempt = u.att - 1
 		  WHERE j.queue = $3 AND j.id = u.id AND j.state = 'running' AND j.attempt = u.att
 		    AND EXISTS (SELECT 1 FROM hipq_attempt a
-		                WHERE a.queue = $3 AND a.job_id = u.id AND a.attempt = u.att AND a.sent_at IS NULL AND a.outcome IS NULL)
+		                WHERE a.queue = $3 AND a.job_id = u.id AND a.attempt = u.att AND a.sent_at IS NULL AND a.outcome IS NULL
+		                  AND a.progress_at IS NULL)
 		  RETURNING j.id, u.att
 		), del AS (
 		  DELETE FROM hipq_attempt a USING undone

@@ -160,3 +160,28 @@ func TestNewsIsNeverUnsent(t *testing.T) {
 		t.Fatalf("unsent: %+v, want only the quiet attempt", unsent)
 	}
 }
+
+// News proves a request left: a claim whose attempt got news is never
+// undone, though no send was recorded (the rescue read it as unsent just
+// before the news came, or the dispatcher's record says not sent). Undone,
+// it would be sent again under the same attempt number (invariants 2, 8).
+func TestNewsKeepsAClaimFromBeingUndone(t *testing.T) {
+	t.Parallel()
+	st := pgtest.New(t)
+	jt := *types["t"]
+	jt.MaxTimeout = 2 * time.Hour
+	tys := correlator.Types{"t": &jt}
+	insert(t, st, job("news"), job("none"))
+	c := claim(t, st, 2)
+	res, err := st.ReplyApply(ctx, store.ReplyBatch{Replies: []store.ReplyIn{progress("news", 1)}, EarlyTTL: time.Minute}, tys)
+	if err != nil || res.Verdicts[0] != correlator.Progressed {
+		t.Fatalf("news: %v %v", res.Verdicts, err)
+	}
+	refs := []store.AttemptRef{c[0].Ref(), c[1].Ref()}
+	n, err := st.JobUndoClaim(ctx, refs)
+	if err != nil || n != 1 {
+		t.Fatalf("undid %d claims, want only the one without news: %v", n, err)
+	}
+	wantState(t, get(t, st, "news"), correlator.StateRunning, "", 1)
+	wantState(t, get(t, st, "none"), correlator.StateInitial, "", 0)
+}
