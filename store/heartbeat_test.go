@@ -17,15 +17,21 @@ func progress(key string, attempt int) store.ReplyIn {
 	return store.ReplyIn{Reply: r, Kind: store.SourceReply, Source: store.Source{Topic: "replies"}}
 }
 
+// newsTypes is the tests' type t with news allowed to move a deadline up
+// to 2 hours after the claim (max_timeout).
+func newsTypes() correlator.Types {
+	jt := *types["t"]
+	jt.MaxTimeout = 2 * time.Hour
+	return correlator.Types{"t": &jt}
+}
+
 // Progress moves a running attempt's deadline, never past max_timeout,
 // and records the payload; on a job not running it is counted, never
 // dead-lettered nor kept.
 func TestProgressReplies(t *testing.T) {
 	t.Parallel()
 	st := pgtest.New(t)
-	jt := *types["t"]
-	jt.MaxTimeout = 2 * time.Hour
-	tys := correlator.Types{"t": &jt}
+	tys := newsTypes()
 	insert(t, st, job("run"), job("waiting"))
 	claim(t, st, 1)
 	res, err := st.ReplyApply(ctx, store.ReplyBatch{Replies: []store.ReplyIn{progress("run", 1), progress("waiting", 1),
@@ -69,9 +75,7 @@ func TestProgressReplies(t *testing.T) {
 func TestHeartbeatRacingTimeout(t *testing.T) {
 	t.Parallel()
 	st := pgtest.New(t)
-	jt := *types["t"]
-	jt.MaxTimeout = 2 * time.Hour
-	tys := correlator.Types{"t": &jt}
+	tys := newsTypes()
 	const n = 120
 	var keys []string
 	for i := range n {
@@ -168,9 +172,7 @@ func TestNewsIsNeverUnsent(t *testing.T) {
 func TestNewsKeepsAClaimFromBeingUndone(t *testing.T) {
 	t.Parallel()
 	st := pgtest.New(t)
-	jt := *types["t"]
-	jt.MaxTimeout = 2 * time.Hour
-	tys := correlator.Types{"t": &jt}
+	tys := newsTypes()
 	insert(t, st, job("news"), job("none"))
 	c := claim(t, st, 2)
 	res, err := st.ReplyApply(ctx, store.ReplyBatch{Replies: []store.ReplyIn{progress("news", 1)}, EarlyTTL: time.Minute}, tys)
