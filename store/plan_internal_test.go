@@ -813,10 +813,10 @@ func TestUnsentFinderReadsOldClaimsOnly(t *testing.T) {
 // final ones, on statistics taken when the table was empty, each queue's
 // running jobs are read by timeout_seconds then started_at. Of 300 jobs of
 // a short timeout past their time, a sweep of 4 reads 4 (the range of each
-// timeout is cut at the sweep's size); 2 jobs given a later deadline by news
-// are not timed out; past the 32 smallest timeouts, read one by one, the jobs of the
-// others (200 here, none reached one probe per value) are read together, and
-// the 2 of them past their time are timed out. It read every running job of
+// timeout is cut at the sweep's size); 2 jobs given a later deadline by
+// news are not timed out; past the 32 smallest timeouts, read one by one,
+// the jobs of the others (200 here, none reached one probe per value) are
+// read together, and the 2 of them past their time are timed out. It read every running job of
 // the queue (1.3 s a sweep beside a million of them), or, ordered by id,
 // every row of the table; and it read every attempt once a job had timed
 // out, looking for deadlines that news moved.

@@ -1,6 +1,7 @@
 package store
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -159,18 +160,19 @@ func resolveQueue(ctx context.Context, tx pgx.Tx, queue string, rs []Resolve) ([
 			next[i] = &t
 		}
 		if r.Res.Outcome == correlator.OutcomeSucceeded && r.Result != nil {
-			results[i] = nullable(string(r.Result))
+			// A reply's result is the reply itself: sent (and parsed into
+			// jsonb) once, for both columns.
+			if r.Reply != nil && bytes.Equal(r.Result, r.Reply) {
+				resultIsReply[i] = true
+			} else {
+				results[i] = nullable(string(r.Result))
+			}
 		}
 		if r.Res.Attempt != correlator.AttemptSucceeded {
 			attErrs[i] = nullable(safeText(r.Res.AttemptError))
 		}
 		if r.Reply != nil {
 			replies[i] = nullable(string(r.Reply))
-		}
-		// A reply's result is the reply itself: sent (and parsed into
-		// jsonb) once, for both columns.
-		if results[i] != nil && replies[i] != nil && *results[i] == *replies[i] {
-			results[i], resultIsReply[i] = nil, true
 		}
 	}
 	rows, err := tx.Query(ctx, resolveManySQL,

@@ -128,6 +128,12 @@ const runningTimeoutValues = 32
 // locked and returned: the time condition leaves out a job claimed again
 // since (its started_at is new), and the resolve, guarded by the state and
 // attempt the job was found in, leaves any other alone.
+// noLaterDeadline is timingOutSQL's condition that the attempt of job r
+// (of queue $2) got no news moving its deadline past now: a probe of the
+// attempt by key (OFFSET 0 keeps it a lookup per job).
+const noLaterDeadline = `NOT EXISTS (SELECT 1 FROM hipq_attempt a
+		                  WHERE a.queue = $2 AND a.job_id = r.id AND a.attempt = r.attempt AND a.deadline >= now() OFFSET 0)`
+
 var timingOutSQL = `
 		SELECT j.id, j.job_type, j.attempt, j.max_attempts, j.expires_at, j.time_windows, now() FROM hipq_job j
 		WHERE j.ctid = ANY (ARRAY(` + runningTimeouts("$2") + `
@@ -135,18 +141,14 @@ var timingOutSQL = `
 		          SELECT r.ctid AS tid FROM hipq_job r
 		          WHERE r.queue = $2 AND r.state = 'running' AND r.timeout_seconds = vals.secs
 		            AND r.started_at < now() - make_interval(secs => vals.secs)
-		            AND NOT EXISTS (SELECT 1 FROM hipq_attempt a
-		                            WHERE a.queue = $2 AND a.job_id = r.id AND a.attempt = r.attempt AND a.deadline >= now()
-		                            OFFSET 0)
+		            AND ` + noLaterDeadline + `
 		          ORDER BY r.started_at LIMIT $1) x
 		        UNION ALL
 		        (SELECT r.ctid FROM hipq_job r
 		         WHERE r.queue = $2 AND r.state = 'running' AND r.timeout_seconds > (SELECT max(secs) FROM vals)
 		           AND r.started_at < now() - make_interval(secs => (SELECT max(secs) FROM vals))
 		           AND r.started_at + make_interval(secs => r.timeout_seconds) < now()
-		           AND NOT EXISTS (SELECT 1 FROM hipq_attempt a
-		                           WHERE a.queue = $2 AND a.job_id = r.id AND a.attempt = r.attempt AND a.deadline >= now()
-		                           OFFSET 0)
+		           AND ` + noLaterDeadline + `
 		         LIMIT $1)))
 		  AND j.queue = $2 AND j.started_at + make_interval(secs => j.timeout_seconds) < now()
 		ORDER BY j.id LIMIT $1
