@@ -454,7 +454,7 @@ func (d *Dispatcher) deliver(ctx context.Context, q QueueConfig, s Sender, jobs 
 			}
 		case Unknown:
 			if resend, res := correlator.SendUnknown(jt, errText(r.Err)); !resend {
-				rec.Resolves = append(rec.Resolves, store.Resolve{Queue: c.Queue, JobID: c.ID, Attempt: c.Attempt, Res: res})
+				rec.Resolves = append(rec.Resolves, store.Resolve{Queue: c.Queue, JobID: c.ID, Attempt: c.Attempt, Claim: c.StartedAt, Res: res})
 			} else {
 				rec.Undo = append(rec.Undo, ref)
 				undone[route.Neighbour]++
@@ -598,11 +598,16 @@ func splitDelivery(rec store.Delivery) []store.Delivery {
 func (d *Dispatcher) stripped(one store.Delivery, cause error) store.Delivery {
 	unstorable := correlator.ReplyUnstorable(cause.Error())
 	out := store.Delivery{Sent: one.Sent, Undo: one.Undo}
+	claims := map[int64]time.Time{} // the claims sent: a sync reply answers one
+	for _, r := range one.Sent {
+		claims[r.JobID] = r.Claim
+	}
 	for _, r := range one.Replies {
 		if r.Reply.JobID == nil || r.Reply.Attempt == nil {
 			continue
 		}
-		out.Resolves = append(out.Resolves, store.Resolve{Queue: r.Queue, JobID: *r.Reply.JobID, Attempt: *r.Reply.Attempt, Sent: true, Res: unstorable})
+		out.Resolves = append(out.Resolves, store.Resolve{Queue: r.Queue, JobID: *r.Reply.JobID, Attempt: *r.Reply.Attempt,
+			Claim: claims[*r.Reply.JobID], Sent: true, Res: unstorable})
 	}
 	for _, r := range one.Resolves {
 		r.Reply, r.Result = nil, nil
@@ -615,7 +620,7 @@ func (d *Dispatcher) stripped(one store.Delivery, cause error) store.Delivery {
 // dispatchError resolves a failed send through the retry policy (not
 // retried at all unless retryable); reached says the request arrived.
 func dispatchError(c *store.Claimed, jt *correlator.JobType, r Result, retryable, reached bool) store.Resolve {
-	return store.Resolve{Queue: c.Queue, JobID: c.ID, Attempt: c.Attempt, Sent: reached,
+	return store.Resolve{Queue: c.Queue, JobID: c.ID, Attempt: c.Attempt, Claim: c.StartedAt, Sent: reached,
 		Res: correlator.DispatchFailed(jt, c.Running(), errText(r.Err), retryable, r.RetryAfter, c.DBNow())}
 }
 

@@ -348,3 +348,71 @@ func TestRefusedRecordIsRecordedJobByJob(t *testing.T) {
 	j, _ = st.JobGet(ctx, "sync", "doomed")
 	want(t, j, correlator.StateRunning, "", 1)
 }
+
+// overtaken sends nothing: while its sends are "in flight", the sweeper
+// takes their claims for lost and undoes them, and another instance
+// claims the jobs again, under the same attempt numbers. Then it returns
+// what it was told each send became.
+type overtaken struct {
+	t      *testing.T
+	st     *store.Store
+	status map[string]dispatcher.Result
+	again  []store.Claimed
+}
+
+func (s *overtaken) Transport() string             { return "stub" }
+func (s *overtaken) Route(string) dispatcher.Route { return dispatcher.Route{Neighbour: "stub"} }
+func (s *overtaken) Send(ctx context.Context, jobs []store.Claimed) []dispatcher.Result {
+	refs := make([]store.AttemptRef, len(jobs))
+	for i := range jobs {
+		refs[i] = jobs[i].Ref()
+	}
+	if n, err := s.st.JobUndoClaim(ctx, refs); err != nil || n != len(jobs) {
+		s.t.Errorf("the rescue undid %d of %d claims: %v", n, len(jobs), err)
+	}
+	c, err := s.st.JobClaim(ctx, store.JobClaimParams{Queue: "default", Limit: 100, Instance: "other"})
+	if err != nil {
+		s.t.Error(err)
+	}
+	s.again = c.Jobs
+	out := make([]dispatcher.Result, len(jobs))
+	for i, j := range jobs {
+		out[i] = s.status[j.JobKey]
+	}
+	return out
+}
+
+// A delivery recorded after its claims were undone and made again (same
+// attempt numbers) moves none of the new claims: each outcome of the
+// dispatcher's record names the claim it is about.
+func TestLateRecordLeavesTheNextClaimAlone(t *testing.T) {
+	t.Parallel()
+	st := pgtest.New(t)
+	s := &overtaken{t: t, st: st, status: map[string]dispatcher.Result{
+		"alo0": {Status: dispatcher.Sent},
+		"alo1": {Status: dispatcher.NotSent, Err: errors.New("never left")},
+		"alo2": {Status: dispatcher.Failed, Final: true, Err: errors.New("rejected")},
+		"alo3": {Status: dispatcher.Unknown, Err: errors.New("may have arrived")},
+	}}
+	tys := types()
+	tys["alo"].Delivery = correlator.AtMostOnce // an unknown outcome then ends the attempt
+	d := dispatcher.New(zaptest.NewLogger(t), st, dispatcher.Config{Instance: "test", BatchSize: 100,
+		Queues: []dispatcher.QueueConfig{{Name: "default"}}, Types: tys, Senders: map[string]dispatcher.Sender{"alo": s}})
+	insert(t, st, "alo", 4)
+	if _, err := d.RunOnce(ctx); err != nil {
+		t.Fatalf("round: %v", err)
+	}
+	if len(s.again) != 4 {
+		t.Fatalf("claimed again %d of 4", len(s.again))
+	}
+	for _, c := range s.again {
+		j, err := st.JobGet(ctx, "alo", c.JobKey)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want(t, j, correlator.StateRunning, "", 1)
+	}
+	if n := scalar(t, st, `SELECT count(*) FROM hipq_attempt WHERE sent_at IS NULL AND outcome IS NULL AND instance = 'other'`); n != 4 {
+		t.Fatalf("%d of the 4 new claims' attempts left unsent and open", n)
+	}
+}

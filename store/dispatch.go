@@ -74,9 +74,10 @@ type Claimed struct {
 // clock, however far this host's wall clock is off.
 func (c *Claimed) DBNow() time.Time { return c.StartedAt.Add(time.Since(c.ClaimedLocal)) }
 
-// Ref names the attempt the claim started.
+// Ref names the attempt the claim started, and the claim (its
+// started_at): a record of this claim's send moves this claim only.
 func (c *Claimed) Ref() AttemptRef {
-	return AttemptRef{Queue: c.Queue, JobID: c.ID, Attempt: c.Attempt}
+	return AttemptRef{Queue: c.Queue, JobID: c.ID, Attempt: c.Attempt, Claim: c.StartedAt}
 }
 
 // Running returns what the retry decision needs.
@@ -269,6 +270,15 @@ type AttemptRef struct {
 	Queue   string
 	JobID   int64
 	Attempt int
+	// Claim, when set, is the claim's started_at (PostgreSQL's clock, as
+	// the claim or a read of it returned it): a write acting on what it
+	// claimed or read then moves that claim only. An undone claim gives
+	// its attempt number back, and the next claim of the job takes it
+	// again: a record that lands late (its transaction tried again through
+	// an outage while the sweeper undid the claim) must not mark, undo or
+	// end the new claim, whose request has not left. Zero: any claim of
+	// the attempt (a reply names no claim).
+	Claim time.Time
 }
 
 func refArrays(refs []AttemptRef) ([]int64, []int32) {
@@ -278,6 +288,25 @@ func refArrays(refs []AttemptRef) ([]int64, []int32) {
 	}
 	return ids, atts
 }
+
+// claimsOf returns the claims refs name (NULL where unset), or nil when
+// none does: unnest pads a shorter array, a NULL one included, with NULLs.
+func claimsOf[T any](xs []T, claim func(T) time.Time) []*time.Time {
+	var out []*time.Time
+	for i, x := range xs {
+		c := claim(x)
+		if c.IsZero() {
+			continue
+		}
+		if out == nil {
+			out = make([]*time.Time, len(xs))
+		}
+		out[i] = &c
+	}
+	return out
+}
+
+func refClaim(r AttemptRef) time.Time { return r.Claim }
 
 // AttemptMarkSent records that the transport acknowledged the sends.
 func (s *Store) AttemptMarkSent(ctx context.Context, refs []AttemptRef) error {
@@ -304,19 +333,24 @@ func (s *Store) AttemptMarkSent(ctx context.Context, refs []AttemptRef) error {
 // (TestPlansOfEmptyTablesStayLinear). The versions found stay current:
 // every writer of attempt rows takes their jobs' locks first, as the
 // caller has. (A row changed by a writer that did not would be left
-// alone.)
+// alone.) A ref naming its claim marks that claim's attempt only (its
+// dispatched_at is the claim's started_at).
+// (The queue is $1: PostgreSQL 15's EXPLAIN numbers the subquery's
+// output from where the lateral references stop, and with the queue at
+// $3 or $4 the two would read alike: TestEveryWriteNamesItsQueue.)
 const markSentSQL = `
 	UPDATE hipq_attempt a SET sent_at = now()
-	WHERE a.queue = $3 AND a.ctid = ANY (ARRAY(
-	  SELECT x.ctid FROM unnest($1::bigint[], $2::int[]) AS u(id, att)
+	WHERE a.queue = $1 AND a.ctid = ANY (ARRAY(
+	  SELECT x.ctid FROM unnest($2::bigint[], $3::int[], $4::timestamptz[]) AS u(id, att, claim)
 	  CROSS JOIN LATERAL (SELECT b.ctid FROM hipq_attempt b
-	                      WHERE b.queue = $3 AND b.job_id = u.id AND b.attempt = u.att AND b.sent_at IS NULL
+	                      WHERE b.queue = $1 AND b.job_id = u.id AND b.attempt = u.att AND b.sent_at IS NULL
+	                        AND (u.claim IS NULL OR b.dispatched_at = u.claim)
 	                      OFFSET 0) x))`
 
 func attemptsMarkSent(ctx context.Context, tx pgx.Tx, refs []AttemptRef) error {
 	err := perQueue(refs, refQueue, func(q string, refs []AttemptRef) error {
 		ids, atts := refArrays(refs)
-		_, err := tx.Exec(ctx, markSentSQL, ids, atts, q)
+		_, err := tx.Exec(ctx, markSentSQL, q, ids, atts, claimsOf(refs, refClaim))
 		return err
 	})
 	if err != nil {
@@ -327,9 +361,9 @@ func attemptsMarkSent(ctx context.Context, tx pgx.Tx, refs []AttemptRef) error {
 
 // JobUndoClaim takes back claims whose request never left (invariant 8):
 // state, attempt, started_at and error are restored and the hipq_attempt row
-// deleted, guarded by state running, the attempt, no sent_at and no news
-// (news proves the request left, whatever the dispatcher recorded). It
-// returns how many were undone.
+// deleted, guarded by state running, the attempt (and the claim, when the
+// ref names it), no sent_at and no news (news proves the request left,
+// whatever the dispatcher recorded). It returns how many were undone.
 func (s *Store) JobUndoClaim(ctx context.Context, refs []AttemptRef) (int, error) {
 	var n int
 	err := s.inTx(ctx, func(tx pgx.Tx) error {
@@ -350,7 +384,7 @@ func jobsUndoClaim(ctx context.Context, tx pgx.Tx, refs []AttemptRef) (int, erro
 		var n int
 		err := tx.QueryRow(ctx, `
 		WITH u AS (
-		  SELECT * FROM unnest($1::bigint[], $2::int[]) AS u(id, att)
+		  SELECT * FROM unnest($1::bigint[], $2::int[], $4::timestamptz[]) AS u(id, att, claim)
 		), undone AS (
 		  UPDATE hipq_job j
 		  SET state = CASE WHEN j.attempt = 1 THEN 'initial' ELSE 'retry' END,
@@ -361,6 +395,7 @@ func jobsUndoClaim(ctx context.Context, tx pgx.Tx, refs []AttemptRef) (int, erro
 		  FROM u
 		  LEFT JOIN hipq_attempt prev ON prev.queue = $3 AND prev.job_id = u.id AND prev.attempt = u.att - 1
 		  WHERE j.queue = $3 AND j.id = u.id AND j.state = 'running' AND j.attempt = u.att
+		    AND (u.claim IS NULL OR j.started_at = u.claim)
 		    AND EXISTS (SELECT 1 FROM hipq_attempt a
 		                WHERE a.queue = $3 AND a.job_id = u.id AND a.attempt = u.att AND a.sent_at IS NULL AND a.outcome IS NULL
 		                  AND a.progress_at IS NULL)
@@ -370,7 +405,7 @@ func jobsUndoClaim(ctx context.Context, tx pgx.Tx, refs []AttemptRef) (int, erro
 		  WHERE a.queue = $3 AND a.job_id = undone.id AND a.attempt = undone.att
 		  RETURNING 1
 		)
-		SELECT count(*) FROM del`, ids, atts, q).Scan(&n)
+		SELECT count(*) FROM del`, ids, atts, q, claimsOf(refs, refClaim)).Scan(&n)
 		total += n
 		return err
 	})

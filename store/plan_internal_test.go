@@ -58,7 +58,7 @@ func TestSentMarksProbeByKey(t *testing.T) {
 		t.Errorf("the control no longer scans the table:\n%s", p)
 	}
 	for _, generic := range []bool{false, true} {
-		p := plan(markSentSQL, generic, "q")
+		p := explainAnalyze(t, st, markSentSQL, generic, "q", ids, atts, []*time.Time(nil))
 		if strings.Contains(p, "Seq Scan") || !strings.Contains(p, "hipq_attempt_pkey") || !strings.Contains(p, "rows=1000 loops=1") {
 			t.Errorf("generic plan %v:\n%s\nwant primary-key probes marking 1000 rows", generic, p)
 		}
@@ -126,7 +126,7 @@ func TestRepliesProbeByKey(t *testing.T) {
 	for i := range ids {
 		atts[i], states[i], errs[i], attOutcomes[i], outcomes[i] = 1, "final", "NONE", "succeeded", &ok
 	}
-	resolveArgs := []any{ids, atts, states, outcomes, errs, next, results, attOutcomes, attErrs, replies, sent, "q", make([]bool, n)}
+	resolveArgs := []any{ids, atts, states, outcomes, errs, next, results, attOutcomes, attErrs, replies, sent, "q", make([]bool, n), []*time.Time(nil)}
 	plan := func(q string, generic bool, args ...any) string { return explainAnalyze(t, st, q, generic, args...) }
 	oldLookup := `SELECT id FROM hipq_job WHERE id IN (SELECT unnest($1::bigint[]) UNION ALL
 		SELECT j.id FROM hipq_job j JOIN unnest($2::text[], $3::text[]) AS k(t, k)
@@ -367,7 +367,7 @@ func TestStatsFollowGrowth(t *testing.T) {
 		t.Helper()
 		ids, atts := refArrays(refs)
 		notices()
-		if tag, err := conn.Exec(ctx, markSentSQL, ids, atts, "q"); err != nil || tag.RowsAffected() != int64(len(refs)) {
+		if tag, err := conn.Exec(ctx, markSentSQL, "q", ids, atts, claimsOf(refs, refClaim)); err != nil || tag.RowsAffected() != int64(len(refs)) {
 			t.Fatalf("marked %d of %d: %v", tag.RowsAffected(), len(refs), err)
 		}
 		for _, m := range notices() {
@@ -509,7 +509,7 @@ func TestPlansOfEmptyTablesStayLinear(t *testing.T) {
 	for _, s := range []statement{
 		{"sent marks", "UPDATE hipq_attempt a SET sent_at", func(tx pgx.Tx, refs []AttemptRef) error {
 			ids, atts := refArrays(refs)
-			_, err := tx.Exec(ctx, markSentSQL, ids, atts, "q")
+			_, err := tx.Exec(ctx, markSentSQL, "q", ids, atts, claimsOf(refs, refClaim))
 			return err
 		}},
 		{"reply lookup", "CROSS JOIN LATERAL (SELECT j.id FROM hipq_job j", func(tx pgx.Tx, refs []AttemptRef) error {

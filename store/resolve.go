@@ -24,15 +24,19 @@ type Resolve struct {
 	// Sent: the request reached the service (an HTTP answer of any
 	// status): sent_at is set if it is not yet.
 	Sent bool
+	// Claim, when set, limits the resolution to that claim of the attempt
+	// (see AttemptRef.Claim): the send's own outcomes name it, replies
+	// do not.
+	Claim time.Time
 }
 
 // Ref names the attempt r ends.
 func (r Resolve) Ref() AttemptRef {
-	return AttemptRef{Queue: r.Queue, JobID: r.JobID, Attempt: r.Attempt}
+	return AttemptRef{Queue: r.Queue, JobID: r.JobID, Attempt: r.Attempt, Claim: r.Claim}
 }
 
 // JobResolveMany applies resolutions in one statement, each guarded by
-// state running and its attempt, and notifies hipq_job_ready (a throttle
+// state running and its attempt (and its claim, when it names one), and notifies hipq_job_ready (a throttle
 // slot is free). It returns the refs that took effect; the
 // others were moved by someone else first.
 func (s *Store) JobResolveMany(ctx context.Context, rs []Resolve) ([]AttemptRef, error) {
@@ -75,8 +79,8 @@ func refsOf(rs []resolved) []AttemptRef {
 const resolveManySQL = `
 		WITH u AS (
 		  SELECT * FROM unnest($1::bigint[], $2::int[], $3::text[], $4::text[], $5::text[], $6::timestamptz[],
-		                       $7::jsonb[], $8::text[], $9::text[], $10::jsonb[], $11::bool[], $13::bool[])
-		    AS u(id, att, state, outcome, error, next_run, result, att_outcome, att_error, reply, sent, result_is_reply)
+		                       $7::jsonb[], $8::text[], $9::text[], $10::jsonb[], $11::bool[], $13::bool[], $14::timestamptz[])
+		    AS u(id, att, state, outcome, error, next_run, result, att_outcome, att_error, reply, sent, result_is_reply, claim)
 		), t AS (
 		  -- Each job found by its key, then updated by its tuple id: never
 		  -- a join that reads every running job, which statistics taken
@@ -84,9 +88,9 @@ const resolveManySQL = `
 		  -- holds the rows' locks, taken by an earlier statement, so this
 		  -- statement sees the versions locked and no other can replace
 		  -- them: the guard (state running, the attempt) reads them.
-		  SELECT u.*, b.tid, b.state AS cur_state, b.attempt AS cur_att
+		  SELECT u.*, b.tid, b.state AS cur_state, b.attempt AS cur_att, b.started_at AS cur_claim
 		  FROM u CROSS JOIN LATERAL (
-		    SELECT j.ctid AS tid, j.state, j.attempt FROM hipq_job j WHERE j.queue = $12 AND j.id = u.id OFFSET 0) b
+		    SELECT j.ctid AS tid, j.state, j.attempt, j.started_at FROM hipq_job j WHERE j.queue = $12 AND j.id = u.id OFFSET 0) b
 		), done AS (
 		  UPDATE hipq_job j
 		  SET state = t.state, outcome = t.outcome, error = t.error,
@@ -94,6 +98,7 @@ const resolveManySQL = `
 		      result = coalesce(t.result, CASE WHEN t.result_is_reply THEN t.reply END, j.result), update_time = now()
 		  FROM t
 		  WHERE j.queue = $12 AND j.ctid = t.tid AND t.cur_state = 'running' AND t.cur_att = t.att
+		    AND (t.claim IS NULL OR t.cur_claim = t.claim)
 		  RETURNING j.id, j.queue, j.job_type, j.attempt, j.started_at, t.att_outcome, t.att_error, t.reply, t.sent
 		), notify AS (
 		  -- A job left running: a throttle slot is free, so dispatchers
@@ -176,7 +181,8 @@ func resolveQueue(ctx context.Context, tx pgx.Tx, queue string, rs []Resolve) ([
 		}
 	}
 	rows, err := tx.Query(ctx, resolveManySQL,
-		ids, atts, states, outcomes, errs, next, results, attOutcomes, attErrs, replies, sent, queue, resultIsReply)
+		ids, atts, states, outcomes, errs, next, results, attOutcomes, attErrs, replies, sent, queue, resultIsReply,
+		claimsOf(rs, func(r Resolve) time.Time { return r.Claim }))
 	if err != nil {
 		return nil, err
 	}

@@ -248,7 +248,7 @@ type Unsent struct {
 // attempt is looked up by its key (OFFSET 0: never flattened into a scan
 // of hipq_attempt for unsent rows, which statistics may say do not exist).
 var findUnsentSQL = runningTimeouts("$6") + `
-		SELECT j.queue, j.id, j.attempt, j.job_type, a.dispatched_at
+		SELECT j.queue, j.id, j.attempt, j.job_type, a.dispatched_at, j.started_at
 		FROM (SELECT x.* FROM vals
 		      CROSS JOIN LATERAL (SELECT r.queue, r.id, r.attempt, r.job_type, r.started_at FROM hipq_job r
 		                          WHERE r.queue = $6 AND r.state = 'running' AND r.timeout_seconds = vals.secs
@@ -310,7 +310,11 @@ func (s *Store) AttemptFindUnsent(ctx context.Context, types correlator.Types, g
 				return err
 			}
 			var u Unsent
-			if _, err := pgx.ForEachRow(rows, []any{&u.Queue, &u.JobID, &u.Attempt, &u.JobType, &u.DispatchedAt}, func() error {
+			// The claim is the job's started_at (the column the undo and
+			// the resolve compare; the claim wrote the same time in
+			// dispatched_at): the rescue moves the claim it read, never a
+			// later one.
+			if _, err := pgx.ForEachRow(rows, []any{&u.Queue, &u.JobID, &u.Attempt, &u.JobType, &u.DispatchedAt, &u.Claim}, func() error {
 				out = append(out, u)
 				return nil
 			}); err != nil {

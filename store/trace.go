@@ -89,8 +89,10 @@ func (s *Store) AttemptTracesWrite(ctx context.Context, ts []AttemptTrace) error
 				ids[i], atts[i], ps[i] = t.JobID, int32(t.Attempt), t.Parent
 			}
 			_, err := tx.Exec(ctx, `UPDATE hipq_attempt a SET trace_parent = u.tp
-				FROM unnest($1::bigint[], $2::int[], $3::text[]) AS u(id, att, tp)
-				WHERE a.queue = $4 AND a.job_id = u.id AND a.attempt = u.att`, ids, atts, ps, q)
+				FROM unnest($1::bigint[], $2::int[], $3::text[], $5::timestamptz[]) AS u(id, att, tp, claim)
+				WHERE a.queue = $4 AND a.job_id = u.id AND a.attempt = u.att
+				  AND (u.claim IS NULL OR a.dispatched_at = u.claim)`,
+				ids, atts, ps, q, claimsOf(ts, func(t AttemptTrace) time.Time { return t.Claim }))
 			return err
 		})
 	})

@@ -213,7 +213,7 @@ func (s *Sweeper) rescue(ctx context.Context, rep *Report) error {
 	var fail []store.Resolve
 	for _, u := range unsent {
 		if resend, res := correlator.SendUnknown(s.cfg.Types.Get(u.JobType), "claimed but not known to be sent (instance lost)"); !resend {
-			fail = append(fail, store.Resolve{Queue: u.Queue, JobID: u.JobID, Attempt: u.Attempt, Res: res})
+			fail = append(fail, store.Resolve{Queue: u.Queue, JobID: u.JobID, Attempt: u.Attempt, Claim: u.Claim, Res: res})
 			continue
 		}
 		undo = append(undo, u.AttemptRef)

@@ -1,0 +1,102 @@
+package store_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/hipq/hipq/correlator"
+	"github.com/hipq/hipq/internal/pgtest"
+	"github.com/hipq/hipq/store"
+)
+
+// An undone claim gives its attempt number back, and the job's next claim
+// takes it again. A delivery record of the first claim that lands after
+// that (its transaction tried again through an outage while the sweeper
+// took the claim for lost) must move nothing of the second claim, whose
+// request has not left: not mark it sent (a dead dispatcher's claim would
+// then time out, an attempt burned), not undo it (its request would go
+// twice), not end it with the first send's error.
+func TestLateRecordMovesItsOwnClaimOnly(t *testing.T) {
+	t.Parallel()
+	st := pgtest.New(t)
+	insert(t, st, job("sent"), job("undo"), job("failed"))
+	keyed := func(cs []store.Claimed) map[string]store.Claimed {
+		m := map[string]store.Claimed{}
+		for _, c := range cs {
+			m[c.JobKey] = c
+		}
+		return m
+	}
+	first := keyed(claim(t, st, 3))
+	// The sweeper's rescue: the claims are old and unsent, so the sweeper
+	// undoes them, as it found them.
+	if _, err := st.Pool().Exec(ctx, `UPDATE hipq_attempt SET dispatched_at = now() - interval '1 hour';
+		UPDATE hipq_job SET started_at = now() - interval '1 hour' WHERE state = 'running'`); err != nil {
+		t.Fatal(err)
+	}
+	unsent, err := st.AttemptFindUnsent(ctx, nil, time.Second, 10)
+	if err != nil || len(unsent) != 3 {
+		t.Fatalf("found %d unsent claims of 3: %v", len(unsent), err)
+	}
+	rescue := make([]store.AttemptRef, len(unsent))
+	for i, u := range unsent {
+		if !u.Claim.Equal(u.DispatchedAt) {
+			t.Fatalf("the rescue would act on claim %v of an attempt dispatched at %v", u.Claim, u.DispatchedAt)
+		}
+		rescue[i] = u.AttemptRef
+	}
+	if n, err := st.JobUndoClaim(ctx, rescue); err != nil || n != 3 {
+		t.Fatalf("rescue undid %d of 3: %v", n, err)
+	}
+	second := keyed(claim(t, st, 3))
+	// A rescue acting again on what it read (a stale read) leaves them be.
+	if n, err := st.JobUndoClaim(ctx, rescue); err != nil || n != 0 {
+		t.Fatalf("a stale rescue undid %d of the new claims: %v", n, err)
+	}
+	for k, c := range second {
+		if c.Attempt != first[k].Attempt || c.StartedAt.Equal(first[k].StartedAt) {
+			t.Fatalf("%s: claimed again as attempt %d at %v, first %d at %v", k, c.Attempt, c.StartedAt, first[k].Attempt, first[k].StartedAt)
+		}
+	}
+	fail := func(c store.Claimed) store.Resolve {
+		_, res := correlator.SendUnknown(&correlator.JobType{Delivery: correlator.AtMostOnce}, "the first send's error")
+		return store.Resolve{Queue: c.Queue, JobID: c.ID, Attempt: c.Attempt, Claim: c.StartedAt, Res: res}
+	}
+	record := func(cs map[string]store.Claimed) store.DeliveryResult {
+		t.Helper()
+		sent, undo := cs["sent"], cs["undo"]
+		res, err := st.DeliveryRecord(ctx, store.Delivery{
+			Sent: []store.AttemptRef{sent.Ref()}, Undo: []store.AttemptRef{undo.Ref()},
+			Resolves: []store.Resolve{fail(cs["failed"])}}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+	// The first claim's record lands late.
+	if res := record(first); res.Undone != 0 {
+		t.Fatalf("the late record undid %d of the second claims", res.Undone)
+	}
+	for _, k := range []string{"sent", "undo", "failed"} {
+		wantState(t, get(t, st, k), correlator.StateRunning, "", 1)
+	}
+	if n := count(t, st, `SELECT count(*) FROM hipq_attempt WHERE sent_at IS NOT NULL OR outcome IS NOT NULL`); n != 0 {
+		t.Fatalf("the late record marked or ended %d of the second claims' attempts", n)
+	}
+	// The second claims' own record moves them.
+	if res := record(second); res.Undone != 1 {
+		t.Fatalf("the second claims' record undid %d, want 1", res.Undone)
+	}
+	wantState(t, get(t, st, "sent"), correlator.StateRunning, "", 1)
+	wantState(t, get(t, st, "undo"), correlator.StateInitial, "", 0)
+	wantState(t, get(t, st, "failed"), correlator.StateFinal, correlator.OutcomeFailed, 1)
+	if n := count(t, st, `SELECT count(*) FROM hipq_attempt WHERE sent_at IS NOT NULL`); n != 1 {
+		t.Fatalf("%d attempts marked sent, want 1", n)
+	}
+	// A ref that names no claim (a reply's) moves whichever claim holds the attempt.
+	c := second["sent"]
+	r := store.Resolve{Queue: c.Queue, JobID: c.ID, Attempt: c.Attempt, Res: fail(c).Res}
+	if done, err := st.JobResolveMany(ctx, []store.Resolve{r}); err != nil || len(done) != 1 {
+		t.Fatalf("a resolve naming no claim: %v %v", done, err)
+	}
+}
