@@ -813,10 +813,11 @@ func TestUnsentFinderReadsOldClaimsOnly(t *testing.T) {
 // final ones, on statistics taken when the table was empty, each queue's
 // running jobs are read by timeout_seconds then started_at. Of 300 jobs of
 // a short timeout past their time, a sweep of 4 reads 4 (the range of each
-// timeout is cut at the sweep's size); 2 jobs given a later deadline by
-// news are not timed out; past the 32 smallest timeouts, read one by one,
-// the jobs of the others (200 here, none reached one probe per value) are
-// read together, and the 2 of them past their time are timed out. It read every running job of
+// timeout is cut at the sweep's size); 2 jobs given a later deadline by news
+// and 2 whose requests never left (the rescue's: invariant 8) are not timed
+// out; past the 32 smallest timeouts, read one by one, the jobs of the
+// others (200 here, none reached one probe per value) are read together, and
+// the 2 of them past their time are timed out. It read every running job of
 // the queue (1.3 s a sweep beside a million of them), or, ordered by id,
 // every row of the table; and it read every attempt once a job had timed
 // out, looking for deadlines that news moved.
@@ -835,11 +836,13 @@ func TestTimeoutsReadExpiredJobsOnly(t *testing.T) {
 				        UNION ALL SELECT 'short' || i, 3600, 60 FROM generate_series(1, 300) i
 				        UNION ALL SELECT 'long' || i, 7200, 3600 FROM generate_series(1, 3) i
 				        UNION ALL SELECT 'news' || i, 3600, 60 FROM generate_series(1, 2) i
+				        UNION ALL SELECT 'unsent' || i, 3600, 60 FROM generate_series(1, 2) i
 				        UNION ALL SELECT 'many' || i, 0, 100000 + i FROM generate_series(1, 200) i
 				        UNION ALL SELECT 'rare' || i, 300000, 200000 + i FROM generate_series(1, 2) i) s
 				  RETURNING id, job_key, started_at)
 				INSERT INTO hipq_attempt (queue, job_id, attempt, instance, dispatched_at, sent_at, deadline)
-				SELECT 'q', id, 1, 'i', started_at, started_at, CASE WHEN job_key LIKE 'news%' THEN now() + interval '1 hour' END FROM j`); err != nil {
+				SELECT 'q', id, 1, 'i', started_at, CASE WHEN job_key NOT LIKE 'unsent%' THEN started_at END,
+				       CASE WHEN job_key LIKE 'news%' THEN now() + interval '1 hour' END FROM j`); err != nil {
 				t.Fatal(err)
 			}
 			types := correlator.Types{"t": &correlator.JobType{Name: "t", Queue: "q", Timeout: time.Hour, Priority: 100, ThrottleFactor: 1}}
@@ -886,7 +889,7 @@ func TestTimeoutsReadExpiredJobsOnly(t *testing.T) {
 				t.Fatal(err)
 			}
 			if len(keys) != 305 || slices.ContainsFunc(keys, func(k string) bool {
-				return strings.HasPrefix(k, "news") || strings.HasPrefix(k, "now") || strings.HasPrefix(k, "many")
+				return strings.HasPrefix(k, "news") || strings.HasPrefix(k, "now") || strings.HasPrefix(k, "many") || strings.HasPrefix(k, "unsent")
 			}) {
 				t.Errorf("timed out %d: %v", len(keys), keys)
 			}

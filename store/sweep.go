@@ -45,7 +45,11 @@ func (s *Store) SweeperLock(ctx context.Context) (release func(), ok bool, err e
 
 // JobTimeOutStuck times out up to limit running jobs whose deadline
 // (started_at + timeout_seconds, or the later one news gave the attempt)
-// has passed: error "timeout", then the retry policy. Rows
+// has passed and whose request is known to have left (sent_at, news, or
+// an outcome): error "timeout", then the retry policy. A claim not known
+// to be sent is the rescue's (AttemptFindUnsent, the same condition),
+// never timed out: its attempt would be burned by an outage of hipq's
+// own (invariant 8). Rows
 // another transaction holds (a reply being applied) are skipped and the
 // writes are guarded, so a reply racing a timeout is never overwritten.
 func (s *Store) JobTimeOutStuck(ctx context.Context, limit int, types correlator.Types) ([]AttemptRef, error) {
@@ -109,31 +113,39 @@ func runningTimeouts(q string) string {
 // runningTimeoutValues bounds the timeouts read one by one.
 const runningTimeoutValues = 32
 
+// attemptDue is timingOutSQL's condition that the attempt of job r (of
+// queue $2) lets the job time out: no news moved its deadline past now,
+// and its request is known to have left. A request never known to have
+// left (no sent_at, no news, no outcome: the very condition of
+// AttemptFindUnsent) is the rescue's, which undoes it once its send bound
+// and grace have passed, whatever the job's timeout: so an instance that
+// died between claim and send, or hipq down longer than the timeout,
+// burns no attempt (invariant 8). A probe of the attempt by key (OFFSET 0
+// keeps it a lookup per job, never a scan of every attempt).
+const attemptDue = `NOT EXISTS (SELECT 1 FROM hipq_attempt a
+		                  WHERE a.queue = $2 AND a.job_id = r.id AND a.attempt = r.attempt
+		                    AND (a.deadline >= now() OR (a.sent_at IS NULL AND a.progress_at IS NULL AND a.outcome IS NULL))
+		                  OFFSET 0)`
+
 // timingOutSQL finds and locks up to $1 running jobs of queue $2 whose
 // time is up. A job's deadline, started_at + timeout_seconds, is no range
 // of any index; its time is up when started_at < now() - timeout_seconds,
 // a range of hipq_job_running_timeout for each of the queue's timeouts
 // (runningTimeouts), oldest first; in the tail, started_at < now() - the
 // largest timeout read one by one (smaller than any of the tail's) bounds
-// the entries read, and each job's own timeout is checked on its row. A
-// job whose attempt got news that moved its deadline past now is left out
-// (its attempt probed by key: OFFSET 0 keeps the probe a lookup per job,
-// never a scan of every attempt for deadlines). The versions found are collected first
-// (an array the statement computes once) and locked by tuple id: a
-// condition on the state would let the planner read the queue's running
-// jobs by that index again instead. A version that changed since it was
-// found is no longer the one named: PostgreSQL checks the tuple id again
-// on the version it locks (releases from late 2025: the fix of the TID
-// scan's recheck, back to 13). On an older release the newer version is
-// locked and returned: the time condition leaves out a job claimed again
-// since (its started_at is new), and the resolve, guarded by the state and
-// attempt the job was found in, leaves any other alone.
-// noLaterDeadline is timingOutSQL's condition that the attempt of job r
-// (of queue $2) got no news moving its deadline past now: a probe of the
-// attempt by key (OFFSET 0 keeps it a lookup per job).
-const noLaterDeadline = `NOT EXISTS (SELECT 1 FROM hipq_attempt a
-		                  WHERE a.queue = $2 AND a.job_id = r.id AND a.attempt = r.attempt AND a.deadline >= now() OFFSET 0)`
-
+// the entries read, and each job's own timeout is checked on its row.
+// Left out (attemptDue) are a job whose attempt got news that moved its
+// deadline past now, and one whose request is not known to have left. The
+// versions found are collected first (an array the statement computes
+// once) and locked by tuple id: a condition on the state would let the
+// planner read the queue's running jobs by that index again instead. A
+// version that changed since it was found is no longer the one named:
+// PostgreSQL checks the tuple id again on the version it locks (releases
+// from late 2025: the fix of the TID scan's recheck, back to 13). On an
+// older release the newer version is locked and returned: the time
+// condition leaves out a job claimed again since (its started_at is new),
+// and the resolve, guarded by the state and attempt the job was found in,
+// leaves any other alone.
 var timingOutSQL = `
 		SELECT j.id, j.job_type, j.attempt, j.max_attempts, j.expires_at, j.time_windows, now() FROM hipq_job j
 		WHERE j.ctid = ANY (ARRAY(` + runningTimeouts("$2") + `
@@ -141,14 +153,14 @@ var timingOutSQL = `
 		          SELECT r.ctid AS tid FROM hipq_job r
 		          WHERE r.queue = $2 AND r.state = 'running' AND r.timeout_seconds = vals.secs
 		            AND r.started_at < now() - make_interval(secs => vals.secs)
-		            AND ` + noLaterDeadline + `
+		            AND ` + attemptDue + `
 		          ORDER BY r.started_at LIMIT $1) x
 		        UNION ALL
 		        (SELECT r.ctid FROM hipq_job r
 		         WHERE r.queue = $2 AND r.state = 'running' AND r.timeout_seconds > (SELECT max(secs) FROM vals)
 		           AND r.started_at < now() - make_interval(secs => (SELECT max(secs) FROM vals))
 		           AND r.started_at + make_interval(secs => r.timeout_seconds) < now()
-		           AND ` + noLaterDeadline + `
+		           AND ` + attemptDue + `
 		         LIMIT $1)))
 		  AND j.queue = $2 AND j.started_at + make_interval(secs => j.timeout_seconds) < now()
 		ORDER BY j.id LIMIT $1

@@ -201,34 +201,55 @@ func (s *Sweeper) drain(ctx context.Context, action string, total *int, step fun
 
 // rescue handles claims whose request was never acknowledged once the
 // transport's send timeout plus the grace has passed: the instance that
-// claimed them died between claim and send (invariant 8). at_least_once
-// claims are undone; at_most_once claims may have been sent, so they end
-// final / failed.
+// claimed them died between claim and send (invariant 8). Timeouts leave
+// these claims alone, so the rescue is their only way out: it works
+// through all of them, a batch at a time. at_least_once claims are
+// undone; at_most_once claims may have been sent, so they end final /
+// failed, and so do claims of a type this instance does not know (whether
+// it may be sent again is not known here).
 func (s *Sweeper) rescue(ctx context.Context, rep *Report) error {
-	unsent, err := s.st.AttemptFindUnsent(ctx, s.cfg.Types, s.cfg.Grace, s.cfg.BatchSize)
-	if err != nil {
-		return err
-	}
-	var undo []store.AttemptRef
-	var fail []store.Resolve
-	for _, u := range unsent {
-		if resend, res := correlator.SendUnknown(s.cfg.Types.Get(u.JobType), "claimed but not known to be sent (instance lost)"); !resend {
-			fail = append(fail, store.Resolve{Queue: u.Queue, JobID: u.JobID, Attempt: u.Attempt, Claim: u.Claim, Res: res})
-			continue
+	for ctx.Err() == nil {
+		unsent, err := s.st.AttemptFindUnsent(ctx, s.cfg.Types, s.cfg.Grace, s.cfg.BatchSize)
+		if err != nil {
+			return err
 		}
-		undo = append(undo, u.AttemptRef)
+		var undo []store.AttemptRef
+		var fail []store.Resolve
+		for _, u := range unsent {
+			jt := s.cfg.Types.Get(u.JobType)
+			resend, res := correlator.SendUnknown(jt, "claimed but not known to be sent (instance lost)")
+			if jt == nil {
+				resend, res = correlator.SendUnknown(&correlator.JobType{Delivery: correlator.AtMostOnce},
+					"claimed but not known to be sent (instance lost), of a type not configured on this instance")
+			}
+			if !resend {
+				fail = append(fail, store.Resolve{Queue: u.Queue, JobID: u.JobID, Attempt: u.Attempt, Claim: u.Claim, Res: res})
+				continue
+			}
+			undo = append(undo, u.AttemptRef)
+		}
+		n, err := s.st.JobUndoClaim(ctx, undo)
+		rep.Rescued += n
+		if n > 0 {
+			s.log.Warn("claims undone: their instance died before sending", zap.Int("jobs", n))
+		}
+		if err != nil {
+			return err
+		}
+		done, err := s.st.JobResolveMany(ctx, fail)
+		rep.FailedUnsent += len(done)
+		if len(done) > 0 {
+			s.log.Warn("claims ended failed: their instance died before sending, and they may not be sent again",
+				zap.Int("jobs", len(done)))
+		}
+		// A full batch that moved something: there may be more. (One that
+		// moved nothing was overtaken, by sends recorded meanwhile: the
+		// next sweep reads afresh.)
+		if err != nil || len(unsent) < s.cfg.BatchSize || n+len(done) == 0 {
+			return err
+		}
 	}
-	n, err := s.st.JobUndoClaim(ctx, undo)
-	rep.Rescued += n
-	if n > 0 {
-		s.log.Warn("claims undone: their instance died before sending", zap.Int("jobs", n))
-	}
-	if err != nil {
-		return err
-	}
-	done, err := s.st.JobResolveMany(ctx, fail)
-	rep.FailedUnsent += len(done)
-	return err
+	return nil
 }
 
 // traceTimeouts records a span "timeout" for each attempt timed out, a

@@ -22,8 +22,12 @@ var ctx = context.Background()
 
 // Invariant 8: a claim whose instance died before sending is undone after
 // the send timeout plus grace (at_least_once) or ends final / failed
-// (at_most_once); a younger one is left alone. Timeouts, expiry and the
-// sweeper lock run in the same sweep.
+// (at_most_once); a younger one is left alone, even past its job's timeout:
+// a request that never left is not timed out (its attempt would be burned
+// by an outage of hipq's own). A claim of a type this instance does not
+// know ends failed (whether it may be sent again is not known), and the
+// rescue works through every lost claim in one sweep, a batch at a time.
+// Timeouts, expiry and the sweeper lock run in the same sweep.
 func TestSweep(t *testing.T) {
 	t.Parallel()
 	st := pgtest.New(t)
@@ -36,7 +40,10 @@ func TestSweep(t *testing.T) {
 		return &correlator.Job{Queue: "default", JobType: typ, JobKey: key, JobData: json.RawMessage(`{}`), MaxAttempts: 1,
 			Priority: 100, ThrottleFactor: 1, TimeoutSeconds: 3600, ScheduledRunTime: time.Now().Add(-time.Second), ExpiresAt: expires}
 	}
-	if _, err := st.JobsInsert(ctx, []*correlator.Job{mk("alo", "dead", nil), mk("amo", "dead", nil), mk("alo", "young", nil), mk("alo", "slow", nil)}); err != nil {
+	quick := mk("alo", "quick", nil)
+	quick.TimeoutSeconds = 1
+	if _, err := st.JobsInsert(ctx, []*correlator.Job{mk("alo", "dead", nil), mk("amo", "dead", nil), mk("alo", "young", nil), mk("alo", "slow", nil),
+		mk("alo", "lost", nil), quick, mk("removed", "dead", nil)}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := st.JobClaim(ctx, store.JobClaimParams{Queue: "default", Limit: 10, Instance: "gone"}); err != nil {
@@ -50,12 +57,19 @@ func TestSweep(t *testing.T) {
 	exec(`UPDATE hipq_attempt a SET dispatched_at = now() - interval '10 minutes' FROM hipq_job j WHERE j.id = a.job_id AND j.job_key = 'dead'`)
 	exec(`UPDATE hipq_job SET started_at = now() - interval '10 minutes' WHERE job_key = 'dead'`) // (a running job's started_at is its attempt's dispatched_at)
 	exec(`UPDATE hipq_job SET started_at = now() - interval '2 hours' WHERE job_key = 'slow'`)
+	// Never sent, and past their timeouts: a lost claim past the send bound
+	// too (undone, not timed out: the request never left), and one within
+	// it (left for the rescue, which decides once the bound has passed).
+	exec(`UPDATE hipq_attempt a SET dispatched_at = now() - interval '2 hours' FROM hipq_job j WHERE j.id = a.job_id AND j.job_key = 'lost'`)
+	exec(`UPDATE hipq_job SET started_at = now() - interval '2 hours' WHERE job_key = 'lost'`)
+	exec(`UPDATE hipq_attempt a SET dispatched_at = now() - interval '5 seconds' FROM hipq_job j WHERE j.id = a.job_id AND j.job_key = 'quick'`)
+	exec(`UPDATE hipq_job SET started_at = now() - interval '5 seconds' WHERE job_key = 'quick'`)
 	exec(`UPDATE hipq_attempt a SET sent_at = now() FROM hipq_job j WHERE j.id = a.job_id AND j.job_key = 'slow'`)
 	if _, err := st.JobsInsert(ctx, []*correlator.Job{mk("alo", "expired", &past)}); err != nil {
 		t.Fatal(err)
 	}
 	m := metrics.New()
-	sw := sweeper.New(zaptest.NewLogger(t), st, sweeper.Config{Grace: time.Minute, Types: types, Metrics: m})
+	sw := sweeper.New(zaptest.NewLogger(t), st, sweeper.Config{Grace: time.Minute, Types: types, Metrics: m, BatchSize: 2})
 	release, ok, err := st.SweeperLock(ctx)
 	if err != nil || !ok {
 		t.Fatalf("lock: %v %v", ok, err)
@@ -68,7 +82,7 @@ func TestSweep(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := sweeper.Report{TimedOut: 1, Rescued: 1, FailedUnsent: 1, Expired: 1}
+	want := sweeper.Report{TimedOut: 1, Rescued: 2, FailedUnsent: 2, Expired: 1}
 	if rep != want {
 		t.Fatalf("report %+v, want %+v", rep, want)
 	}
@@ -86,8 +100,11 @@ func TestSweep(t *testing.T) {
 	}{
 		{"alo", "dead", "initial", "", 0},
 		{"amo", "dead", "final", "failed", 1},
+		{"removed", "dead", "final", "failed", 1},
 		{"alo", "young", "running", "", 1},
 		{"alo", "slow", "final", "timed_out", 1},
+		{"alo", "lost", "initial", "", 0},
+		{"alo", "quick", "running", "", 1},
 		{"alo", "expired", "final", "expired", 0},
 	} {
 		if s, o, a := state(c.typ, c.key); s != c.state || o != c.outcome || a != c.attempt {
@@ -99,7 +116,7 @@ func TestSweep(t *testing.T) {
 		t.Fatalf("second sweep did work: %+v", rep)
 	}
 	// The metrics count each action once.
-	for action, n := range map[string]float64{"timed_out": 1, "rescued": 1, "failed_unsent": 1, "expired": 1, "pruned": 0} {
+	for action, n := range map[string]float64{"timed_out": 1, "rescued": 2, "failed_unsent": 2, "expired": 1, "pruned": 0} {
 		if got := testutil.ToFloat64(m.Sweeper.WithLabelValues(action)); got != n {
 			t.Errorf("hipq_sweeper_actions_total{action=%q} = %v, want %v", action, got, n)
 		}
