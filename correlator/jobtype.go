@@ -3,6 +3,8 @@ package correlator
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
+	"slices"
 	"time"
 )
 
@@ -100,6 +102,9 @@ type Types map[string]*JobType
 
 // Get returns the named type, nil when it is not configured here.
 func (t Types) Get(name string) *JobType { return t[name] }
+
+// Names lists the types' names, sorted.
+func (t Types) Names() []string { return slices.Sorted(maps.Keys(t)) }
 
 // Job is one row of hipq_job.
 type Job struct {

@@ -415,6 +415,56 @@ func jobsUndoClaim(ctx context.Context, tx pgx.Tx, refs []AttemptRef) (int, erro
 	return total, nil
 }
 
+// JobFailUnsent ends claims the rescue found unsent and may not undo
+// (at_most_once: the request may have left), each as its Resolve says,
+// guarded as the undo is: the claim named, still running, and its attempt
+// still without sent_at, news or outcome (a send recorded, or news come,
+// since the rescue read it proves the request left: its reply is on its
+// way). It returns the refs that took effect.
+func (s *Store) JobFailUnsent(ctx context.Context, rs []Resolve) ([]AttemptRef, error) {
+	if len(rs) == 0 {
+		return nil, nil
+	}
+	var done []resolved
+	err := s.inTx(ctx, func(tx pgx.Tx) error {
+		refs := make([]AttemptRef, len(rs))
+		for i, r := range rs {
+			refs[i] = r.Ref()
+		}
+		if err := lockJobs(ctx, tx, refs); err != nil { // (see DeliveryRecord)
+			return err
+		}
+		// Under the jobs' locks no attempt of theirs changes: every writer
+		// of attempts takes them first.
+		var still []Resolve
+		err := perQueue(rs, func(r Resolve) string { return r.Queue }, func(q string, rs []Resolve) error {
+			ids, atts := make([]int64, len(rs)), make([]int32, len(rs))
+			for i, r := range rs {
+				ids[i], atts[i] = r.JobID, int32(r.Attempt)
+			}
+			rows, err := tx.Query(ctx, `
+				SELECT u.ord FROM unnest($1::bigint[], $2::int[]) WITH ORDINALITY AS u(id, att, ord)
+				WHERE EXISTS (SELECT 1 FROM hipq_attempt a
+				              WHERE a.queue = $3 AND a.job_id = u.id AND a.attempt = u.att
+				                AND a.sent_at IS NULL AND a.outcome IS NULL AND a.progress_at IS NULL)`, ids, atts, q)
+			if err != nil {
+				return err
+			}
+			ords, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+			for _, o := range ords {
+				still = append(still, rs[o-1])
+			}
+			return err
+		})
+		if err != nil {
+			return fmt.Errorf("fail unsent claims: %w", err)
+		}
+		done, err = jobResolveMany(ctx, tx, still)
+		return err
+	})
+	return refsOf(done), err
+}
+
 // Delivery is the whole record of what became of a batch of sends: one
 // transport's share of one claim. Each job is in at most one of the lists
 // (a job with a sync reply is in Sent and Replies).

@@ -156,7 +156,7 @@ func TestNewsIsNeverUnsent(t *testing.T) {
 		UPDATE hipq_job SET started_at = now() - interval '1 hour' WHERE state = 'running'`); err != nil {
 		t.Fatal(err)
 	}
-	unsent, err := st.AttemptFindUnsent(ctx, types, time.Second, 10)
+	unsent, _, err := st.AttemptFindUnsent(ctx, types, time.Second, 10, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -34,7 +34,7 @@ func TestLateRecordMovesItsOwnClaimOnly(t *testing.T) {
 		UPDATE hipq_job SET started_at = now() - interval '1 hour' WHERE state = 'running'`); err != nil {
 		t.Fatal(err)
 	}
-	unsent, err := st.AttemptFindUnsent(ctx, nil, time.Second, 10)
+	unsent, _, err := st.AttemptFindUnsent(ctx, typeInfo, time.Second, 10, nil)
 	if err != nil || len(unsent) != 3 {
 		t.Fatalf("found %d unsent claims of 3: %v", len(unsent), err)
 	}
@@ -99,4 +99,43 @@ func TestLateRecordMovesItsOwnClaimOnly(t *testing.T) {
 	if done, err := st.JobResolveMany(ctx, []store.Resolve{r}); err != nil || len(done) != 1 {
 		t.Fatalf("a resolve naming no claim: %v %v", done, err)
 	}
+}
+
+// The rescue's end of an at_most_once claim is guarded as its undo is: a
+// send recorded (or news come) between the rescue's read and its write
+// proves the request left, and its reply is on its way, so the claim is
+// not ended "may have been delivered". (Noticed in review: the rescue's
+// resolve checked the claim, not that it was still unsent.)
+func TestRescueLeavesAClaimSentSinceItsRead(t *testing.T) {
+	t.Parallel()
+	st := pgtest.New(t)
+	insert(t, st, job("sent"), job("news"), job("lost"))
+	cs := map[string]store.Claimed{}
+	for _, c := range claim(t, st, 3) {
+		cs[c.JobKey] = c
+	}
+	unsent, _, err := st.AttemptFindUnsent(ctx, typeInfo, -time.Hour, 10, nil) // a grace that makes every claim lost
+	if err != nil || len(unsent) != 3 {
+		t.Fatalf("found %d of 3: %v", len(unsent), err)
+	}
+	// Meanwhile a record lands (PostgreSQL back after an outage), and news.
+	sent := cs["sent"]
+	if _, err := st.DeliveryRecord(ctx, store.Delivery{Sent: []store.AttemptRef{sent.Ref()}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := st.ReplyApply(ctx, store.ReplyBatch{Replies: []store.ReplyIn{progress("news", 1)}, EarlyTTL: time.Minute}, newsTypes()); err != nil || res.Verdicts[0] != correlator.Progressed {
+		t.Fatalf("news: %v %v", res.Verdicts, err)
+	}
+	_, res := correlator.SendUnknown(&correlator.JobType{Delivery: correlator.AtMostOnce}, "claimed but not known to be sent")
+	var fail []store.Resolve
+	for _, u := range unsent {
+		fail = append(fail, store.Resolve{Queue: u.Queue, JobID: u.JobID, Attempt: u.Attempt, Claim: u.Claim, Res: res})
+	}
+	done, err := st.JobFailUnsent(ctx, fail)
+	if err != nil || len(done) != 1 || done[0].JobID != cs["lost"].ID {
+		t.Fatalf("ended %v, want only the lost claim: %v", done, err)
+	}
+	wantState(t, get(t, st, "sent"), correlator.StateRunning, "", 1)
+	wantState(t, get(t, st, "news"), correlator.StateRunning, "", 1)
+	wantState(t, get(t, st, "lost"), correlator.StateFinal, correlator.OutcomeFailed, 1)
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"github.com/hipq/hipq/internal/localpg"
+	"maps"
 	"regexp"
 	"slices"
 	"strconv"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/hipq/hipq/correlator"
@@ -69,7 +71,8 @@ func TestSentMarksProbeByKey(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := planText(t)(tx.Query(ctx, "EXPLAIN ANALYZE "+findUnsentSQL, []string{"new"}, []float64{1}, 30.0, "1 second", 100, "q", 1.0))
+	p := planText(t)(tx.Query(ctx, "EXPLAIN ANALYZE "+findUnsentSQL, []string{"new"}, []float64{1}, "1 second", 100, "q", 1.0,
+		pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}))
 	_ = tx.Rollback(ctx)
 	if strings.Contains(p, "Seq Scan on hipq_attempt") || !strings.Contains(p, "hipq_attempt_pkey") {
 		t.Errorf("unsent claims:\n%s\nwant primary-key probes of the running jobs' attempts", p)
@@ -778,7 +781,7 @@ func TestUnsentFinderReadsOldClaimsOnly(t *testing.T) {
 	}
 	types := correlator.Types{"t": &correlator.JobType{Name: "t", Queue: "q", Timeout: time.Hour}}
 	plans()
-	unsent, err := st.AttemptFindUnsent(ctx, types, time.Second, 100)
+	unsent, _, err := st.AttemptFindUnsent(ctx, types, time.Second, 100, nil)
 	if err != nil || len(unsent) != 50 {
 		t.Fatalf("found %d unsent claims, want the 50 old ones: %v", len(unsent), err)
 	}
@@ -805,6 +808,114 @@ func TestUnsentFinderReadsOldClaimsOnly(t *testing.T) {
 	}
 	if seen == 0 {
 		t.Fatal("no plan read hipq_attempt")
+	}
+}
+
+// A search for unsent claims that starts from the marks of the one before
+// reads the claims that became old enough since (less LateClaimMargin),
+// not every old running job again: beside 50,000 claims sent an hour ago
+// (running jobs awaiting late replies: the first search reads them all),
+// it reads a few pages. A claim not yet past its own type's bound caps
+// its queue's mark, so it is found once it is; a claim that became
+// visible late is found within the margin, and past it by a search from
+// no marks (which the sweeper runs now and then).
+func TestUnsentSearchStartsFromItsMarks(t *testing.T) {
+	t.Parallel()
+	st, plain, plans := sweepPlanStore(t, false)
+	ctx := context.Background()
+	exec := func(q string) {
+		t.Helper()
+		if _, err := plain.pool.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// (a running job's started_at is its attempt's dispatched_at)
+	running := func(key string, n int, ago, sent string, typ string) {
+		exec(fmt.Sprintf(`WITH j AS (
+			  INSERT INTO hipq_job (queue, job_type, job_key, state, attempt, started_at)
+			  SELECT 'q', '%[5]s', '%[1]s' || i, 'running', 1, now() - interval '%[3]s' FROM generate_series(1, %[2]d) i
+			  RETURNING id, started_at)
+			INSERT INTO hipq_attempt (queue, job_id, attempt, instance, dispatched_at, sent_at)
+			SELECT 'q', id, 1, 'i', started_at, %[4]s FROM j`, key, n, ago, sent, typ))
+	}
+	running("sent", 50000, "1 hour", "started_at", "t")
+	running("lost", 1, "1 hour", "NULL", "t")
+	running("slow", 1, "5 minutes", "NULL", "slow") // within its bound: not yet lost
+	exec("ANALYZE hipq_job; ANALYZE hipq_attempt")
+	types := correlator.Types{"t": &correlator.JobType{Name: "t", SendTimeout: 30 * time.Second},
+		"slow": &correlator.JobType{Name: "slow", SendTimeout: time.Hour}}
+	keys := func(us []Unsent) []string {
+		var out []string
+		for _, u := range us {
+			var k string
+			if err := plain.pool.QueryRow(ctx, "SELECT job_key FROM hipq_job WHERE id = $1", u.JobID).Scan(&k); err != nil {
+				t.Fatal(err)
+			}
+			out = append(out, k)
+		}
+		slices.Sort(out)
+		return out
+	}
+	pages := func() float64 {
+		var n float64
+		for _, e := range plans() {
+			e.Plan.walk(func(p planNode) {
+				if p.str("Relation Name") == "hipq_job" {
+					hit, _ := p["Shared Hit Blocks"].(float64)
+					read, _ := p["Shared Read Blocks"].(float64)
+					n += hit + read
+				}
+			})
+		}
+		return n
+	}
+	plans()
+	unsent, marks, err := st.AttemptFindUnsent(ctx, types, time.Second, 100, nil)
+	if err != nil || !slices.Equal(keys(unsent), []string{"lost1"}) {
+		t.Fatalf("first search: %v %v", keys(unsent), err)
+	}
+	if p := pages(); p < 300 {
+		t.Fatalf("the first search read %v pages of hipq_job: the test no longer shows a full read", p)
+	}
+	var slowAt time.Time
+	if err := plain.pool.QueryRow(ctx, "SELECT started_at FROM hipq_job WHERE job_key = 'slow1'").Scan(&slowAt); err != nil {
+		t.Fatal(err)
+	}
+	if !marks["q"].Equal(slowAt) {
+		t.Fatalf("mark %v, want the start of the claim not yet past its bound, %v", marks["q"], slowAt)
+	}
+	exec("UPDATE hipq_attempt SET sent_at = now() WHERE job_id = (SELECT id FROM hipq_job WHERE job_key = 'lost1')") // (rescued)
+	// Late claims: one started within the margin before the mark, one before it.
+	exec(fmt.Sprintf(`WITH j AS (
+		  INSERT INTO hipq_job (queue, job_type, job_key, state, attempt, started_at)
+		  VALUES ('q', 't', 'late', 'running', 1, '%[1]s'::timestamptz - interval '30 seconds'),
+		         ('q', 't', 'later', 'running', 1, '%[1]s'::timestamptz - interval '90 seconds')
+		  RETURNING id, started_at)
+		INSERT INTO hipq_attempt (queue, job_id, attempt, instance, dispatched_at) SELECT 'q', id, 1, 'i', started_at FROM j`,
+		marks["q"].Format(time.RFC3339Nano)))
+	plans()
+	unsent, marks2, err := st.AttemptFindUnsent(ctx, types, time.Second, 100, marks)
+	if err != nil || !slices.Equal(keys(unsent), []string{"late"}) {
+		t.Fatalf("search from the marks: %v %v, want the claim within the margin", keys(unsent), err)
+	}
+	if p := pages(); p > 30 {
+		t.Errorf("a search from the marks read %v pages of hipq_job", p)
+	}
+	if !marks2["q"].Equal(slowAt) {
+		t.Fatalf("mark %v, want it still at the claim not yet past its bound", marks2["q"])
+	}
+	// Once past its bound (a grace that makes every claim lost), the
+	// capped claim is found from the marks.
+	if unsent, _, err := st.AttemptFindUnsent(ctx, types, -2*time.Hour, 100, marks2); err != nil || !slices.Contains(keys(unsent), "slow1") {
+		t.Fatalf("the claim that capped the mark: %v %v", keys(unsent), err)
+	}
+	// A search from no marks finds them all.
+	if unsent, _, err := st.AttemptFindUnsent(ctx, types, time.Second, 100, nil); err != nil || !slices.Equal(keys(unsent), []string{"late", "later"}) {
+		t.Fatalf("a search from no marks: %v %v", keys(unsent), err)
+	}
+	// A search that lists its limit keeps the marks it started from.
+	if _, m, err := st.AttemptFindUnsent(ctx, types, time.Second, 1, marks2); err != nil || !maps.Equal(m, marks2) {
+		t.Fatalf("marks after a full batch: %v, want %v: %v", m, marks2, err)
 	}
 }
 

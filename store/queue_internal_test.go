@@ -373,7 +373,7 @@ func queueLife(t *testing.T, st, plain *Store) {
 	}
 	out, err := st.JobTimeOutStuck(ctx, 100, types)
 	must("timed out", len(out), 1, err)
-	unsent, err := st.AttemptFindUnsent(ctx, types, time.Second, 100)
+	unsent, _, err := st.AttemptFindUnsent(ctx, types, time.Second, 100, nil)
 	if err != nil || !slices.ContainsFunc(unsent, func(u Unsent) bool { return u.JobID == c[3].ID }) {
 		t.Fatalf("unsent: %v %v", unsent, err)
 	}

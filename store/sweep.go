@@ -5,12 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/hipq/hipq/correlator"
 )
@@ -115,16 +117,20 @@ const runningTimeoutValues = 32
 
 // attemptDue is timingOutSQL's condition that the attempt of job r (of
 // queue $2) lets the job time out: no news moved its deadline past now,
-// and its request is known to have left. A request never known to have
-// left (no sent_at, no news, no outcome: the very condition of
-// AttemptFindUnsent) is the rescue's, which undoes it once its send bound
-// and grace have passed, whatever the job's timeout: so an instance that
-// died between claim and send, or hipq down longer than the timeout,
-// burns no attempt (invariant 8). A probe of the attempt by key (OFFSET 0
-// keeps it a lookup per job, never a scan of every attempt).
+// and its request is known to have left, or its type is not one of the
+// sweeper's ($3). A request of a known type never known to have left (no
+// sent_at, no news, no outcome: the very condition of AttemptFindUnsent)
+// is the rescue's, which undoes it once its send bound and grace have
+// passed, whatever the job's timeout: so an instance that died between
+// claim and send, or hipq down longer than the timeout, burns no attempt
+// (invariant 8). Of a type the sweeper does not know, neither the send
+// bound nor whether it may be sent again is known: the job's own timeout
+// ends it, as any other. A probe of the attempt by key (OFFSET 0 keeps it
+// a lookup per job, never a scan of every attempt).
 const attemptDue = `NOT EXISTS (SELECT 1 FROM hipq_attempt a
 		                  WHERE a.queue = $2 AND a.job_id = r.id AND a.attempt = r.attempt
-		                    AND (a.deadline >= now() OR (a.sent_at IS NULL AND a.progress_at IS NULL AND a.outcome IS NULL))
+		                    AND (a.deadline >= now()
+		                         OR (a.sent_at IS NULL AND a.progress_at IS NULL AND a.outcome IS NULL AND r.job_type = ANY ($3)))
 		                  OFFSET 0)`
 
 // timingOutSQL finds and locks up to $1 running jobs of queue $2 whose
@@ -176,7 +182,7 @@ func (s *Store) timeOutQueue(ctx context.Context, queue string, limit int, types
 		if _, err := tx.Exec(ctx, "SET LOCAL enable_seqscan = off"); err != nil {
 			return fmt.Errorf("find timed-out jobs: %w", err)
 		}
-		rows, err := tx.Query(ctx, timingOutSQL, limit, queue)
+		rows, err := tx.Query(ctx, timingOutSQL, limit, queue, types.Names())
 		if err != nil {
 			return fmt.Errorf("find timed-out jobs: %w", err)
 		}
@@ -250,32 +256,39 @@ type Unsent struct {
 	DispatchedAt time.Time
 }
 
-// findUnsentSQL finds the unsent claims of queue $6 through its running
-// jobs claimed longer ago than the least send bound ($7) plus grace: for
-// each of the queue's timeouts (runningTimeouts), a range of
+// findUnsentSQL finds the unsent claims of queue $5, of the types $1 (with
+// their send bounds $2), through its running jobs claimed since $7 and
+// longer ago than the least send bound ($6) plus grace ($3): for each of the queue's timeouts (runningTimeouts), a range of
 // hipq_job_running_timeout (queue, timeout_seconds, started_at; a running
 // job's started_at is its attempt's dispatched_at), so a burst of recent
-// claims is not read (but for the tail's index entries, when the queue's
-// jobs carry more than runningTimeoutValues timeouts). Each one's current
-// attempt is looked up by its key (OFFSET 0: never flattened into a scan
-// of hipq_attempt for unsent rows, which statistics may say do not exist).
-var findUnsentSQL = runningTimeouts("$6") + `
-		SELECT j.queue, j.id, j.attempt, j.job_type, a.dispatched_at, j.started_at
+// claims is not read, nor the old ones a sweep before examined (but for
+// the tail's index entries, when the queue's jobs carry more than
+// runningTimeoutValues timeouts). Each one's current attempt is looked up
+// by its key (OFFSET 0: never flattened into a scan of hipq_attempt for
+// unsent rows, which statistics may say do not exist). It returns up to $4
+// claims past their own type's bound (due, oldest first), then one row
+// (id NULL) with the earliest start of the unsent claims not yet past
+// theirs, and the range's end.
+var findUnsentSQL = runningTimeouts("$5") + `, cand AS (
+		SELECT j.queue, j.id, j.attempt, j.job_type, a.dispatched_at, j.started_at,
+		       a.dispatched_at < now() - make_interval(secs => t.secs) - $3::interval AS due
 		FROM (SELECT x.* FROM vals
 		      CROSS JOIN LATERAL (SELECT r.queue, r.id, r.attempt, r.job_type, r.started_at FROM hipq_job r
-		                          WHERE r.queue = $6 AND r.state = 'running' AND r.timeout_seconds = vals.secs
-		                            AND r.started_at < now() - make_interval(secs => $7) - $4::interval
+		                          WHERE r.queue = $5 AND r.state = 'running' AND r.timeout_seconds = vals.secs
+		                            AND r.started_at >= $7 AND r.started_at < now() - make_interval(secs => $6) - $3::interval
 		                          OFFSET 0) x
 		      UNION ALL
 		      SELECT r.queue, r.id, r.attempt, r.job_type, r.started_at FROM hipq_job r
-		      WHERE r.queue = $6 AND r.state = 'running' AND r.timeout_seconds > (SELECT max(secs) FROM vals)
-		        AND r.started_at < now() - make_interval(secs => $7) - $4::interval) j
+		      WHERE r.queue = $5 AND r.state = 'running' AND r.timeout_seconds > (SELECT max(secs) FROM vals)
+		        AND r.started_at >= $7 AND r.started_at < now() - make_interval(secs => $6) - $3::interval) j
 		CROSS JOIN LATERAL (SELECT b.dispatched_at, b.sent_at, b.outcome, b.progress_at FROM hipq_attempt b
 		                    WHERE b.queue = j.queue AND b.job_id = j.id AND b.attempt = j.attempt OFFSET 0) a
-		LEFT JOIN unnest($1::text[], $2::float8[]) AS t(job_type, secs) ON t.job_type = j.job_type
+		JOIN unnest($1::text[], $2::float8[]) AS t(job_type, secs) ON t.job_type = j.job_type
 		WHERE a.sent_at IS NULL AND a.outcome IS NULL AND a.progress_at IS NULL
-		  AND a.dispatched_at < now() - make_interval(secs => coalesce(t.secs, $3)) - $4::interval
-		ORDER BY j.started_at LIMIT $5`
+		)
+		(SELECT queue, id, attempt, job_type, dispatched_at, started_at FROM cand WHERE due ORDER BY started_at LIMIT $4)
+		UNION ALL
+		SELECT NULL, NULL, NULL, NULL, now() - make_interval(secs => $6) - $3::interval, min(started_at) FROM cand WHERE NOT due`
 
 // runningQueuesSQL lists the queues with running jobs, read from their
 // index one queue at a time (a skip scan: as cheap with a million running
@@ -289,6 +302,23 @@ const runningQueuesSQL = `
 		)
 		SELECT queue FROM q WHERE queue IS NOT NULL`
 
+// UnsentMarks say, per queue, how far searches for unsent claims have
+// looked: every claim of the queue that started before its mark was found
+// sent (or with news, or ended), or was handed to the rescue as unsent. A
+// claim found sent stays so, and a new claim starts at the claim's now(),
+// past every mark; so a search that starts from the marks reads only the
+// claims that became old enough since, not every running job again (a
+// million running jobs awaiting late replies: seconds a sweep).
+type UnsentMarks map[string]time.Time
+
+// LateClaimMargin is how far before its mark a queue's search starts
+// again. A claim's started_at is its transaction's start: one that
+// committed later than its start by more than its send bound, the grace
+// and this margin could start before a mark set while it was not yet
+// visible. The sweeper searches from no marks now and then (and at its
+// first sweep), so even such a claim is found.
+const LateClaimMargin = time.Minute
+
 // AttemptFindUnsent lists running jobs whose current attempt has no
 // sent_at (nor news: progress proves the request left) though it was
 // claimed longer ago than its type's send bound
@@ -297,17 +327,29 @@ const runningQueuesSQL = `
 // stamped dispatched_at: no other clock enters it. It reads indexes only
 // (sequential scans off for its transaction: a plan made on statistics
 // that say the table is small would read every row, final ones included,
-// at every sweep), each queue's running jobs older than the least bound.
-func (s *Store) AttemptFindUnsent(ctx context.Context, types correlator.Types, grace time.Duration, limit int) ([]Unsent, error) {
+// at every sweep), each queue's running jobs older than the least bound
+// that started after from's mark for the queue (less LateClaimMargin; no
+// mark: all of them).
+//
+// It also returns the marks that hold once the claims it lists are
+// handed to the rescue: for each queue, the end of the range read, or the
+// start of the earliest unsent claim not yet past its own bound. When it
+// lists limit claims, some may be left unlisted: it returns from.
+func (s *Store) AttemptFindUnsent(ctx context.Context, types correlator.Types, grace time.Duration, limit int,
+	from UnsentMarks) ([]Unsent, UnsentMarks, error) {
+	if len(types) == 0 {
+		return nil, from, nil
+	}
 	var names []string
 	var secs []float64
-	least := correlator.DefaultSendTimeout.Seconds()
+	least := math.Inf(1)
 	for name, jt := range types {
 		b := jt.SendBound().Seconds()
 		names, secs = append(names, name), append(secs, b)
 		least = min(least, b)
 	}
 	var out []Unsent
+	marks := UnsentMarks{}
 	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, "SET LOCAL enable_seqscan = off"); err != nil {
 			return err
@@ -317,16 +359,35 @@ func (s *Store) AttemptFindUnsent(ctx context.Context, types correlator.Types, g
 			return err
 		}
 		for _, q := range queues {
-			rows, err := tx.Query(ctx, findUnsentSQL, names, secs, correlator.DefaultSendTimeout.Seconds(), grace, limit, q, least)
+			since := pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}
+			if m, ok := from[q]; ok {
+				since = pgtype.Timestamptz{Time: m.Add(-LateClaimMargin), Valid: true}
+			}
+			rows, err := tx.Query(ctx, findUnsentSQL, names, secs, grace, limit, q, least, since)
 			if err != nil {
 				return err
 			}
-			var u Unsent
+			var (
+				u       Unsent
+				id      *int64
+				queue   *string
+				att     *int
+				jobType *string
+				claim   *time.Time
+			)
 			// The claim is the job's started_at (the column the undo and
 			// the resolve compare; the claim wrote the same time in
 			// dispatched_at): the rescue moves the claim it read, never a
 			// later one.
-			if _, err := pgx.ForEachRow(rows, []any{&u.Queue, &u.JobID, &u.Attempt, &u.JobType, &u.DispatchedAt, &u.Claim}, func() error {
+			if _, err := pgx.ForEachRow(rows, []any{&queue, &id, &att, &jobType, &u.DispatchedAt, &claim}, func() error {
+				if id == nil { // the last row: the range's end, the earliest claim not yet due
+					marks[q] = u.DispatchedAt
+					if claim != nil && claim.Before(marks[q]) {
+						marks[q] = *claim
+					}
+					return nil
+				}
+				u.Queue, u.JobID, u.Attempt, u.JobType, u.Claim = *queue, *id, *att, *jobType, *claim
 				out = append(out, u)
 				return nil
 			}); err != nil {
@@ -336,10 +397,13 @@ func (s *Store) AttemptFindUnsent(ctx context.Context, types correlator.Types, g
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("find unsent claims: %w", err)
+		return nil, from, fmt.Errorf("find unsent claims: %w", err)
 	}
 	slices.SortFunc(out, func(a, b Unsent) int { return a.DispatchedAt.Compare(b.DispatchedAt) })
-	return out[:min(len(out), limit)], nil
+	if len(out) >= limit {
+		return out[:limit], from, nil
+	}
+	return out, marks, nil
 }
 
 // JobExpire ends up to limit waiting jobs past expires_at: final / expired.

@@ -12,6 +12,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"sync"
 	"time"
 
 	"github.com/robfig/cron/v3"
@@ -72,7 +73,16 @@ type Sweeper struct {
 	log *zap.Logger
 	st  *store.Store
 	cfg Config
+
+	mu      sync.Mutex        // one rescue at a time
+	marks   store.UnsentMarks // how far this sweeper's rescues have looked
+	rescues int               // since the last search from no marks
 }
+
+// fullSearchEvery is how many rescues search from the marks before one
+// searches every running job again (store.LateClaimMargin): at the
+// default schedule, every five minutes.
+const fullSearchEvery = 20
 
 // Report counts what one sweep did.
 type Report struct {
@@ -205,48 +215,56 @@ func (s *Sweeper) drain(ctx context.Context, action string, total *int, step fun
 // these claims alone, so the rescue is their only way out: it works
 // through all of them, a batch at a time. at_least_once claims are
 // undone; at_most_once claims may have been sent, so they end final /
-// failed, and so do claims of a type this instance does not know (whether
-// it may be sent again is not known here).
+// failed. Claims of a type this instance does not know are not searched:
+// their job's own timeout ends them (store.JobTimeOutStuck).
+//
+// Each search reads the claims that became old enough since the one
+// before (store.UnsentMarks), and every fullSearchEvery rescues all of
+// them; a rescue that fails, or is cut short, keeps the marks it started
+// from.
 func (s *Sweeper) rescue(ctx context.Context, rep *Report) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	from := s.marks
+	if s.rescues%fullSearchEvery == 0 {
+		from = nil
+	}
+	s.rescues++
 	for ctx.Err() == nil {
-		unsent, err := s.st.AttemptFindUnsent(ctx, s.cfg.Types, s.cfg.Grace, s.cfg.BatchSize)
+		unsent, marks, err := s.st.AttemptFindUnsent(ctx, s.cfg.Types, s.cfg.Grace, s.cfg.BatchSize, from)
 		if err != nil {
 			return err
 		}
 		var undo []store.AttemptRef
 		var fail []store.Resolve
 		for _, u := range unsent {
-			jt := s.cfg.Types.Get(u.JobType)
-			resend, res := correlator.SendUnknown(jt, "claimed but not known to be sent (instance lost)")
-			if jt == nil {
-				resend, res = correlator.SendUnknown(&correlator.JobType{Delivery: correlator.AtMostOnce},
-					"claimed but not known to be sent (instance lost), of a type not configured on this instance")
-			}
-			if !resend {
+			if resend, res := correlator.SendUnknown(s.cfg.Types.Get(u.JobType), "claimed but not known to be sent (instance lost)"); !resend {
 				fail = append(fail, store.Resolve{Queue: u.Queue, JobID: u.JobID, Attempt: u.Attempt, Claim: u.Claim, Res: res})
 				continue
 			}
 			undo = append(undo, u.AttemptRef)
 		}
-		n, err := s.st.JobUndoClaim(ctx, undo)
+		n, undoErr := s.st.JobUndoClaim(ctx, undo)
 		rep.Rescued += n
 		if n > 0 {
 			s.log.Warn("claims undone: their instance died before sending", zap.Int("jobs", n))
 		}
-		if err != nil {
-			return err
-		}
-		done, err := s.st.JobResolveMany(ctx, fail)
+		done, failErr := s.st.JobFailUnsent(ctx, fail)
 		rep.FailedUnsent += len(done)
 		if len(done) > 0 {
 			s.log.Warn("claims ended failed: their instance died before sending, and they may not be sent again",
 				zap.Int("jobs", len(done)))
 		}
+		err = errors.Join(undoErr, failErr)
 		// A full batch that moved something: there may be more. (One that
 		// moved nothing was overtaken, by sends recorded meanwhile: the
 		// next sweep reads afresh.)
-		if err != nil || len(unsent) < s.cfg.BatchSize || n+len(done) == 0 {
+		if err != nil || n+len(done) == 0 && len(unsent) > 0 {
 			return err
+		}
+		if len(unsent) < s.cfg.BatchSize {
+			s.marks = marks // every claim read was sent, or is handled now
+			return nil
 		}
 	}
 	return nil

@@ -25,9 +25,10 @@ var ctx = context.Background()
 // (at_most_once); a younger one is left alone, even past its job's timeout:
 // a request that never left is not timed out (its attempt would be burned
 // by an outage of hipq's own). A claim of a type this instance does not
-// know ends failed (whether it may be sent again is not known), and the
-// rescue works through every lost claim in one sweep, a batch at a time.
-// Timeouts, expiry and the sweeper lock run in the same sweep.
+// know is left to its job's timeout (neither its send bound nor whether
+// it may be sent again is known here). The rescue works through every
+// lost claim in one sweep, a batch at a time. Timeouts, expiry and the
+// sweeper lock run in the same sweep.
 func TestSweep(t *testing.T) {
 	t.Parallel()
 	st := pgtest.New(t)
@@ -43,7 +44,7 @@ func TestSweep(t *testing.T) {
 	quick := mk("alo", "quick", nil)
 	quick.TimeoutSeconds = 1
 	if _, err := st.JobsInsert(ctx, []*correlator.Job{mk("alo", "dead", nil), mk("amo", "dead", nil), mk("alo", "young", nil), mk("alo", "slow", nil),
-		mk("alo", "lost", nil), quick, mk("removed", "dead", nil)}); err != nil {
+		mk("alo", "lost", nil), quick, mk("removed", "dead", nil), mk("removed", "old", nil), mk("alo", "lost2", nil)}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := st.JobClaim(ctx, store.JobClaimParams{Queue: "default", Limit: 10, Instance: "gone"}); err != nil {
@@ -62,6 +63,9 @@ func TestSweep(t *testing.T) {
 	// it (left for the rescue, which decides once the bound has passed).
 	exec(`UPDATE hipq_attempt a SET dispatched_at = now() - interval '2 hours' FROM hipq_job j WHERE j.id = a.job_id AND j.job_key = 'lost'`)
 	exec(`UPDATE hipq_job SET started_at = now() - interval '2 hours' WHERE job_key = 'lost'`)
+	exec(`UPDATE hipq_attempt a SET dispatched_at = now() - interval '9 minutes' FROM hipq_job j WHERE j.id = a.job_id AND j.job_key = 'lost2'`)
+	exec(`UPDATE hipq_job SET started_at = now() - interval '9 minutes' WHERE job_key = 'lost2'`)
+	exec(`UPDATE hipq_job SET started_at = now() - interval '2 hours' WHERE job_type = 'removed' AND job_key = 'old'`)
 	exec(`UPDATE hipq_attempt a SET dispatched_at = now() - interval '5 seconds' FROM hipq_job j WHERE j.id = a.job_id AND j.job_key = 'quick'`)
 	exec(`UPDATE hipq_job SET started_at = now() - interval '5 seconds' WHERE job_key = 'quick'`)
 	exec(`UPDATE hipq_attempt a SET sent_at = now() FROM hipq_job j WHERE j.id = a.job_id AND j.job_key = 'slow'`)
@@ -82,7 +86,7 @@ func TestSweep(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := sweeper.Report{TimedOut: 1, Rescued: 2, FailedUnsent: 2, Expired: 1}
+	want := sweeper.Report{TimedOut: 2, Rescued: 3, FailedUnsent: 1, Expired: 1}
 	if rep != want {
 		t.Fatalf("report %+v, want %+v", rep, want)
 	}
@@ -100,7 +104,9 @@ func TestSweep(t *testing.T) {
 	}{
 		{"alo", "dead", "initial", "", 0},
 		{"amo", "dead", "final", "failed", 1},
-		{"removed", "dead", "final", "failed", 1},
+		{"removed", "dead", "running", "", 1},
+		{"removed", "old", "final", "timed_out", 1},
+		{"alo", "lost2", "initial", "", 0},
 		{"alo", "young", "running", "", 1},
 		{"alo", "slow", "final", "timed_out", 1},
 		{"alo", "lost", "initial", "", 0},
@@ -116,7 +122,7 @@ func TestSweep(t *testing.T) {
 		t.Fatalf("second sweep did work: %+v", rep)
 	}
 	// The metrics count each action once.
-	for action, n := range map[string]float64{"timed_out": 1, "rescued": 2, "failed_unsent": 2, "expired": 1, "pruned": 0} {
+	for action, n := range map[string]float64{"timed_out": 2, "rescued": 3, "failed_unsent": 1, "expired": 1, "pruned": 0} {
 		if got := testutil.ToFloat64(m.Sweeper.WithLabelValues(action)); got != n {
 			t.Errorf("hipq_sweeper_actions_total{action=%q} = %v, want %v", action, got, n)
 		}
