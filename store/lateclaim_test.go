@@ -139,3 +139,39 @@ func TestRescueLeavesAClaimSentSinceItsRead(t *testing.T) {
 	wantState(t, get(t, st, "news"), correlator.StateRunning, "", 1)
 	wantState(t, get(t, st, "lost"), correlator.StateFinal, correlator.OutcomeFailed, 1)
 }
+
+// A claim whose transaction is still open when a search for unsent claims
+// reads is not seen by it, though its started_at (its transaction's start)
+// may lie before the range read: the search's marks stay at or before the
+// start of every transaction open then, so the next search from them,
+// once the claim is committed, finds it.
+func TestUnsentMarksWaitForOpenClaims(t *testing.T) {
+	t.Parallel()
+	st := pgtest.New(t)
+	insert(t, st, job("seen"))
+	claim(t, st, 1)
+	tx, err := st.Pool().Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if _, err := tx.Exec(ctx, `WITH j AS (
+		  INSERT INTO hipq_job (queue, job_type, job_key, job_data, state, attempt, started_at)
+		  VALUES ('default', 't', 'late', '{}', 'running', 1, now()) RETURNING id, started_at)
+		INSERT INTO hipq_attempt (queue, job_id, attempt, instance, dispatched_at) SELECT 'default', id, 1, 'i', started_at FROM j`); err != nil {
+		t.Fatal(err)
+	}
+	// A grace that makes every claim lost: the open claim lies within the
+	// range read, but cannot be seen.
+	unsent, marks, err := st.AttemptFindUnsent(ctx, typeInfo, -time.Hour, 10, nil)
+	if err != nil || len(unsent) != 1 {
+		t.Fatalf("found %d: %v", len(unsent), err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	unsent, _, err = st.AttemptFindUnsent(ctx, typeInfo, -time.Hour, 10, marks)
+	if err != nil || len(unsent) != 2 {
+		t.Fatalf("found %d from the marks, want the claim committed since: %v", len(unsent), err)
+	}
+}

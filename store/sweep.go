@@ -312,11 +312,13 @@ const runningQueuesSQL = `
 type UnsentMarks map[string]time.Time
 
 // LateClaimMargin is how far before its mark a queue's search starts
-// again. A claim's started_at is its transaction's start: one that
-// committed later than its start by more than its send bound, the grace
-// and this margin could start before a mark set while it was not yet
-// visible. The sweeper searches from no marks now and then (and at its
-// first sweep), so even such a claim is found.
+// again. A claim's started_at is its transaction's start, so a claim not
+// yet committed when a search reads could start before the mark that
+// search sets: each mark is held at or before the start of every other
+// transaction open in the database then (pg_stat_activity, read before
+// the search), which covers them. The margin covers what that view may
+// not show (transactions of roles whose activity hipq's role cannot
+// see), and the sweeper searches from no marks now and then.
 const LateClaimMargin = time.Minute
 
 // AttemptFindUnsent lists running jobs whose current attempt has no
@@ -333,8 +335,9 @@ const LateClaimMargin = time.Minute
 //
 // It also returns the marks that hold once the claims it lists are
 // handed to the rescue: for each queue, the end of the range read, or the
-// start of the earliest unsent claim not yet past its own bound. When it
-// lists limit claims, some may be left unlisted: it returns from.
+// start of the earliest unsent claim not yet past its own bound, or of the
+// oldest transaction open, whichever is earliest. When it lists limit
+// claims, some may be left unlisted: it returns from.
 func (s *Store) AttemptFindUnsent(ctx context.Context, types correlator.Types, grace time.Duration, limit int,
 	from UnsentMarks) ([]Unsent, UnsentMarks, error) {
 	if len(types) == 0 {
@@ -352,6 +355,15 @@ func (s *Store) AttemptFindUnsent(ctx context.Context, types correlator.Types, g
 	marks := UnsentMarks{}
 	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, "SET LOCAL enable_seqscan = off"); err != nil {
+			return err
+		}
+		// The oldest transaction open now, before the search reads: a
+		// claim the search cannot see yet is one of them, or started
+		// after, so no mark may pass its start. (PostgreSQL reads the
+		// activity once per transaction, at its first look.)
+		var oldest *time.Time
+		if err := tx.QueryRow(ctx, `SELECT min(xact_start) FROM pg_stat_activity
+			WHERE datname = current_database() AND pid <> pg_backend_pid()`).Scan(&oldest); err != nil {
 			return err
 		}
 		queues, err := queuesIn(ctx, tx, runningQueuesSQL)
@@ -382,8 +394,10 @@ func (s *Store) AttemptFindUnsent(ctx context.Context, types correlator.Types, g
 			if _, err := pgx.ForEachRow(rows, []any{&queue, &id, &att, &jobType, &u.DispatchedAt, &claim}, func() error {
 				if id == nil { // the last row: the range's end, the earliest claim not yet due
 					marks[q] = u.DispatchedAt
-					if claim != nil && claim.Before(marks[q]) {
-						marks[q] = *claim
+					for _, t := range []*time.Time{claim, oldest} {
+						if t != nil && t.Before(marks[q]) {
+							marks[q] = *t
+						}
 					}
 					return nil
 				}

@@ -76,7 +76,8 @@ type Sweeper struct {
 
 	mu      sync.Mutex        // one rescue at a time
 	marks   store.UnsentMarks // how far this sweeper's rescues have looked
-	rescues int               // since the last search from no marks
+	rescues int               // rescues so far
+	full    bool              // the last full search has not completed
 }
 
 // fullSearchEvery is how many rescues search from the marks before one
@@ -220,16 +221,19 @@ func (s *Sweeper) drain(ctx context.Context, action string, total *int, step fun
 //
 // Each search reads the claims that became old enough since the one
 // before (store.UnsentMarks), and every fullSearchEvery rescues all of
-// them; a rescue that fails, or is cut short, keeps the marks it started
-// from.
+// them, until such a search completes; a rescue that fails, or is cut
+// short, keeps the marks it started from.
 func (s *Sweeper) rescue(ctx context.Context, rep *Report) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	from := s.marks
 	if s.rescues%fullSearchEvery == 0 {
-		from = nil
+		s.full = true
 	}
 	s.rescues++
+	from := s.marks
+	if s.full {
+		from = nil // until one completes: a failed full search is tried again
+	}
 	for ctx.Err() == nil {
 		unsent, marks, err := s.st.AttemptFindUnsent(ctx, s.cfg.Types, s.cfg.Grace, s.cfg.BatchSize, from)
 		if err != nil {
@@ -264,6 +268,7 @@ func (s *Sweeper) rescue(ctx context.Context, rep *Report) error {
 		}
 		if len(unsent) < s.cfg.BatchSize {
 			s.marks = marks // every claim read was sent, or is handled now
+			s.full = false
 			return nil
 		}
 	}
