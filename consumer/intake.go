@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/hipq/hipq/correlator"
+	"github.com/hipq/hipq/dispatcher"
 	"github.com/hipq/hipq/internal/metrics"
 	"github.com/hipq/hipq/store"
 )
@@ -21,12 +22,27 @@ type IntakeConfig struct {
 	DeadLetterTopic string
 	MaxBytes        int
 	Types           correlator.Types
+	Instance        string // recorded on the attempts of jobs claimed at intake (ClaimFor)
 }
 
 // Intake turns job requests read from the intake topics into jobs.
 type Intake struct {
-	g   *group
-	cfg IntakeConfig
+	g       *group
+	cfg     IntakeConfig
+	claimer Claimer
+}
+
+// Claimer is this instance's dispatcher, seen by the intake: it reserves
+// room for due jobs the intake claims as it stores them (a write of the
+// row instead of an insert and a claim), and sends them once stored.
+type Claimer interface {
+	Reserve(queue string, n int) *dispatcher.Reservation
+}
+
+// ClaimFor lets the intake claim the due jobs it stores for c to send
+// (before Run). Without it, the dispatcher claims them from the table.
+func (in *Intake) ClaimFor(c Claimer, instance string) {
+	in.claimer, in.cfg.Instance = c, instance
 }
 
 // NewIntake builds the intake consumer; Run starts it.
@@ -59,11 +75,24 @@ func (in *Intake) apply(ctx context.Context, recs []*kgo.Record, adv []store.Off
 		job, err := decodeRecord(recs[i], src, in.cfg.MaxBytes, in.cfg.Types, now)
 		return src, job, err
 	})
+	rs := in.reserve(b.Jobs)
+	b.Instance = in.cfg.Instance
 	res, err := in.g.st.IntakeApply(ctx, b)
 	if err != nil {
+		for _, r := range rs {
+			r.Release()
+		}
 		return nil, err
 	}
 	return func() {
+		claimed := map[*dispatcher.Reservation][]store.Claimed{}
+		for _, c := range res.Claimed {
+			r := rs[c.Queue]
+			claimed[r] = append(claimed[r], c)
+		}
+		for _, r := range rs {
+			r.Deliver(ctx, claimed[r])
+		}
 		in.count("accepted", res.Inserted)
 		in.count("duplicate", res.Duplicates+dups)
 		in.count("dead_lettered", len(res.DeadLetters))
@@ -71,6 +100,39 @@ func (in *Intake) apply(ctx context.Context, recs []*kgo.Record, adv []store.Off
 			zap.Int("duplicates", res.Duplicates+dups), zap.Int("dead_lettered", len(res.DeadLetters)))
 		in.g.copyDeadLetters(in.cfg.DeadLetterTopic, res.DeadLetters)
 	}, nil
+}
+
+// reserve asks the dispatcher for room for the batch's jobs, queue by
+// queue, and marks those it may claim as they are stored (the store
+// decides whether each is due and its queue open).
+func (in *Intake) reserve(jobs []store.IntakeJob) map[string]*dispatcher.Reservation {
+	if in.claimer == nil {
+		return nil
+	}
+	count := map[string]int{}
+	for _, ij := range jobs {
+		if ij.Job.TimeWindows == nil {
+			count[ij.Job.Queue]++
+		}
+	}
+	rs := map[string]*dispatcher.Reservation{}
+	for q, n := range count {
+		if r := in.claimer.Reserve(q, n); r != nil {
+			rs[q] = r
+		}
+	}
+	left := map[string]int{}
+	for q, r := range rs {
+		left[q] = r.Room()
+	}
+	for i := range jobs {
+		j := jobs[i].Job
+		if r := rs[j.Queue]; r != nil && left[j.Queue] > 0 && j.TimeWindows == nil && r.Takes(j.JobType) {
+			jobs[i].Claim = true
+			left[j.Queue]--
+		}
+	}
+	return rs
 }
 
 func (in *Intake) poison(ctx context.Context, rec *kgo.Record, adv []store.OffsetAdvance, cause error) (func(), error) {

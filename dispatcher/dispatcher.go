@@ -168,6 +168,8 @@ type Dispatcher struct {
 	// to free, and when it fires (local monotonic clock).
 	rateWake   *time.Timer
 	rateWakeAt time.Time
+	// stopping: Run is draining; no more room is reserved for the intake.
+	stopping bool
 }
 
 // outage is a neighbour refusing sends (or whose sends could not start).
@@ -221,6 +223,9 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 		}
 		select {
 		case <-ctx.Done():
+			d.mu.Lock()
+			d.stopping = true // (a reservation made before is delivered or released: sends waits for it)
+			d.mu.Unlock()
 			d.sends.Wait()
 			if err := d.takeErrs(); err != nil {
 				d.log.Error("recording sends failed", zap.Error(err))
@@ -344,27 +349,116 @@ func (d *Dispatcher) claim(ctx context.Context, q QueueConfig, types []string, l
 	more := n == limit
 	if len(claim.Jobs) > 0 {
 		add(d.m.Claimed.WithLabelValues(q.Name), len(claim.Jobs))
-		// One delivery per neighbour: a slow host's calls never hold back
-		// the record of another's.
-		type to struct {
-			s Sender
-			n string
-		}
-		by := map[to][]store.Claimed{}
-		for _, c := range claim.Jobs {
-			if c.WindowsErr != nil {
-				d.log.Warn("job's time windows unreadable here; taken as open, as the claim takes them", zap.Int64("job_id", c.ID),
-					zap.String("job_type", c.JobType), zap.Error(c.WindowsErr))
-			}
-			s := d.cfg.Senders[c.JobType] // nil: not sendable here after all; its claim is undone
-			k := to{s, d.route(s, c.JobType).Neighbour}
-			by[k] = append(by[k], c)
-		}
-		for k, jobs := range by {
-			d.start(ctx, q, k.s, jobs)
-		}
+		d.dispatch(ctx, q, claim.Jobs)
 	}
 	return n, more, d.deferClosed(ctx, q, &claim)
+}
+
+// dispatch starts the deliveries of claimed jobs, one per neighbour: a
+// slow host's calls never hold back the record of another's.
+func (d *Dispatcher) dispatch(ctx context.Context, q QueueConfig, claimed []store.Claimed) {
+	type to struct {
+		s Sender
+		n string
+	}
+	by := map[to][]store.Claimed{}
+	for _, c := range claimed {
+		if c.WindowsErr != nil {
+			d.log.Warn("job's time windows unreadable here; taken as open, as the claim takes them", zap.Int64("job_id", c.ID),
+				zap.String("job_type", c.JobType), zap.Error(c.WindowsErr))
+		}
+		s := d.cfg.Senders[c.JobType] // nil: not sendable here after all; its claim is undone
+		k := to{s, d.route(s, c.JobType).Neighbour}
+		by[k] = append(by[k], c)
+	}
+	for k, jobs := range by {
+		d.start(ctx, q, k.s, jobs)
+	}
+}
+
+// Reservation is room in flight the intake holds for jobs it may claim as
+// it stores them (store.IntakeJob.Claim). It must end in Deliver or
+// Release.
+type Reservation struct {
+	d     *Dispatcher
+	n     int             // jobs of room held
+	types map[string]bool // the queue's types that may be claimed now
+	queue QueueConfig
+}
+
+// Reserve holds room in flight for up to n new jobs of queue, to be
+// claimed as the intake stores them and sent by this dispatcher: so a
+// fresh due job is written once (running) instead of inserted and then
+// claimed. Only a queue without limits (throttle, per-type caps, rates)
+// qualifies, and only types this instance sends, whose neighbour is not
+// backing off, without time windows or a cap of their own in flight:
+// everything else is claimed as usual. It returns nil when there is no
+// room, the queue is not served here, or the dispatcher is stopping.
+func (d *Dispatcher) Reserve(queue string, n int) *Reservation {
+	i := slices.IndexFunc(d.cfg.Queues, func(q QueueConfig) bool { return q.Name == queue })
+	if i < 0 || n <= 0 {
+		return nil
+	}
+	q := d.cfg.Queues[i]
+	if t := q.Throttle; t.Limit >= 1 || len(t.MaxConcurrency) > 0 || len(t.Rates) > 0 {
+		return nil
+	}
+	open, _ := d.sendable(q)
+	types := map[string]bool{}
+	for _, name := range open {
+		if len(d.typeWindows[name]) == 0 {
+			types[name] = true
+		}
+	}
+	if len(types) == 0 {
+		return nil
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.stopping {
+		return nil
+	}
+	for {
+		used := d.inflight.Load()
+		k := min(int64(n), int64(d.cfg.MaxInFlight)-used)
+		if k <= 0 {
+			return nil
+		}
+		if d.inflight.CompareAndSwap(used, used+k) {
+			d.sends.Add(1) // Run's drain waits for what the reservation becomes
+			return &Reservation{d: d, n: int(k), types: types, queue: q}
+		}
+	}
+}
+
+// Room is how many jobs the reservation holds room for.
+func (r *Reservation) Room() int { return r.n }
+
+// Takes says whether a job of this type may be claimed under it.
+func (r *Reservation) Takes(jobType string) bool { return r.types[jobType] }
+
+// Deliver starts the deliveries of the jobs claimed under the reservation
+// (its batch committed), one per neighbour, and gives back the room they
+// did not use.
+func (r *Reservation) Deliver(ctx context.Context, jobs []store.Claimed) {
+	d := r.d
+	if len(jobs) > 0 {
+		add(d.m.Claimed.WithLabelValues(r.queue.Name), len(jobs))
+		d.dispatch(context.WithoutCancel(ctx), r.queue, jobs)
+	}
+	r.Release()
+}
+
+// Release gives the reservation's room back (its batch failed, or claimed
+// nothing); after Deliver it does nothing.
+func (r *Reservation) Release() {
+	if r.n < 0 {
+		return
+	}
+	r.d.inflight.Add(-int64(r.n))
+	r.n = -1
+	r.d.sends.Done()
+	r.d.Wake()
 }
 
 // start runs one delivery in its own goroutine, counting its jobs in flight

@@ -150,7 +150,7 @@ func (s *Store) deadLetterReplay(ctx context.Context, id int64, fn func(pgx.Tx) 
 // false); one with other job_data is ErrConflict and changes nothing.
 func (s *Store) DeadLetterReplayIntake(ctx context.Context, id int64, j *correlator.Job) (created bool, err error) {
 	err = s.deadLetterReplay(ctx, id, func(tx pgx.Tx) error {
-		inserted, _, conflicts, err := jobsAccept(ctx, tx, []IntakeJob{{Job: j}})
+		inserted, _, conflicts, _, err := jobsAccept(ctx, tx, []IntakeJob{{Job: j}}, "")
 		if err != nil {
 			return err
 		}

@@ -16,6 +16,13 @@ type IntakeJob struct {
 	Job    *correlator.Job
 	Source Source
 	Kind   string // the dead letter's source should it conflict; empty: SourceIntake
+	// Claim asks for the job to be claimed as it is stored, for the
+	// batch's Instance to send (its dispatcher has room, the queue no
+	// limits, the type no windows and a neighbour that takes sends): it
+	// is, if it is due and not expired, has no time windows of its own,
+	// and its queue is not paused and has no due job waiting (which would
+	// come first). Otherwise it is stored waiting, as any job.
+	Claim bool
 }
 
 // IntakeBatch is everything one poll of the intake consumer commits at once.
@@ -24,6 +31,7 @@ type IntakeBatch struct {
 	Offsets     []OffsetAdvance
 	Jobs        []IntakeJob // unique per (type, key): the caller reduces first
 	DeadLetters []DeadLetter
+	Instance    string // of the claims (IntakeJob.Claim), recorded on their attempts
 }
 
 // IntakeResult says what the batch did.
@@ -31,6 +39,11 @@ type IntakeResult struct {
 	Inserted    int
 	Duplicates  int          // a non-final job with the same job_data existed
 	DeadLetters []DeadLetter // the batch's own plus conflicts found here
+	// Claimed are the jobs claimed as they were stored (IntakeJob.Claim):
+	// running, attempt 1, their attempt rows written. Once the batch has
+	// committed they are the Instance's to send; if it never does, the
+	// sweeper's rescue undoes them as any claim never sent.
+	Claimed []Claimed
 }
 
 // IntakeApply writes a batch of intake records in one transaction: the
@@ -40,25 +53,32 @@ type IntakeResult struct {
 // another consumer applied these records first.
 func (s *Store) IntakeApply(ctx context.Context, b IntakeBatch) (IntakeResult, error) {
 	var res IntakeResult
+	// This process's clock before the transaction began, whose start is
+	// the claims' started_at: time.Since(local) bounds from above how long
+	// ago they were made (Claimed.ClaimedLocal).
+	local := time.Now()
 	err := s.inTx(ctx, func(tx pgx.Tx) error {
 		if err := offsetsAdvance(ctx, tx, b.Group, b.Offsets); err != nil {
 			return err
 		}
 		var err error
-		res, err = intakeWrite(ctx, tx, b.Jobs, b.DeadLetters)
+		res, err = intakeWrite(ctx, tx, b.Jobs, b.DeadLetters, b.Instance)
 		return err
 	})
+	for i := range res.Claimed {
+		res.Claimed[i].ClaimedLocal = local
+	}
 	return res, err
 }
 
 // intakeWrite writes new jobs and dead letters: a job whose (type, key)
 // has a non-final job is a duplicate, or a conflict (dead-lettered, of the
 // job's Kind) when its job_data differs.
-func intakeWrite(ctx context.Context, tx pgx.Tx, jobs []IntakeJob, dls []DeadLetter) (IntakeResult, error) {
+func intakeWrite(ctx context.Context, tx pgx.Tx, jobs []IntakeJob, dls []DeadLetter, instance string) (IntakeResult, error) {
 	res := IntakeResult{DeadLetters: append([]DeadLetter(nil), dls...)}
 	var conflicts []IntakeJob
 	var err error
-	if res.Inserted, res.Duplicates, conflicts, err = jobsAccept(ctx, tx, jobs); err != nil {
+	if res.Inserted, res.Duplicates, conflicts, res.Claimed, err = jobsAccept(ctx, tx, jobs, instance); err != nil {
 		return res, err
 	}
 	for _, ij := range conflicts {
@@ -80,16 +100,18 @@ func intakeWrite(ctx context.Context, tx pgx.Tx, jobs []IntakeJob, dls []DeadLet
 // turn a conflict into a duplicate. A job whose insert met a row the
 // statement's snapshot does not show (committed by another writer while it
 // ran) is decided by the next statement.
-func jobsAccept(ctx context.Context, tx pgx.Tx, jobs []IntakeJob) (inserted, duplicates int, conflicts []IntakeJob, err error) {
+func jobsAccept(ctx context.Context, tx pgx.Tx, jobs []IntakeJob, instance string) (inserted, duplicates int, conflicts []IntakeJob,
+	claimed []Claimed, err error) {
 	pending := jobs
 	for try := 0; len(pending) > 0; try++ {
 		if try == 10 {
-			return 0, 0, nil, fmt.Errorf("insert jobs: %d jobs met rows committed under the insert ten times: %w", len(pending), errRaced)
+			return 0, 0, nil, nil, fmt.Errorf("insert jobs: %d jobs met rows committed under the insert ten times: %w", len(pending), errRaced)
 		}
-		st, err := jobsInsert(ctx, tx, pending)
+		st, cs, err := jobsInsert(ctx, tx, pending, instance)
 		if err != nil {
-			return 0, 0, nil, err
+			return 0, 0, nil, nil, err
 		}
+		claimed = append(claimed, cs...)
 		var again []IntakeJob
 		for i, ij := range pending {
 			switch st[i] {
@@ -105,7 +127,7 @@ func jobsAccept(ctx context.Context, tx pgx.Tx, jobs []IntakeJob) (inserted, dup
 		}
 		pending = again
 	}
-	return inserted, duplicates, conflicts, nil
+	return inserted, duplicates, conflicts, claimed, nil
 }
 
 type typeKey struct{ Type, Key string }
@@ -121,7 +143,7 @@ func (s *Store) JobsInsert(ctx context.Context, jobs []*correlator.Job) (int, er
 	var n int
 	err := s.inTx(ctx, func(tx pgx.Tx) error {
 		var err error
-		n, _, _, err = jobsAccept(ctx, tx, ij)
+		n, _, _, _, err = jobsAccept(ctx, tx, ij, "")
 		return err
 	})
 	return n, err
@@ -149,10 +171,14 @@ func scheduled(j *correlator.Job) *time.Time {
 }
 
 // jobsInsert inserts jobs (unique per (type, key)) in one statement and
-// says, on that statement's snapshot, what became of each.
-func jobsInsert(ctx context.Context, tx pgx.Tx, jobs []IntakeJob) ([]acceptStatus, error) {
+// says, on that statement's snapshot, what became of each. Jobs that ask
+// to be claimed (IntakeJob.Claim) and may be are stored running, attempt
+// 1, with their attempt rows, as a claim stores them (no time windows,
+// due, not expired, their queue not paused and without a due job waiting),
+// and returned: one write of the row instead of an insert and a claim.
+func jobsInsert(ctx context.Context, tx pgx.Tx, jobs []IntakeJob, instance string) ([]acceptStatus, []Claimed, error) {
 	if len(jobs) == 0 {
-		return nil, nil
+		return nil, nil, nil
 	}
 	n := len(jobs)
 	queues, types, keys, data := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
@@ -161,7 +187,8 @@ func jobsInsert(ctx context.Context, tx pgx.Tx, jobs []IntakeJob) ([]acceptStatu
 	expires := make([]*time.Time, n)
 	windows := make([]*string, n)
 	tparents, tstates := make([]*string, n), make([]*string, n)
-	traced := false
+	claim := make([]bool, n)
+	traced, claiming := false, false
 	for i, ij := range jobs {
 		j := ij.Job
 		tparents[i], tstates[i] = nullable(j.Trace.Parent), nullable(j.Trace.State)
@@ -174,54 +201,89 @@ func jobsInsert(ctx context.Context, tx pgx.Tx, jobs []IntakeJob) ([]acceptStatu
 			w := string(b)
 			windows[i] = &w
 		}
+		claim[i] = ij.Claim
+		claiming = claiming || ij.Claim
 	}
 	if !traced {
 		// No trace context in the batch: NULL arrays, which unnest pads
 		// with NULLs, rather than n NULLs each to encode.
 		tparents, tstates = nil, nil
 	}
+	if !claiming {
+		claim = nil
+	}
+	local := time.Now() // (IntakeApply sets an earlier one: before its transaction began)
 	rows, err := tx.Query(ctx, `
 		WITH n AS (
 		  SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::jsonb[], $5::int[], $6::int[], $7::int[],
-		                       $8::int[], $9::timestamptz[], $10::timestamptz[], $11::jsonb[], $12::text[], $13::text[]) WITH ORDINALITY
+		                       $8::int[], $9::timestamptz[], $10::timestamptz[], $11::jsonb[], $12::text[], $13::text[],
+		                       $14::bool[]) WITH ORDINALITY
 		    AS n(queue, job_type, job_key, job_data, max_attempts, priority, throttle_factor, timeout_seconds,
-		         scheduled_run_time, expires_at, time_windows, trace_parent, trace_state, ord)
+		         scheduled_run_time, expires_at, time_windows, trace_parent, trace_state, claim, ord)
+		), open AS (
+		  -- The queues whose new due jobs may be claimed as they are
+		  -- stored: not paused, and no due job waiting, which comes first.
+		  SELECT q.queue FROM (SELECT DISTINCT queue FROM n WHERE n.claim) q
+		  WHERE NOT EXISTS (SELECT 1 FROM hipq_queue p WHERE p.name = q.queue AND p.paused)
+		    AND NOT EXISTS (SELECT 1 FROM hipq_job j WHERE j.queue = q.queue AND j.state IN ('initial', 'retry')
+		                    AND j.scheduled_run_time <= now())
+		), m AS (
+		  SELECT n.*, coalesce(n.claim, false) AND n.time_windows IS NULL AND n.max_attempts >= 1
+		              AND coalesce(n.scheduled_run_time, now()) <= now() AND (n.expires_at IS NULL OR n.expires_at > now())
+		              AND n.queue IN (SELECT queue FROM open) AS run
+		  FROM n
 		), ins AS (
 		  INSERT INTO hipq_job (queue, job_type, job_key, job_data, max_attempts, priority, throttle_factor,
-		                        timeout_seconds, scheduled_run_time, expires_at, time_windows, trace_parent, trace_state)
+		                        timeout_seconds, scheduled_run_time, expires_at, time_windows, trace_parent, trace_state,
+		                        state, attempt, started_at)
 		  SELECT queue, job_type, job_key, job_data, max_attempts, priority, throttle_factor, timeout_seconds,
-		         coalesce(scheduled_run_time, now()), expires_at, time_windows, trace_parent, trace_state FROM n
+		         coalesce(scheduled_run_time, now()), expires_at, time_windows, trace_parent, trace_state,
+		         CASE WHEN run THEN 'running' ELSE 'initial' END, CASE WHEN run THEN 1 ELSE 0 END, CASE WHEN run THEN now() END
+		  FROM m
 		  ON CONFLICT (job_type, job_key) WHERE state <> 'final' DO NOTHING
-		  RETURNING queue, job_type, job_key
+		  RETURNING id, queue, job_type, job_key, state, started_at
+		), att AS (
+		  INSERT INTO hipq_attempt (queue, job_id, attempt, instance, dispatched_at)
+		  SELECT queue, id, 1, $15, started_at FROM ins WHERE state = 'running'
 		), notify AS (
-		  SELECT pg_notify('`+channelJobReady+`', q) FROM (SELECT DISTINCT queue AS q FROM ins) d
+		  SELECT pg_notify('`+channelJobReady+`', q) FROM (SELECT DISTINCT queue AS q FROM ins WHERE state <> 'running') d
 		)
 		SELECT n.ord, CASE WHEN i.job_key IS NOT NULL THEN 1
 		            -- Only a job not inserted looks for the one in its way.
 		            ELSE coalesce((SELECT CASE WHEN j.job_data = n.job_data THEN 2 ELSE 3 END FROM hipq_job j
-		                           WHERE j.job_type = n.job_type AND j.job_key = n.job_key AND j.state <> 'final'), 0) END
+		                           WHERE j.job_type = n.job_type AND j.job_key = n.job_key AND j.state <> 'final'), 0) END,
+		       CASE WHEN i.state = 'running' THEN i.id END, CASE WHEN i.state = 'running' THEN i.started_at END
 		FROM n
 		LEFT JOIN ins i ON i.job_type = n.job_type AND i.job_key = n.job_key
 		WHERE (SELECT count(*) FROM notify) >= 0`,
-		queues, types, keys, data, maxAtt, prio, factor, timeout, sched, expires, windows, tparents, tstates)
+		queues, types, keys, data, maxAtt, prio, factor, timeout, sched, expires, windows, tparents, tstates, claim, instance)
 	if err != nil {
-		return nil, fmt.Errorf("insert jobs: %w", err)
+		return nil, nil, fmt.Errorf("insert jobs: %w", err)
 	}
 	out := make([]acceptStatus, n)
+	var claimed []Claimed
 	var ord int64
 	var st, got int
-	if _, err := pgx.ForEachRow(rows, []any{&ord, &st}, func() error {
+	var id *int64
+	var started *time.Time
+	if _, err := pgx.ForEachRow(rows, []any{&ord, &st, &id, &started}, func() error {
 		if ord < 1 || ord > int64(n) {
 			return fmt.Errorf("answer for job %d of %d", ord, n)
 		}
 		out[ord-1] = acceptStatus(st)
 		got++
+		if id != nil && started != nil {
+			j := jobs[ord-1].Job
+			claimed = append(claimed, Claimed{ID: *id, Queue: j.Queue, JobType: j.JobType, JobKey: j.JobKey, JobData: j.JobData,
+				Attempt: 1, MaxAttempts: j.MaxAttempts, TimeoutSeconds: j.TimeoutSeconds, ExpiresAt: j.ExpiresAt,
+				StartedAt: *started, ClaimedLocal: local})
+		}
 		return nil
 	}); err != nil {
-		return nil, fmt.Errorf("insert jobs: %w", err)
+		return nil, nil, fmt.Errorf("insert jobs: %w", err)
 	}
 	if got != n {
-		return nil, fmt.Errorf("insert jobs: %d answers for %d jobs", got, n)
+		return nil, nil, fmt.Errorf("insert jobs: %d answers for %d jobs", got, n)
 	}
-	return out, nil
+	return out, claimed, nil
 }

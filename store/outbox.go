@@ -100,7 +100,7 @@ func (s *Store) OutboxApply(ctx context.Context, t OutboxTake, decide OutboxDeci
 		}
 		slices.SortFunc(got, func(a, b OutboxRow) int { return cmp.Compare(a.ID, b.ID) })
 		jobs, dls := decide(got)
-		res, err = intakeWrite(ctx, tx, jobs, dls)
+		res, err = intakeWrite(ctx, tx, jobs, dls, "")
 		return err
 	})
 	return taken, res, err

@@ -148,7 +148,7 @@ func scheduleInsert(ctx context.Context, tx pgx.Tx, sch *correlator.Schedule, jt
 	if err != nil {
 		return "", false, err
 	}
-	n, _, _, err := jobsAccept(ctx, tx, []IntakeJob{{Job: job}})
+	n, _, _, _, err := jobsAccept(ctx, tx, []IntakeJob{{Job: job}}, "")
 	if err != nil {
 		return "", false, err
 	}

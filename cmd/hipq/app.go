@@ -164,6 +164,11 @@ func newApp(ctx context.Context, cfg *config.Config, log *zap.Logger, opts appOp
 			return nil, err
 		}
 	}
+	if a.intake != nil && a.dispatcher != nil {
+		// Due jobs read here are claimed as they are stored, for this
+		// instance's dispatcher to send: one write of the row, not two.
+		a.intake.ClaimFor(a.dispatcher, a.instance)
+	}
 	if a.api == nil && slices.Equal(opts.roles, []string{"api"}) {
 		a.close()
 		return nil, errors.New("--only api: the config has no api section")

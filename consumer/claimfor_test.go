@@ -1,0 +1,67 @@
+package consumer
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/hipq/hipq/correlator"
+	"github.com/hipq/hipq/dispatcher"
+	"github.com/hipq/hipq/internal/kafkaconn"
+	"github.com/hipq/hipq/internal/kafkatest"
+	"github.com/hipq/hipq/internal/pgtest"
+)
+
+// With this instance's dispatcher as its claimer, the intake stores due
+// jobs claimed, and the dispatcher sends them: no claim of the table, no
+// waiting row. The requests reach their topic and their sends are
+// recorded though the dispatcher never ran a claim round.
+func TestIntakeClaimsForItsDispatcher(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	st := pgtest.New(t)
+	k := kafkatest.New(t)
+	in, out := k.Topic("jobs"), k.Topic("requests")
+	k.CreateTopics(1, in, out)
+	types := correlator.Types{"t": {Name: "t", Queue: "default", Timeout: time.Hour, Delivery: correlator.AtLeastOnce, Retry: correlator.NoRetry}}
+	pc := k.Client(dispatcher.KafkaProducerOpts()...)
+	t.Cleanup(pc.Close)
+	d := dispatcher.New(zaptest.NewLogger(t), st, dispatcher.Config{Instance: "me", Queues: []dispatcher.QueueConfig{{Name: "default"}},
+		Types: types, Senders: map[string]dispatcher.Sender{"t": dispatcher.NewKafkaSender(pc, map[string]dispatcher.KafkaRoute{"t": {Topic: out}})}})
+	intake, err := NewIntake(zaptest.NewLogger(t), st, IntakeConfig{GroupConfig: GroupConfig{Kafka: kafkaconn.Config{Brokers: k.Brokers},
+		Group: in + "-g", Topics: []string{in}}, MaxBytes: 4096, Types: types})
+	if err != nil {
+		t.Fatal(err)
+	}
+	intake.ClaimFor(d, "me")
+	const n = 20
+	for i := range n {
+		k.Produce(&kgo.Record{Topic: in, Value: fmt.Appendf(nil, `{"job_type":"t","job_key":"k%d","job_data":{"i":%d}}`, i, i)})
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = intake.Run(runCtx) }()
+	defer func() { stop(); <-done }()
+	waitFor(t, time.Minute, "every job sent and recorded", func() bool {
+		var sent int
+		err := st.Pool().QueryRow(ctx, `SELECT count(*) FROM hipq_job j JOIN hipq_attempt a ON a.job_id = j.id AND a.attempt = j.attempt
+			WHERE j.state = 'running' AND a.instance = 'me' AND a.sent_at IS NOT NULL`).Scan(&sent)
+		return err == nil && sent == n
+	})
+	cl := k.Client(kgo.ConsumeTopics(out), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	defer cl.Close()
+	got := 0
+	for got < n {
+		pollCtx, cancel := context.WithTimeout(ctx, time.Minute)
+		fs := cl.PollFetches(pollCtx)
+		cancel()
+		if err := fs.Err0(); err != nil {
+			t.Fatalf("read the requests: %v (%d of %d)", err, got, n)
+		}
+		got += fs.NumRecords()
+	}
+}

@@ -1,0 +1,86 @@
+package dispatcher_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"go.uber.org/zap/zaptest"
+
+	"github.com/hipq/hipq/correlator"
+	"github.com/hipq/hipq/dispatcher"
+	"github.com/hipq/hipq/internal/pgtest"
+	"github.com/hipq/hipq/store"
+)
+
+// The intake claims due jobs as it stores them only under room the
+// dispatcher reserved: never more than MaxInFlight in all, only in a
+// queue without limits, only of types this instance sends with no time
+// windows; given back on release. What it claimed is sent and recorded
+// like any claim, and a dispatcher that is stopping reserves nothing.
+func TestReserveBoundsTheIntakeClaims(t *testing.T) {
+	t.Parallel()
+	st := pgtest.New(t)
+	_, topic, cl := requestTopic(t)
+	tys := types()
+	tys["windowed"] = &correlator.JobType{Name: "windowed", Queue: "default", Delivery: correlator.AtLeastOnce, Retry: correlator.NoRetry,
+		Windows: []correlator.TimeWindow{{Start: "00:00", End: "23:59"}}}
+	tys["unsendable"] = &correlator.JobType{Name: "unsendable", Queue: "default", Retry: correlator.NoRetry}
+	s := dispatcher.NewKafkaSender(cl, map[string]dispatcher.KafkaRoute{"alo": {Topic: topic}, "amo": {Topic: topic}, "windowed": {Topic: topic}})
+	d := dispatcher.New(zaptest.NewLogger(t), st, dispatcher.Config{Instance: "test", BatchSize: 100, MaxInFlight: 10,
+		Queues: []dispatcher.QueueConfig{{Name: "default"}, {Name: "held", Throttle: correlator.Throttle{Limit: 5}}}, Types: tys,
+		Senders: map[string]dispatcher.Sender{"alo": s, "amo": s, "windowed": s}})
+	if d.Reserve("held", 3) != nil || d.Reserve("nowhere", 3) != nil {
+		t.Fatal("room reserved in a queue with limits, or one not served")
+	}
+	r := d.Reserve("default", 4)
+	if r == nil || r.Room() != 4 || !r.Takes("alo") || !r.Takes("amo") || r.Takes("windowed") || r.Takes("unsendable") {
+		t.Fatalf("reservation %+v", r)
+	}
+	r2 := d.Reserve("default", 100)
+	if r2 == nil || r2.Room() != 6 {
+		t.Fatalf("second reservation: %+v, want the 6 left of 10", r2)
+	}
+	if d.Reserve("default", 1) != nil {
+		t.Fatal("room reserved past MaxInFlight")
+	}
+	r2.Release()
+	r2.Release() // (twice: nothing more)
+	// The reserved jobs, claimed as they are stored, are sent and recorded.
+	b := store.IntakeBatch{Group: "g", Offsets: []store.OffsetAdvance{{Topic: "in", Partition: 0, From: -1, To: 3}}, Instance: "test"}
+	for _, k := range []string{"a", "b", "c"} {
+		b.Jobs = append(b.Jobs, store.IntakeJob{Claim: true, Source: store.Source{Topic: "in", Value: []byte(k)}, Job: &correlator.Job{
+			Queue: "default", JobType: "alo", JobKey: k, JobData: []byte(`{}`), MaxAttempts: 1, Priority: 100, ThrottleFactor: 1,
+			TimeoutSeconds: 3600}})
+	}
+	res, err := st.IntakeApply(ctx, b)
+	if err != nil || len(res.Claimed) != 3 {
+		t.Fatalf("claimed %d of 3: %v", len(res.Claimed), err)
+	}
+	r.Deliver(ctx, res.Claimed)
+	if _, err := d.RunOnce(ctx); err != nil { // (waits for every delivery)
+		t.Fatal(err)
+	}
+	if n := scalar(t, st, `SELECT count(*) FROM hipq_attempt WHERE instance = 'test' AND sent_at IS NOT NULL`); n != 3 {
+		t.Fatalf("%d of 3 jobs claimed at intake sent and recorded", n)
+	}
+	if r := d.Reserve("default", 100); r == nil || r.Room() != 10 {
+		t.Fatalf("room after the deliveries: %+v, want all 10 back", r)
+	} else {
+		r.Release()
+	}
+	// A dispatcher that is stopping reserves nothing (its drain would not
+	// wait for what a late reservation claims).
+	stopped, cancel := context.WithCancel(ctx)
+	cancel()
+	done := make(chan error, 1)
+	go func() { done <- d.Run(stopped) }()
+	select {
+	case <-done:
+	case <-time.After(time.Minute):
+		t.Fatal("Run did not stop")
+	}
+	if d.Reserve("default", 1) != nil {
+		t.Fatal("a stopped dispatcher reserved room")
+	}
+}
