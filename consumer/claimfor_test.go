@@ -3,6 +3,7 @@ package consumer
 import (
 	"context"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -14,6 +15,7 @@ import (
 	"github.com/hipq/hipq/internal/kafkaconn"
 	"github.com/hipq/hipq/internal/kafkatest"
 	"github.com/hipq/hipq/internal/pgtest"
+	"github.com/hipq/hipq/store"
 )
 
 // With this instance's dispatcher as its claimer, the intake stores due
@@ -64,4 +66,50 @@ func TestIntakeClaimsForItsDispatcher(t *testing.T) {
 		}
 		got += fs.NumRecords()
 	}
+}
+
+type nowhere struct{}
+
+func (nowhere) Send(context.Context, []store.Claimed) []dispatcher.Result { return nil }
+func (nowhere) Transport() string                                         { return "none" }
+func (nowhere) Route(string) dispatcher.Route                             { return dispatcher.Route{Neighbour: "none"} }
+
+// When the room is short of a batch's jobs, it goes to those the
+// dispatcher would claim first in their queue's order; jobs not due, past
+// their expiry or with windows of their own take none of it.
+func TestIntakeRoomGoesInQueueOrder(t *testing.T) {
+	t.Parallel()
+	types := correlator.Types{"t": {Name: "t", Queue: "default", Retry: correlator.NoRetry}}
+	d := dispatcher.New(zaptest.NewLogger(t), pgtest.New(t), dispatcher.Config{Instance: "me", BatchSize: 2,
+		Queues: []dispatcher.QueueConfig{{Name: "default", Order: store.OrderPriorityFirst}}, Types: types,
+		Senders: map[string]dispatcher.Sender{"t": nowhere{}}})
+	in := &Intake{}
+	in.ClaimFor(d, "me")
+	past := time.Now().Add(-time.Minute)
+	mk := func(key string, prio int, f func(*correlator.Job)) store.IntakeJob {
+		j := &correlator.Job{Queue: "default", JobType: "t", JobKey: key, Priority: prio}
+		if f != nil {
+			f(j)
+		}
+		return store.IntakeJob{Job: j}
+	}
+	jobs := []store.IntakeJob{
+		mk("low", 100, nil),
+		mk("later", 1, func(j *correlator.Job) { j.ScheduledRunTime = time.Now().Add(time.Hour) }),
+		mk("expired", 1, func(j *correlator.Job) { j.ExpiresAt = &past }),
+		mk("windowed", 1, func(j *correlator.Job) { j.TimeWindows = []correlator.TimeWindow{{Start: "00:00", End: "23:59"}} }),
+		mk("high", 1, nil),
+		mk("mid", 50, nil),
+	}
+	rs := in.reserve(jobs)
+	var claimed []string
+	for _, ij := range jobs {
+		if ij.Claim {
+			claimed = append(claimed, ij.Job.JobKey)
+		}
+	}
+	if len(rs) != 1 || !slices.Equal(claimed, []string{"high", "mid"}) {
+		t.Fatalf("claimed %v, want the two first in priority order of those due", claimed)
+	}
+	rs["default"].Release()
 }

@@ -2,9 +2,11 @@ package consumer
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"reflect"
+	"slices"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -102,34 +104,45 @@ func (in *Intake) apply(ctx context.Context, recs []*kgo.Record, adv []store.Off
 	}, nil
 }
 
-// reserve asks the dispatcher for room for the batch's jobs, queue by
-// queue, and marks those it may claim as they are stored (the store
-// decides whether each is due and its queue open).
+// reserve asks the dispatcher for room for the batch's jobs that may be
+// sent at once (due, unexpired, without time windows of their own: by
+// this clock; the store decides by PostgreSQL's, and whether their queue
+// is open), queue by queue, and marks those it may claim as they are
+// stored.
 func (in *Intake) reserve(jobs []store.IntakeJob) map[string]*dispatcher.Reservation {
 	if in.claimer == nil {
 		return nil
 	}
-	count := map[string]int{}
-	for _, ij := range jobs {
-		if ij.Job.TimeWindows == nil {
-			count[ij.Job.Queue]++
+	now := time.Now()
+	at := func(j *correlator.Job) time.Time { return cmp.Or(j.ScheduledRunTime, now) } // (zero: due at once)
+	by := map[string][]int{}
+	for i := range jobs {
+		j := jobs[i].Job
+		if j.TimeWindows == nil && !at(j).After(now) && (j.ExpiresAt == nil || j.ExpiresAt.After(now)) {
+			by[j.Queue] = append(by[j.Queue], i)
 		}
 	}
 	rs := map[string]*dispatcher.Reservation{}
-	for q, n := range count {
-		if r := in.claimer.Reserve(q, n); r != nil {
-			rs[q] = r
+	for q, idx := range by {
+		r := in.claimer.Reserve(q, len(idx))
+		if r == nil {
+			continue
 		}
-	}
-	left := map[string]int{}
-	for q, r := range rs {
-		left[q] = r.Room()
-	}
-	for i := range jobs {
-		j := jobs[i].Job
-		if r := rs[j.Queue]; r != nil && left[j.Queue] > 0 && j.TimeWindows == nil && r.Takes(j.JobType) {
+		rs[q] = r
+		idx = slices.DeleteFunc(idx, func(i int) bool { return !r.Takes(jobs[i].Job.JobType) })
+		if len(idx) > r.Room() {
+			// The room goes to the jobs the dispatcher would claim first.
+			slices.SortStableFunc(idx, func(a, b int) int {
+				x, y := jobs[a].Job, jobs[b].Job
+				if r.Order() == store.OrderPriorityFirst {
+					return cmp.Or(cmp.Compare(x.Priority, y.Priority), at(x).Compare(at(y)))
+				}
+				return cmp.Or(at(x).Compare(at(y)), cmp.Compare(x.Priority, y.Priority))
+			})
+			idx = idx[:r.Room()]
+		}
+		for _, i := range idx {
 			jobs[i].Claim = true
-			left[j.Queue]--
 		}
 	}
 	return rs

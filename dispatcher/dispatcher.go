@@ -311,16 +311,22 @@ func (d *Dispatcher) claimAll(ctx context.Context) (int, error) {
 // the next round).
 func (d *Dispatcher) round(ctx context.Context, q QueueConfig) (int, bool, error) {
 	open, capped := d.sendable(q)
-	room := d.cfg.MaxInFlight - int(d.inflight.Load())
 	total, more := 0, false
 	var errs []error
 	claim := func(types []string, limit int) {
-		limit = min(limit, d.cfg.BatchSize, room)
-		if limit <= 0 || len(types) == 0 {
+		if len(types) == 0 {
+			return
+		}
+		// The room is taken before the claim (the intake takes it too:
+		// Reserve), and what the claim did not use given back after its
+		// deliveries started, which count their own jobs.
+		limit = d.take(min(limit, d.cfg.BatchSize))
+		if limit <= 0 {
 			return // a delivery finishing wakes the dispatcher
 		}
 		n, full, err := d.claim(ctx, q, types, limit)
-		total, more, room = total+n, more || full, room-n
+		d.inflight.Add(-int64(limit))
+		total, more = total+n, more || full
 		if err != nil {
 			errs = append(errs, err)
 		}
@@ -376,6 +382,21 @@ func (d *Dispatcher) dispatch(ctx context.Context, q QueueConfig, claimed []stor
 	}
 }
 
+// take takes up to n jobs of room in flight, never past MaxInFlight, and
+// returns how many it took.
+func (d *Dispatcher) take(n int) int {
+	for {
+		used := d.inflight.Load()
+		k := min(int64(n), int64(d.cfg.MaxInFlight)-used)
+		if k <= 0 {
+			return 0
+		}
+		if d.inflight.CompareAndSwap(used, used+k) {
+			return int(k)
+		}
+	}
+}
+
 // Reservation is room in flight the intake holds for jobs it may claim as
 // it stores them (store.IntakeJob.Claim). It must end in Deliver or
 // Release.
@@ -392,8 +413,10 @@ type Reservation struct {
 // claimed. Only a queue without limits (throttle, per-type caps, rates)
 // qualifies, and only types this instance sends, whose neighbour is not
 // backing off, without time windows or a cap of their own in flight:
-// everything else is claimed as usual. It returns nil when there is no
-// room, the queue is not served here, or the dispatcher is stopping.
+// everything else is claimed as usual. It holds at most a batch
+// (BatchSize), so the dispatcher's own claims always find room. It
+// returns nil when there is no room, the queue is not served here, or the
+// dispatcher is stopping.
 func (d *Dispatcher) Reserve(queue string, n int) *Reservation {
 	i := slices.IndexFunc(d.cfg.Queues, func(q QueueConfig) bool { return q.Name == queue })
 	if i < 0 || n <= 0 {
@@ -418,18 +441,17 @@ func (d *Dispatcher) Reserve(queue string, n int) *Reservation {
 	if d.stopping {
 		return nil
 	}
-	for {
-		used := d.inflight.Load()
-		k := min(int64(n), int64(d.cfg.MaxInFlight)-used)
-		if k <= 0 {
-			return nil
-		}
-		if d.inflight.CompareAndSwap(used, used+k) {
-			d.sends.Add(1) // Run's drain waits for what the reservation becomes
-			return &Reservation{d: d, n: int(k), types: types, queue: q}
-		}
+	k := d.take(min(n, d.cfg.BatchSize))
+	if k <= 0 {
+		return nil
 	}
+	d.sends.Add(1) // Run's drain waits for what the reservation becomes
+	return &Reservation{d: d, n: k, types: types, queue: q}
 }
+
+// Order is the order of the reservation's queue: the intake claims the
+// jobs of a batch in it when they outnumber the room.
+func (r *Reservation) Order() store.Order { return r.queue.Order }
 
 // Room is how many jobs the reservation holds room for.
 func (r *Reservation) Room() int { return r.n }
@@ -440,14 +462,39 @@ func (r *Reservation) Takes(jobType string) bool { return r.types[jobType] }
 // Deliver starts the deliveries of the jobs claimed under the reservation
 // (its batch committed), one per neighbour, and gives back the room they
 // did not use.
+//
+// A claim made longer ago than StaleIntakeClaim (its batch's transaction
+// was that slow) is undone instead, never sent: the longer a claim waits,
+// the nearer the rescue of unsent claims, which may take it back while
+// its request is going out.
 func (r *Reservation) Deliver(ctx context.Context, jobs []store.Claimed) {
 	d := r.d
-	if len(jobs) > 0 {
-		add(d.m.Claimed.WithLabelValues(r.queue.Name), len(jobs))
-		d.dispatch(context.WithoutCancel(ctx), r.queue, jobs)
+	ctx = context.WithoutCancel(ctx)
+	var stale []store.AttemptRef
+	fresh := jobs[:0:0]
+	for i := range jobs {
+		if time.Since(jobs[i].ClaimedLocal) > StaleIntakeClaim {
+			stale = append(stale, jobs[i].Ref())
+		} else {
+			fresh = append(fresh, jobs[i])
+		}
+	}
+	if len(stale) > 0 {
+		n, err := d.st.JobUndoClaim(ctx, stale)
+		d.log.Warn("jobs claimed at intake undone: their batch took too long to store", zap.String("queue", r.queue.Name),
+			zap.Int("jobs", len(stale)), zap.Int("undone", n), zap.Duration("bound", StaleIntakeClaim), zap.Error(err))
+	}
+	if len(fresh) > 0 {
+		add(d.m.Claimed.WithLabelValues(r.queue.Name), len(fresh))
+		d.dispatch(ctx, r.queue, fresh)
 	}
 	r.Release()
 }
+
+// StaleIntakeClaim bounds how long after it began an intake batch's claims
+// may still be sent (Reservation.Deliver); well within the rescue's send
+// bound plus grace.
+const StaleIntakeClaim = 10 * time.Second
 
 // Release gives the reservation's room back (its batch failed, or claimed
 // nothing); after Deliver it does nothing.

@@ -84,3 +84,50 @@ func TestReserveBoundsTheIntakeClaims(t *testing.T) {
 		t.Fatal("a stopped dispatcher reserved room")
 	}
 }
+
+// A reservation holds at most a batch of room, so the dispatcher's own
+// claims find room beside the intake's; and jobs claimed at intake whose
+// batch took longer than StaleIntakeClaim to store are undone, never
+// sent (the rescue of unsent claims draws near).
+func TestReservationsAreBoundedAndFresh(t *testing.T) {
+	t.Parallel()
+	st := pgtest.New(t)
+	_, topic, cl := requestTopic(t)
+	s := dispatcher.NewKafkaSender(cl, map[string]dispatcher.KafkaRoute{"alo": {Topic: topic}})
+	d := dispatcher.New(zaptest.NewLogger(t), st, dispatcher.Config{Instance: "test", BatchSize: 3, MaxInFlight: 100,
+		Queues: []dispatcher.QueueConfig{{Name: "default"}}, Types: types(), Senders: map[string]dispatcher.Sender{"alo": s}})
+	r := d.Reserve("default", 50)
+	if r == nil || r.Room() != 3 {
+		t.Fatalf("reservation %+v, want a batch (3)", r)
+	}
+	b := store.IntakeBatch{Group: "g", Offsets: []store.OffsetAdvance{{Topic: "in", Partition: 0, From: -1, To: 2}}, Instance: "test"}
+	for _, k := range []string{"stale", "fresh"} {
+		b.Jobs = append(b.Jobs, store.IntakeJob{Claim: true, Source: store.Source{Topic: "in", Value: []byte(k)}, Job: &correlator.Job{
+			Queue: "default", JobType: "alo", JobKey: k, JobData: []byte(`{}`), MaxAttempts: 1, Priority: 100, ThrottleFactor: 1,
+			TimeoutSeconds: 3600}})
+	}
+	res, err := st.IntakeApply(ctx, b)
+	if err != nil || len(res.Claimed) != 2 {
+		t.Fatalf("claimed %d of 2: %v", len(res.Claimed), err)
+	}
+	claims := map[string]time.Time{}
+	for i := range res.Claimed {
+		c := &res.Claimed[i]
+		claims[c.JobKey] = c.StartedAt
+		if c.JobKey == "stale" {
+			c.ClaimedLocal = time.Now().Add(-dispatcher.StaleIntakeClaim - time.Second)
+		}
+	}
+	r.Deliver(ctx, res.Claimed)
+	// The stale claim was undone (and the dispatcher's own claim then
+	// took the job again, a claim of its own); the fresh one was sent.
+	if _, err := d.RunOnce(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for k, same := range map[string]bool{"stale": false, "fresh": true} {
+		j, err := st.JobGet(ctx, "alo", k)
+		if err != nil || j.State != correlator.StateRunning || j.Attempt != 1 || j.StartedAt.Equal(claims[k]) != same {
+			t.Fatalf("%s: %+v %v; the intake's claim sent: %v", k, j, err, !same)
+		}
+	}
+}

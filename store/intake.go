@@ -213,6 +213,15 @@ func jobsInsert(ctx context.Context, tx pgx.Tx, jobs []IntakeJob, instance strin
 		claim = nil
 	}
 	local := time.Now() // (IntakeApply sets an earlier one: before its transaction began)
+	if claiming {
+		// The probe of each queue's due jobs reads the due index, whatever
+		// statistics say (taken while the table was empty, they would have
+		// it read the table): as the claim does, no sequential scans for
+		// the rest of this transaction.
+		if _, err := tx.Exec(ctx, "SET LOCAL enable_seqscan = off"); err != nil {
+			return nil, nil, fmt.Errorf("insert jobs: %w", err)
+		}
+	}
 	rows, err := tx.Query(ctx, `
 		WITH n AS (
 		  SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::jsonb[], $5::int[], $6::int[], $7::int[],
@@ -223,10 +232,12 @@ func jobsInsert(ctx context.Context, tx pgx.Tx, jobs []IntakeJob, instance strin
 		), open AS (
 		  -- The queues whose new due jobs may be claimed as they are
 		  -- stored: not paused, and no due job waiting, which comes first.
+		  -- One probe of the due index per queue (a scalar subquery with
+		  -- LIMIT 1: never an anti-join that reads every due job).
 		  SELECT q.queue FROM (SELECT DISTINCT queue FROM n WHERE n.claim) q
 		  WHERE NOT EXISTS (SELECT 1 FROM hipq_queue p WHERE p.name = q.queue AND p.paused)
-		    AND NOT EXISTS (SELECT 1 FROM hipq_job j WHERE j.queue = q.queue AND j.state IN ('initial', 'retry')
-		                    AND j.scheduled_run_time <= now())
+		    AND (SELECT j.id FROM hipq_job j WHERE j.queue = q.queue AND j.state IN ('initial', 'retry')
+		         AND j.scheduled_run_time <= now() LIMIT 1) IS NULL
 		), m AS (
 		  SELECT n.*, coalesce(n.claim, false) AND n.time_windows IS NULL AND n.max_attempts >= 1
 		              AND coalesce(n.scheduled_run_time, now()) <= now() AND (n.expires_at IS NULL OR n.expires_at > now())
@@ -241,7 +252,7 @@ func jobsInsert(ctx context.Context, tx pgx.Tx, jobs []IntakeJob, instance strin
 		         CASE WHEN run THEN 'running' ELSE 'initial' END, CASE WHEN run THEN 1 ELSE 0 END, CASE WHEN run THEN now() END
 		  FROM m
 		  ON CONFLICT (job_type, job_key) WHERE state <> 'final' DO NOTHING
-		  RETURNING id, queue, job_type, job_key, state, started_at
+		  RETURNING id, queue, job_type, job_key, state, started_at, job_data
 		), att AS (
 		  INSERT INTO hipq_attempt (queue, job_id, attempt, instance, dispatched_at)
 		  SELECT queue, id, 1, $15, started_at FROM ins WHERE state = 'running'
@@ -252,7 +263,10 @@ func jobsInsert(ctx context.Context, tx pgx.Tx, jobs []IntakeJob, instance strin
 		            -- Only a job not inserted looks for the one in its way.
 		            ELSE coalesce((SELECT CASE WHEN j.job_data = n.job_data THEN 2 ELSE 3 END FROM hipq_job j
 		                           WHERE j.job_type = n.job_type AND j.job_key = n.job_key AND j.state <> 'final'), 0) END,
-		       CASE WHEN i.state = 'running' THEN i.id END, CASE WHEN i.state = 'running' THEN i.started_at END
+		       CASE WHEN i.state = 'running' THEN i.id END, CASE WHEN i.state = 'running' THEN i.started_at END,
+		       -- As the claim returns it: the stored jsonb, not the bytes
+		       -- that came (every attempt sends the same request).
+		       CASE WHEN i.state = 'running' THEN i.job_data END
 		FROM n
 		LEFT JOIN ins i ON i.job_type = n.job_type AND i.job_key = n.job_key
 		WHERE (SELECT count(*) FROM notify) >= 0`,
@@ -266,7 +280,8 @@ func jobsInsert(ctx context.Context, tx pgx.Tx, jobs []IntakeJob, instance strin
 	var st, got int
 	var id *int64
 	var started *time.Time
-	if _, err := pgx.ForEachRow(rows, []any{&ord, &st, &id, &started}, func() error {
+	var stored []byte
+	if _, err := pgx.ForEachRow(rows, []any{&ord, &st, &id, &started, &stored}, func() error {
 		if ord < 1 || ord > int64(n) {
 			return fmt.Errorf("answer for job %d of %d", ord, n)
 		}
@@ -274,7 +289,8 @@ func jobsInsert(ctx context.Context, tx pgx.Tx, jobs []IntakeJob, instance strin
 		got++
 		if id != nil && started != nil {
 			j := jobs[ord-1].Job
-			claimed = append(claimed, Claimed{ID: *id, Queue: j.Queue, JobType: j.JobType, JobKey: j.JobKey, JobData: j.JobData,
+			claimed = append(claimed, Claimed{ID: *id, Queue: j.Queue, JobType: j.JobType, JobKey: j.JobKey,
+				JobData: append(json.RawMessage(nil), stored...),
 				Attempt: 1, MaxAttempts: j.MaxAttempts, TimeoutSeconds: j.TimeoutSeconds, ExpiresAt: j.ExpiresAt,
 				StartedAt: *started, ClaimedLocal: local})
 		}

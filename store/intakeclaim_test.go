@@ -40,7 +40,7 @@ func TestIntakeClaimsDueJobs(t *testing.T) {
 	insert(t, st, job("dup", func(j *correlator.Job) { j.ScheduledRunTime = time.Now().Add(time.Hour) })) // (not due: a due one would come first)
 	past := time.Now().Add(-time.Hour)
 	b := claimAll(intakeBatch(-1, 7,
-		job("due"),
+		job("due", func(j *correlator.Job) { j.JobData = json.RawMessage(`{"b":1,  "a":2}`) }),
 		job("later", func(j *correlator.Job) { j.ScheduledRunTime = time.Now().Add(time.Hour) }),
 		job("expired", func(j *correlator.Job) { j.ExpiresAt = &past }),
 		job("windowed", func(j *correlator.Job) {
@@ -59,6 +59,9 @@ func TestIntakeClaimsDueJobs(t *testing.T) {
 		t.Fatalf("claimed %v, want the due ones", got)
 	}
 	for _, c := range res.Claimed {
+		if c.JobKey == "due" && string(c.JobData) != `{"a": 2, "b": 1}` {
+			t.Errorf("job_data %s: want it as stored (and as the claim returns it), not as it came", c.JobData)
+		}
 		j := get(t, st, c.JobKey)
 		wantState(t, j, correlator.StateRunning, "", 1)
 		if c.ID != j.ID || c.Attempt != 1 || c.MaxAttempts != j.MaxAttempts || c.TimeoutSeconds != 3600 || c.Queue != "default" ||

@@ -919,6 +919,64 @@ func TestUnsentSearchStartsFromItsMarks(t *testing.T) {
 	}
 }
 
+// The intake's claim of the jobs it stores probes each queue's due jobs by
+// the due index, whatever the statistics: beside 100,000 final jobs and
+// 100,000 due jobs of another queue, on statistics taken when no job
+// waited, an intake batch that claims reads a few pages of hipq_job,
+// with no sequential scan and no join that reads the due jobs (an
+// anti-join could read every due job of every queue per batch).
+func TestIntakeClaimProbesTheDueIndex(t *testing.T) {
+	t.Parallel()
+	for _, generic := range []bool{false, true} {
+		t.Run(map[bool]string{false: "custom plans", true: "generic plans"}[generic], func(t *testing.T) {
+			t.Parallel()
+			st, plain, plans := sweepPlanStore(t, generic)
+			ctx := context.Background()
+			if _, err := plain.pool.Exec(ctx, `
+				ANALYZE hipq_job; -- (statistics that say no job waits)
+				INSERT INTO hipq_job (queue, job_type, job_key, scheduled_run_time)
+				SELECT 'x', 't', 'due' || i, now() - interval '1 minute' FROM generate_series(1, 100000) i`); err != nil {
+				t.Fatal(err)
+			}
+			for round := range 7 { // (past the five custom plans a generic one follows)
+				b := IntakeBatch{Group: "g", Instance: "i",
+					Offsets: []OffsetAdvance{{Topic: "in", Partition: 0, From: int64(round*10) - 1, To: int64(round*10 + 9)}}}
+				for i := range 10 {
+					b.Jobs = append(b.Jobs, IntakeJob{Claim: true, Source: Source{Topic: "in"}, Job: &correlator.Job{Queue: "y", JobType: "t",
+						JobKey: fmt.Sprintf("new%d-%d", round, i), JobData: []byte(`{}`), MaxAttempts: 1, Priority: 100, ThrottleFactor: 1,
+						TimeoutSeconds: 3600}})
+				}
+				plans()
+				res, err := st.IntakeApply(ctx, b)
+				if err != nil || len(res.Claimed) != 10 {
+					t.Fatalf("round %d: claimed %d of 10: %v", round, len(res.Claimed), err)
+				}
+				for _, e := range plans() {
+					if !strings.Contains(e.Query, "INSERT INTO hipq_job") {
+						continue
+					}
+					pages := 0.0
+					e.Plan.walk(func(n planNode) {
+						if n.str("Relation Name") != "hipq_job" || n.str("Node Type") == "ModifyTable" { // (the insert itself)
+							return
+						}
+						if strings.Contains(n.str("Node Type"), "Seq Scan") {
+							t.Errorf("round %d: a scan of hipq_job", round)
+						}
+						hit, _ := n["Shared Hit Blocks"].(float64)
+						read, _ := n["Shared Read Blocks"].(float64)
+						pages += hit + read
+					})
+					if pages > 40 {
+						js, _ := json.MarshalIndent(e.Plan, "", " ")
+						t.Errorf("round %d: %v pages of hipq_job read to store 10 jobs:\n%s", round, pages, js)
+					}
+				}
+			}
+		})
+	}
+}
+
 // The sweeper's timeouts read the running jobs whose time is up, not every
 // running job: beside 5,000 jobs running within their timeout and 100,000
 // final ones, on statistics taken when the table was empty, each queue's
