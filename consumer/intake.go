@@ -38,7 +38,7 @@ type Intake struct {
 // room for due jobs the intake claims as it stores them (a write of the
 // row instead of an insert and a claim), and sends them once stored.
 type Claimer interface {
-	Reserve(queue string, n int) *dispatcher.Reservation
+	Reserve(queue string, jobTypes []string) *dispatcher.Reservation
 }
 
 // ClaimFor lets the intake claim the due jobs it stores for c to send
@@ -124,7 +124,11 @@ func (in *Intake) reserve(jobs []store.IntakeJob) map[string]*dispatcher.Reserva
 	}
 	rs := map[string]*dispatcher.Reservation{}
 	for q, idx := range by {
-		r := in.claimer.Reserve(q, len(idx))
+		types := make([]string, len(idx))
+		for k, i := range idx {
+			types[k] = jobs[i].Job.JobType
+		}
+		r := in.claimer.Reserve(q, types)
 		if r == nil {
 			continue
 		}

@@ -131,6 +131,10 @@ type Config struct {
 	// context (TraceLink: linked to it instead); nil: no tracing work.
 	Tracer    trace.Tracer
 	TraceLink bool
+	// IntakeClaimsFor bounds how long after its batch's transaction began
+	// a job claimed at intake may still be sent (Reservation.Deliver):
+	// well within the rescue's send bound plus grace. 0: DefaultIntakeClaimsFor.
+	IntakeClaimsFor time.Duration
 }
 
 // Defaults of Config.
@@ -138,6 +142,7 @@ const (
 	DefaultInterval        = time.Second
 	DefaultBatchSize       = 500
 	DefaultInFlightBatches = 4
+	DefaultIntakeClaimsFor = 10 * time.Second
 )
 
 // WithDefaults returns c with every unset field at its default.
@@ -145,6 +150,7 @@ func (c Config) WithDefaults() Config {
 	c.Interval = cmp.Or(c.Interval, DefaultInterval)
 	c.BatchSize = cmp.Or(c.BatchSize, DefaultBatchSize)
 	c.MaxInFlight = cmp.Or(c.MaxInFlight, DefaultInFlightBatches*c.BatchSize)
+	c.IntakeClaimsFor = cmp.Or(c.IntakeClaimsFor, DefaultIntakeClaimsFor)
 	return c
 }
 
@@ -170,6 +176,9 @@ type Dispatcher struct {
 	rateWakeAt time.Time
 	// stopping: Run is draining; no more room is reserved for the intake.
 	stopping bool
+	// backlog: queues whose last round claimed a full batch (more may be
+	// due): the intake reserves no room in them, the backlog comes first.
+	backlog map[string]bool
 }
 
 // outage is a neighbour refusing sends (or whose sends could not start).
@@ -189,7 +198,7 @@ func New(log *zap.Logger, st *store.Store, cfg Config) *Dispatcher {
 		}
 	}
 	return &Dispatcher{log: log.Named("dispatcher"), st: st, cfg: cfg, wake: make(chan struct{}, 1), typeWindows: tw,
-		outages: map[string]*outage{}, byType: map[string]int{}, m: metrics.Or(cfg.Metrics)}
+		outages: map[string]*outage{}, byType: map[string]int{}, backlog: map[string]bool{}, m: metrics.Or(cfg.Metrics)}
 }
 
 func add(c prometheus.Counter, n int) {
@@ -311,7 +320,7 @@ func (d *Dispatcher) claimAll(ctx context.Context) (int, error) {
 // the next round).
 func (d *Dispatcher) round(ctx context.Context, q QueueConfig) (int, bool, error) {
 	open, capped := d.sendable(q)
-	total, more := 0, false
+	total, more, ran := 0, false, false
 	var errs []error
 	claim := func(types []string, limit int) {
 		if len(types) == 0 {
@@ -326,7 +335,7 @@ func (d *Dispatcher) round(ctx context.Context, q QueueConfig) (int, bool, error
 		}
 		n, full, err := d.claim(ctx, q, types, limit)
 		d.inflight.Add(-int64(limit))
-		total, more = total+n, more || full
+		total, more, ran = total+n, more || full, true
 		if err != nil {
 			errs = append(errs, err)
 		}
@@ -336,6 +345,11 @@ func (d *Dispatcher) round(ctx context.Context, q QueueConfig) (int, bool, error
 	// room: a slow downstream's jobs never wait for slots in numbers.
 	for _, name := range slices.Sorted(maps.Keys(capped)) {
 		claim([]string{name}, capped[name])
+	}
+	if ran { // (no room, no claim: whether work is left is not known)
+		d.mu.Lock()
+		d.backlog[q.Name] = more
+		d.mu.Unlock()
 	}
 	return total, more, errors.Join(errs...)
 }
@@ -407,19 +421,21 @@ type Reservation struct {
 	queue QueueConfig
 }
 
-// Reserve holds room in flight for up to n new jobs of queue, to be
-// claimed as the intake stores them and sent by this dispatcher: so a
-// fresh due job is written once (running) instead of inserted and then
-// claimed. Only a queue without limits (throttle, per-type caps, rates)
-// qualifies, and only types this instance sends, whose neighbour is not
-// backing off, without time windows or a cap of their own in flight:
-// everything else is claimed as usual. It holds at most a batch
-// (BatchSize), so the dispatcher's own claims always find room. It
-// returns nil when there is no room, the queue is not served here, or the
-// dispatcher is stopping.
-func (d *Dispatcher) Reserve(queue string, n int) *Reservation {
+// Reserve holds room in flight for new jobs of queue (jobTypes: one entry
+// per job), to be claimed as the intake stores them and sent by this
+// dispatcher: so a fresh due job is written once (running) instead of
+// inserted and then claimed. Only a queue without limits (throttle,
+// per-type caps, rates) qualifies, and only types this instance sends,
+// whose neighbour is not backing off, without time windows or a cap of
+// their own in flight: everything else is claimed as usual. It holds room
+// for the jobs of those types only, at most a batch (BatchSize), and none
+// while the queue has a backlog (the dispatcher's last round claimed a
+// full batch: those jobs come first, and need the room). It returns nil
+// when there is no room, the queue is not served here, or the dispatcher
+// is stopping.
+func (d *Dispatcher) Reserve(queue string, jobTypes []string) *Reservation {
 	i := slices.IndexFunc(d.cfg.Queues, func(q QueueConfig) bool { return q.Name == queue })
-	if i < 0 || n <= 0 {
+	if i < 0 || len(jobTypes) == 0 {
 		return nil
 	}
 	q := d.cfg.Queues[i]
@@ -433,12 +449,18 @@ func (d *Dispatcher) Reserve(queue string, n int) *Reservation {
 			types[name] = true
 		}
 	}
-	if len(types) == 0 {
+	n := 0
+	for _, t := range jobTypes {
+		if types[t] {
+			n++
+		}
+	}
+	if n == 0 {
 		return nil
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.stopping {
+	if d.stopping || d.backlog[queue] {
 		return nil
 	}
 	k := d.take(min(n, d.cfg.BatchSize))
@@ -463,26 +485,37 @@ func (r *Reservation) Takes(jobType string) bool { return r.types[jobType] }
 // (its batch committed), one per neighbour, and gives back the room they
 // did not use.
 //
-// A claim made longer ago than StaleIntakeClaim (its batch's transaction
-// was that slow) is undone instead, never sent: the longer a claim waits,
-// the nearer the rescue of unsent claims, which may take it back while
-// its request is going out.
+// A claim made longer ago than Config.IntakeClaimsFor (its batch's
+// transaction was that slow) is undone instead, never sent: the longer a
+// claim waits, the nearer the rescue of unsent claims, which may take it
+// back while its request is going out. The undo is a delivery record,
+// tried again while PostgreSQL's failure may pass, and Run's drain waits
+// for it.
 func (r *Reservation) Deliver(ctx context.Context, jobs []store.Claimed) {
 	d := r.d
 	ctx = context.WithoutCancel(ctx)
 	var stale []store.AttemptRef
 	fresh := jobs[:0:0]
 	for i := range jobs {
-		if time.Since(jobs[i].ClaimedLocal) > StaleIntakeClaim {
+		if time.Since(jobs[i].ClaimedLocal) > d.cfg.IntakeClaimsFor {
 			stale = append(stale, jobs[i].Ref())
 		} else {
 			fresh = append(fresh, jobs[i])
 		}
 	}
 	if len(stale) > 0 {
-		n, err := d.st.JobUndoClaim(ctx, stale)
-		d.log.Warn("jobs claimed at intake undone: their batch took too long to store", zap.String("queue", r.queue.Name),
-			zap.Int("jobs", len(stale)), zap.Int("undone", n), zap.Duration("bound", StaleIntakeClaim), zap.Error(err))
+		d.sends.Add(1) // (the reservation's count holds Run's drain open until then)
+		go func() {
+			defer d.sends.Done()
+			res, err := d.record(ctx, store.Delivery{Undo: stale})
+			if err != nil {
+				d.log.Error("jobs claimed at intake too long ago could not be undone; the rescue of unsent claims will",
+					zap.String("queue", r.queue.Name), zap.Int("jobs", len(stale)), zap.Error(err))
+				return
+			}
+			d.log.Warn("jobs claimed at intake undone, not sent: their batch took too long to store", zap.String("queue", r.queue.Name),
+				zap.Int("jobs", len(stale)), zap.Int("undone", res.Undone), zap.Duration("bound", d.cfg.IntakeClaimsFor))
+		}()
 	}
 	if len(fresh) > 0 {
 		add(d.m.Claimed.WithLabelValues(r.queue.Name), len(fresh))
@@ -490,11 +523,6 @@ func (r *Reservation) Deliver(ctx context.Context, jobs []store.Claimed) {
 	}
 	r.Release()
 }
-
-// StaleIntakeClaim bounds how long after it began an intake batch's claims
-// may still be sent (Reservation.Deliver); well within the rescue's send
-// bound plus grace.
-const StaleIntakeClaim = 10 * time.Second
 
 // Release gives the reservation's room back (its batch failed, or claimed
 // nothing); after Deliver it does nothing.

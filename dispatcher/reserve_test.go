@@ -2,6 +2,7 @@ package dispatcher_test
 
 import (
 	"context"
+	"slices"
 	"testing"
 	"time"
 
@@ -30,18 +31,22 @@ func TestReserveBoundsTheIntakeClaims(t *testing.T) {
 	d := dispatcher.New(zaptest.NewLogger(t), st, dispatcher.Config{Instance: "test", BatchSize: 100, MaxInFlight: 10,
 		Queues: []dispatcher.QueueConfig{{Name: "default"}, {Name: "held", Throttle: correlator.Throttle{Limit: 5}}}, Types: tys,
 		Senders: map[string]dispatcher.Sender{"alo": s, "amo": s, "windowed": s}})
-	if d.Reserve("held", 3) != nil || d.Reserve("nowhere", 3) != nil {
+	alo := func(n int) []string { return slices.Repeat([]string{"alo"}, n) }
+	if d.Reserve("held", alo(3)) != nil || d.Reserve("nowhere", alo(3)) != nil {
 		t.Fatal("room reserved in a queue with limits, or one not served")
 	}
-	r := d.Reserve("default", 4)
+	if d.Reserve("default", []string{"windowed", "unsendable"}) != nil {
+		t.Fatal("room reserved for jobs of types it may not claim")
+	}
+	r := d.Reserve("default", append(alo(4), "windowed"))
 	if r == nil || r.Room() != 4 || !r.Takes("alo") || !r.Takes("amo") || r.Takes("windowed") || r.Takes("unsendable") {
 		t.Fatalf("reservation %+v", r)
 	}
-	r2 := d.Reserve("default", 100)
+	r2 := d.Reserve("default", alo(100))
 	if r2 == nil || r2.Room() != 6 {
 		t.Fatalf("second reservation: %+v, want the 6 left of 10", r2)
 	}
-	if d.Reserve("default", 1) != nil {
+	if d.Reserve("default", alo(1)) != nil {
 		t.Fatal("room reserved past MaxInFlight")
 	}
 	r2.Release()
@@ -64,7 +69,7 @@ func TestReserveBoundsTheIntakeClaims(t *testing.T) {
 	if n := scalar(t, st, `SELECT count(*) FROM hipq_attempt WHERE instance = 'test' AND sent_at IS NOT NULL`); n != 3 {
 		t.Fatalf("%d of 3 jobs claimed at intake sent and recorded", n)
 	}
-	if r := d.Reserve("default", 100); r == nil || r.Room() != 10 {
+	if r := d.Reserve("default", alo(100)); r == nil || r.Room() != 10 {
 		t.Fatalf("room after the deliveries: %+v, want all 10 back", r)
 	} else {
 		r.Release()
@@ -80,14 +85,14 @@ func TestReserveBoundsTheIntakeClaims(t *testing.T) {
 	case <-time.After(time.Minute):
 		t.Fatal("Run did not stop")
 	}
-	if d.Reserve("default", 1) != nil {
+	if d.Reserve("default", alo(1)) != nil {
 		t.Fatal("a stopped dispatcher reserved room")
 	}
 }
 
 // A reservation holds at most a batch of room, so the dispatcher's own
 // claims find room beside the intake's; and jobs claimed at intake whose
-// batch took longer than StaleIntakeClaim to store are undone, never
+// batch took longer than IntakeClaimsFor to store are undone, never
 // sent (the rescue of unsent claims draws near).
 func TestReservationsAreBoundedAndFresh(t *testing.T) {
 	t.Parallel()
@@ -96,7 +101,7 @@ func TestReservationsAreBoundedAndFresh(t *testing.T) {
 	s := dispatcher.NewKafkaSender(cl, map[string]dispatcher.KafkaRoute{"alo": {Topic: topic}})
 	d := dispatcher.New(zaptest.NewLogger(t), st, dispatcher.Config{Instance: "test", BatchSize: 3, MaxInFlight: 100,
 		Queues: []dispatcher.QueueConfig{{Name: "default"}}, Types: types(), Senders: map[string]dispatcher.Sender{"alo": s}})
-	r := d.Reserve("default", 50)
+	r := d.Reserve("default", slices.Repeat([]string{"alo"}, 50))
 	if r == nil || r.Room() != 3 {
 		t.Fatalf("reservation %+v, want a batch (3)", r)
 	}
@@ -115,19 +120,82 @@ func TestReservationsAreBoundedAndFresh(t *testing.T) {
 		c := &res.Claimed[i]
 		claims[c.JobKey] = c.StartedAt
 		if c.JobKey == "stale" {
-			c.ClaimedLocal = time.Now().Add(-dispatcher.StaleIntakeClaim - time.Second)
+			c.ClaimedLocal = time.Now().Add(-dispatcher.DefaultIntakeClaimsFor - time.Second)
 		}
 	}
 	r.Deliver(ctx, res.Claimed)
-	// The stale claim was undone (and the dispatcher's own claim then
-	// took the job again, a claim of its own); the fresh one was sent.
-	if _, err := d.RunOnce(ctx); err != nil {
+	// The stale claim is undone, the fresh one sent (no claim round runs
+	// here: the undone job stays waiting).
+	waitFor(t, "the fresh claim sent and the stale one undone", func() bool {
+		return scalar(t, st, `SELECT count(*) FROM hipq_attempt WHERE sent_at IS NOT NULL`) == 1 &&
+			scalar(t, st, `SELECT count(*) FROM hipq_job WHERE job_key = 'stale' AND state = 'initial'`) == 1
+	})
+	if j, err := st.JobGet(ctx, "alo", "fresh"); err != nil || j.State != correlator.StateRunning || !j.StartedAt.Equal(claims["fresh"]) {
+		t.Fatalf("fresh: %+v %v, want the intake's claim running", j, err)
+	}
+	if j, err := st.JobGet(ctx, "alo", "stale"); err != nil || j.StartedAt != nil && j.StartedAt.Equal(claims["stale"]) {
+		t.Fatalf("stale: %+v %v, want the intake's claim undone", j, err)
+	}
+	if n := scalar(t, st, `SELECT count(*) FROM hipq_attempt WHERE sent_at IS NOT NULL`); n != 1 {
+		t.Fatalf("%d attempts sent, want the fresh one", n)
+	}
+}
+
+// gate holds every send until it is opened, and says when it holds some.
+type gate struct {
+	held chan struct{}
+	open chan struct{}
+}
+
+func (g *gate) Transport() string             { return "stub" }
+func (g *gate) Route(string) dispatcher.Route { return dispatcher.Route{Neighbour: "stub"} }
+func (g *gate) Send(_ context.Context, jobs []store.Claimed) []dispatcher.Result {
+	select {
+	case g.held <- struct{}{}:
+	default:
+	}
+	<-g.open
+	return make([]dispatcher.Result, len(jobs)) // (Sent)
+}
+
+// While the dispatcher's last round claimed a full batch (a backlog: due
+// jobs waiting, which come first), the intake reserves no room in that
+// queue, though room is free.
+func TestNoReservationBesideABacklog(t *testing.T) {
+	t.Parallel()
+	st := pgtest.New(t)
+	g := &gate{held: make(chan struct{}, 1), open: make(chan struct{})}
+	d := dispatcher.New(zaptest.NewLogger(t), st, dispatcher.Config{Instance: "test", BatchSize: 5, MaxInFlight: 5,
+		Queues: []dispatcher.QueueConfig{{Name: "default"}}, Types: types(), Senders: map[string]dispatcher.Sender{"alo": g}})
+	insert(t, st, "alo", 12)
+	done := make(chan error, 1)
+	go func() { _, err := d.RunOnce(ctx); done <- err }()
+	select {
+	case <-g.held: // a full batch claimed, its sends held: no room for another round
+	case <-time.After(time.Minute):
+		t.Fatal("nothing claimed")
+	}
+	close(g.open)
+	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	for k, same := range map[string]bool{"stale": false, "fresh": true} {
-		j, err := st.JobGet(ctx, "alo", k)
-		if err != nil || j.State != correlator.StateRunning || j.Attempt != 1 || j.StartedAt.Equal(claims[k]) != same {
-			t.Fatalf("%s: %+v %v; the intake's claim sent: %v", k, j, err, !same)
+	// The room is free again; 7 jobs are due.
+	if r := d.Reserve("default", []string{"alo"}); r != nil {
+		r.Release()
+		t.Fatal("room reserved beside a backlog")
+	}
+	for { // the backlog drained
+		n, err := d.RunOnce(ctx)
+		if err != nil {
+			t.Fatal(err)
 		}
+		if n == 0 {
+			break
+		}
+	}
+	if r := d.Reserve("default", []string{"alo"}); r == nil {
+		t.Fatal("no room reserved once the backlog drained")
+	} else {
+		r.Release()
 	}
 }

@@ -222,7 +222,13 @@ func jobsInsert(ctx context.Context, tx pgx.Tx, jobs []IntakeJob, instance strin
 			return nil, nil, fmt.Errorf("insert jobs: %w", err)
 		}
 	}
-	rows, err := tx.Query(ctx, `
+	// A batch that claims runs a text of its own (the comment): its cached
+	// plans are made with sequential scans off, never one made without.
+	q := "/* stores */"
+	if claiming {
+		q = "/* stores and claims */"
+	}
+	rows, err := tx.Query(ctx, q+`
 		WITH n AS (
 		  SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::jsonb[], $5::int[], $6::int[], $7::int[],
 		                       $8::int[], $9::timestamptz[], $10::timestamptz[], $11::jsonb[], $12::text[], $13::text[],

@@ -164,9 +164,12 @@ func newApp(ctx context.Context, cfg *config.Config, log *zap.Logger, opts appOp
 			return nil, err
 		}
 	}
-	if a.intake != nil && a.dispatcher != nil {
+	if a.intake != nil && a.dispatcher != nil && a.cfg.Dispatch.Grace.D() >= time.Second {
 		// Due jobs read here are claimed as they are stored, for this
 		// instance's dispatcher to send: one write of the row, not two.
+		// (A claim must be sent within grace/2 of its start, as HTTP
+		// sends must: with less grace than a second, the dispatcher
+		// claims them.)
 		a.intake.ClaimFor(a.dispatcher, a.instance)
 	}
 	if a.api == nil && slices.Equal(opts.roles, []string{"api"}) {
@@ -315,7 +318,8 @@ func (a *app) buildDispatcher(context.Context) error {
 	}
 	a.dispatcher = dispatcher.New(a.log, a.st, dispatcher.Config{Instance: a.instance, Interval: cfg.Dispatch.Interval.D(),
 		BatchSize: cfg.Dispatch.BatchSize, Queues: queues, Types: a.types, Senders: senders, Metrics: a.metrics,
-		DeadLetters: a.replyCopies, Tracer: a.tracing.Tracer, TraceLink: a.tracing.Link})
+		DeadLetters: a.replyCopies, Tracer: a.tracing.Tracer, TraceLink: a.tracing.Link,
+		IntakeClaimsFor: min(dispatcher.DefaultIntakeClaimsFor, cfg.Dispatch.Grace.D()/2)})
 	return nil
 }
 
