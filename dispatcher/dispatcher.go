@@ -132,8 +132,10 @@ type Config struct {
 	Tracer    trace.Tracer
 	TraceLink bool
 	// IntakeClaimsFor bounds how long after its batch's transaction began
-	// a job claimed at intake may still be sent (Reservation.Deliver):
-	// well within the rescue's send bound plus grace. 0: DefaultIntakeClaimsFor.
+	// a job claimed at intake may still be sent (Reservation.Deliver): it
+	// must be well within the rescue's send bound plus grace, so a caller
+	// whose sweepers' dispatch.grace is under 20 s passes grace/2 (as
+	// cmd/hipq does). 0: DefaultIntakeClaimsFor.
 	IntakeClaimsFor time.Duration
 }
 
@@ -499,6 +501,8 @@ func (r *Reservation) Deliver(ctx context.Context, jobs []store.Claimed) {
 	for i := range jobs {
 		if time.Since(jobs[i].ClaimedLocal) > d.cfg.IntakeClaimsFor {
 			stale = append(stale, jobs[i].Ref())
+			// Counted as sends that could not start, as the transports' undone ones.
+			add(d.m.Dispatches.WithLabelValues(r.queue.Name, transportName(d.cfg.Senders[jobs[i].JobType]), statusLabels[NotSent]), 1)
 		} else {
 			fresh = append(fresh, jobs[i])
 		}
@@ -509,12 +513,13 @@ func (r *Reservation) Deliver(ctx context.Context, jobs []store.Claimed) {
 			defer d.sends.Done()
 			res, err := d.record(ctx, store.Delivery{Undo: stale})
 			if err != nil {
-				d.log.Error("jobs claimed at intake too long ago could not be undone; the rescue of unsent claims will",
+				d.log.Error("jobs claimed at intake too long ago could not be undone; the rescue of unsent claims will take them",
 					zap.String("queue", r.queue.Name), zap.Int("jobs", len(stale)), zap.Error(err))
 				return
 			}
 			d.log.Warn("jobs claimed at intake undone, not sent: their batch took too long to store", zap.String("queue", r.queue.Name),
 				zap.Int("jobs", len(stale)), zap.Int("undone", res.Undone), zap.Duration("bound", d.cfg.IntakeClaimsFor))
+			d.Wake() // they wait to be claimed now
 		}()
 	}
 	if len(fresh) > 0 {

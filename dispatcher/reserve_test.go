@@ -6,10 +6,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/zap/zaptest"
 
 	"github.com/hipq/hipq/correlator"
 	"github.com/hipq/hipq/dispatcher"
+	"github.com/hipq/hipq/internal/metrics"
 	"github.com/hipq/hipq/internal/pgtest"
 	"github.com/hipq/hipq/store"
 )
@@ -99,7 +101,8 @@ func TestReservationsAreBoundedAndFresh(t *testing.T) {
 	st := pgtest.New(t)
 	_, topic, cl := requestTopic(t)
 	s := dispatcher.NewKafkaSender(cl, map[string]dispatcher.KafkaRoute{"alo": {Topic: topic}})
-	d := dispatcher.New(zaptest.NewLogger(t), st, dispatcher.Config{Instance: "test", BatchSize: 3, MaxInFlight: 100,
+	m := metrics.New()
+	d := dispatcher.New(zaptest.NewLogger(t), st, dispatcher.Config{Instance: "test", BatchSize: 3, MaxInFlight: 100, Metrics: m,
 		Queues: []dispatcher.QueueConfig{{Name: "default"}}, Types: types(), Senders: map[string]dispatcher.Sender{"alo": s}})
 	r := d.Reserve("default", slices.Repeat([]string{"alo"}, 50))
 	if r == nil || r.Room() != 3 {
@@ -138,6 +141,9 @@ func TestReservationsAreBoundedAndFresh(t *testing.T) {
 	}
 	if n := scalar(t, st, `SELECT count(*) FROM hipq_attempt WHERE sent_at IS NOT NULL`); n != 1 {
 		t.Fatalf("%d attempts sent, want the fresh one", n)
+	}
+	if n := testutil.ToFloat64(m.Dispatches.WithLabelValues("default", "kafka", "not_sent")); n != 1 {
+		t.Fatalf("hipq_dispatches_total{status=not_sent} = %v, want the stale claim", n)
 	}
 }
 
