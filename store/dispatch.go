@@ -397,8 +397,7 @@ func jobsUndoClaim(ctx context.Context, tx pgx.Tx, refs []AttemptRef) (int, erro
 		  WHERE j.queue = $3 AND j.id = u.id AND j.state = 'running' AND j.attempt = u.att
 		    AND (u.claim IS NULL OR j.started_at = u.claim)
 		    AND EXISTS (SELECT 1 FROM hipq_attempt a
-		                WHERE a.queue = $3 AND a.job_id = u.id AND a.attempt = u.att AND a.sent_at IS NULL AND a.outcome IS NULL
-		                  AND a.progress_at IS NULL)
+		                WHERE a.queue = $3 AND a.job_id = u.id AND a.attempt = u.att AND `+notKnownSent+`)
 		  RETURNING j.id, u.att
 		), del AS (
 		  DELETE FROM hipq_attempt a USING undone
@@ -414,6 +413,12 @@ func jobsUndoClaim(ctx context.Context, tx pgx.Tx, refs []AttemptRef) (int, erro
 	}
 	return total, nil
 }
+
+// notKnownSent is the condition on an attempt row (a) whose request is not
+// known to have left: no sent_at, no news, no outcome. The search for
+// unsent claims, the rescue's undo and end, and the timeouts (which leave
+// these claims to the rescue) all read this one condition.
+const notKnownSent = "a.sent_at IS NULL AND a.progress_at IS NULL AND a.outcome IS NULL"
 
 // JobFailUnsent ends claims the rescue found unsent and may not undo
 // (at_most_once: the request may have left), each as its Resolve says,
@@ -446,7 +451,7 @@ func (s *Store) JobFailUnsent(ctx context.Context, rs []Resolve) ([]AttemptRef, 
 				SELECT u.ord FROM unnest($1::bigint[], $2::int[]) WITH ORDINALITY AS u(id, att, ord)
 				WHERE EXISTS (SELECT 1 FROM hipq_attempt a
 				              WHERE a.queue = $3 AND a.job_id = u.id AND a.attempt = u.att
-				                AND a.sent_at IS NULL AND a.outcome IS NULL AND a.progress_at IS NULL)`, ids, atts, q)
+				                AND `+notKnownSent+`)`, ids, atts, q)
 			if err != nil {
 				return err
 			}

@@ -212,20 +212,17 @@ func jobsInsert(ctx context.Context, tx pgx.Tx, jobs []IntakeJob, instance strin
 	if !claiming {
 		claim = nil
 	}
-	local := time.Now() // (IntakeApply sets an earlier one: before its transaction began)
+	q := "/* stores */"
 	if claiming {
 		// The probe of each queue's due jobs reads the due index, whatever
 		// statistics say (taken while the table was empty, they would have
 		// it read the table): as the claim does, no sequential scans for
-		// the rest of this transaction.
+		// the rest of this transaction. And a text of its own (the
+		// comment): its cached plans are made with sequential scans off,
+		// never one made without.
 		if _, err := tx.Exec(ctx, "SET LOCAL enable_seqscan = off"); err != nil {
 			return nil, nil, fmt.Errorf("insert jobs: %w", err)
 		}
-	}
-	// A batch that claims runs a text of its own (the comment): its cached
-	// plans are made with sequential scans off, never one made without.
-	q := "/* stores */"
-	if claiming {
 		q = "/* stores and claims */"
 	}
 	rows, err := tx.Query(ctx, q+`
@@ -298,7 +295,7 @@ func jobsInsert(ctx context.Context, tx pgx.Tx, jobs []IntakeJob, instance strin
 			claimed = append(claimed, Claimed{ID: *id, Queue: j.Queue, JobType: j.JobType, JobKey: j.JobKey,
 				JobData: append(json.RawMessage(nil), stored...),
 				Attempt: 1, MaxAttempts: j.MaxAttempts, TimeoutSeconds: j.TimeoutSeconds, ExpiresAt: j.ExpiresAt,
-				StartedAt: *started, ClaimedLocal: local})
+				StartedAt: *started}) // (ClaimedLocal: IntakeApply's, before its transaction began)
 		}
 		return nil
 	}); err != nil {

@@ -130,7 +130,7 @@ const runningTimeoutValues = 32
 const attemptDue = `NOT EXISTS (SELECT 1 FROM hipq_attempt a
 		                  WHERE a.queue = $2 AND a.job_id = r.id AND a.attempt = r.attempt
 		                    AND (a.deadline >= now()
-		                         OR (a.sent_at IS NULL AND a.progress_at IS NULL AND a.outcome IS NULL AND r.job_type = ANY ($3)))
+		                         OR (` + notKnownSent + ` AND r.job_type = ANY ($3)))
 		                  OFFSET 0)`
 
 // timingOutSQL finds and locks up to $1 running jobs of queue $2 whose
@@ -284,7 +284,7 @@ var findUnsentSQL = runningTimeouts("$5") + `, cand AS (
 		CROSS JOIN LATERAL (SELECT b.dispatched_at, b.sent_at, b.outcome, b.progress_at FROM hipq_attempt b
 		                    WHERE b.queue = j.queue AND b.job_id = j.id AND b.attempt = j.attempt OFFSET 0) a
 		JOIN unnest($1::text[], $2::float8[]) AS t(job_type, secs) ON t.job_type = j.job_type
-		WHERE a.sent_at IS NULL AND a.outcome IS NULL AND a.progress_at IS NULL
+		WHERE ` + notKnownSent + `
 		)
 		(SELECT queue, id, attempt, job_type, dispatched_at, started_at FROM cand WHERE due ORDER BY started_at LIMIT $4)
 		UNION ALL
