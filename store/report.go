@@ -38,6 +38,10 @@ type Latencies struct {
 	Last                 time.Time  // the last job's end
 	P50, P99, Max        float64    // produced → final
 	Intake, Claim, Reply [2]float64 // p50, p99 of produced → stored, stored → claimed, claimed → final
+	// The second of production (counted from the first job produced)
+	// whose jobs had the highest p99, and that p99: where the tail is.
+	SlowestSecond int
+	SlowestP99    float64
 }
 
 // BenchLatencies reads the latencies of a bench run: the succeeded jobs
@@ -59,6 +63,16 @@ func (s *Store) BenchLatencies(ctx context.Context, jobType string) (Latencies, 
 		&l.Intake[0], &l.Intake[1], &l.Claim[0], &l.Claim[1], &l.Reply[0], &l.Reply[1])
 	if err != nil {
 		return l, fmt.Errorf("read bench latencies: %w", err)
+	}
+	err = s.pool.QueryRow(ctx, `
+		SELECT sec, percentile_cont(0.99) WITHIN GROUP (ORDER BY lat) AS p99 FROM (
+		  SELECT floor((t - min(t) OVER ()) / 1e9)::int AS sec, lat
+		  FROM (SELECT (job_data->>'t')::float8 AS t,
+		               (extract(epoch FROM update_time) * 1e9 - (job_data->>'t')::float8) / 1e6 AS lat
+		        FROM hipq_job WHERE job_type = $1 AND state = 'final' AND outcome = 'succeeded') j) s
+		GROUP BY sec ORDER BY p99 DESC LIMIT 1`, jobType).Scan(&l.SlowestSecond, &l.SlowestP99)
+	if err != nil {
+		return l, fmt.Errorf("read bench latencies by second: %w", err)
 	}
 	return l, nil
 }

@@ -32,18 +32,23 @@ job_types:
 `
 
 type benchResult struct {
-	Jobs         int     `json:"jobs"`
-	Seconds      float64 `json:"seconds"`
-	JobsPerSec   float64 `json:"jobs_per_sec"`
-	P50ms        float64 `json:"p50_ms"`
-	P99ms        float64 `json:"p99_ms"`
-	MaxMs        float64 `json:"max_ms"`
-	PeakRSSBytes int64   `json:"peak_rss_bytes"` // the largest of the instances'
-	Instances    int     `json:"instances"`
-	Rate         float64 `json:"rate,omitempty"` // offered load, jobs/s (open loop)
-	Backlog      int     `json:"backlog,omitempty"`
-	FinalRows    int     `json:"final_rows,omitempty"`
-	PrunedPerSec float64 `json:"pruned_per_sec,omitempty"`
+	Jobs       int     `json:"jobs"`
+	Seconds    float64 `json:"seconds"`
+	JobsPerSec float64 `json:"jobs_per_sec"`
+	P50ms      float64 `json:"p50_ms"`
+	P99ms      float64 `json:"p99_ms"`
+	MaxMs      float64 `json:"max_ms"`
+	// The second of the run (1 = the first, counted from the first job
+	// produced) whose jobs had the highest p99, and that p99: where the
+	// tail came from (a start, a checkpoint), not only how long it was.
+	SlowestSecond int     `json:"slowest_second"`
+	SlowestP99ms  float64 `json:"slowest_second_p99_ms"`
+	PeakRSSBytes  int64   `json:"peak_rss_bytes"` // the largest of the instances'
+	Instances     int     `json:"instances"`
+	Rate          float64 `json:"rate,omitempty"` // offered load, jobs/s (open loop)
+	Backlog       int     `json:"backlog,omitempty"`
+	FinalRows     int     `json:"final_rows,omitempty"`
+	PrunedPerSec  float64 `json:"pruned_per_sec,omitempty"`
 	// StatementUsPerJob is PostgreSQL's statement time per job (with
 	// --db-profile).
 	StatementUsPerJob float64 `json:"statement_us_per_job,omitempty"`
@@ -319,6 +324,7 @@ func cmdBench(args []string, stdout io.Writer) error {
 		return err
 	}
 	res.P50ms, res.P99ms, res.MaxMs = lat.P50, lat.P99, lat.Max
+	res.SlowestSecond, res.SlowestP99ms = lat.SlowestSecond+1, lat.SlowestP99
 	last, stages := lat.Last, [3][2]float64{lat.Intake, lat.Claim, lat.Reply}
 	res.Seconds = last.Sub(start).Seconds()
 	res.JobsPerSec = float64(o.n) / res.Seconds
@@ -327,8 +333,8 @@ func cmdBench(args []string, stdout io.Writer) error {
 	}
 	fmt.Fprintf(stdout, "  %d jobs in %.2fs: %.0f jobs/s; round trip p50 %.1f ms, p99 %.1f ms, max %.1f ms; peak RSS %.0f MiB per hipq instance (largest of %d)\n",
 		res.Jobs, res.Seconds, res.JobsPerSec, res.P50ms, res.P99ms, res.MaxMs, float64(res.PeakRSSBytes)/(1<<20), o.instances)
-	fmt.Fprintf(stdout, "  where jobs waited, p50/p99 ms: produce→stored %.0f/%.0f, stored→claimed %.0f/%.0f, claimed→final %.0f/%.0f\n",
-		stages[0][0], stages[0][1], stages[1][0], stages[1][1], stages[2][0], stages[2][1])
+	fmt.Fprintf(stdout, "  where jobs waited, p50/p99 ms: produce→stored %.0f/%.0f, stored→claimed %.0f/%.0f, claimed→final %.0f/%.0f; slowest second: the %s (p99 %.1f ms)\n",
+		stages[0][0], stages[0][1], stages[1][0], stages[1][1], stages[2][0], stages[2][1], ordinal(res.SlowestSecond), res.SlowestP99ms)
 	if o.expired {
 		fmt.Fprintf(stdout, "  retention prune: %.0f rows/s over the run (%.0f of %d past retention)\n", res.PrunedPerSec, pruned, o.finalRows)
 	}
@@ -359,4 +365,19 @@ func printProfile(w io.Writer, profile []store.StatementTime, err error, n int) 
 		fmt.Fprintf(w, "    %-34s %8d %10d %10.0f %8.1f %5.1f%%\n", p.Family, p.Calls, p.Rows, p.Millis, p.Millis*1000/float64(n), 100*p.Millis/max(total, 1))
 	}
 	return total * 1000 / float64(n)
+}
+
+// ordinal spells n as "1st", "2nd", "3rd", "4th", ...
+func ordinal(n int) string {
+	suffix := "th"
+	switch {
+	case n%100 >= 11 && n%100 <= 13:
+	case n%10 == 1:
+		suffix = "st"
+	case n%10 == 2:
+		suffix = "nd"
+	case n%10 == 3:
+		suffix = "rd"
+	}
+	return strconv.Itoa(n) + suffix
 }

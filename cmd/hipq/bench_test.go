@@ -49,10 +49,11 @@ func TestBenchFlags(t *testing.T) {
 		t.Fatalf("%v\n%s", err, out.String())
 	}
 	if res.Jobs != 400 || res.Instances != 2 || res.Rate != 200 || res.Backlog != 500 || res.FinalRows != 3000 ||
-		res.MaxMs < res.P99ms || res.PeakRSSBytes <= 0 || res.PrunedPerSec <= 0 {
+		res.MaxMs < res.P99ms || res.PeakRSSBytes <= 0 || res.PrunedPerSec <= 0 ||
+		res.SlowestSecond < 1 || res.SlowestSecond > 3 || res.SlowestP99ms <= 0 || res.SlowestP99ms > res.MaxMs {
 		t.Fatalf("%+v\n%s", res, out.String())
 	}
-	for _, want := range []string{"2 hipq instance(s)", "retention prune:", "db profile"} {
+	for _, want := range []string{"2 hipq instance(s)", "retention prune:", "db profile", "slowest second: the "} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("the output does not say %q:\n%s", want, out.String())
 		}
