@@ -87,9 +87,12 @@ func (in *Intake) apply(ctx context.Context, recs []*kgo.Record, adv []store.Off
 		return nil, err
 	}
 	return func() {
-		claimed := map[*dispatcher.Reservation][]store.Claimed{}
+		claimed := make(map[*dispatcher.Reservation][]store.Claimed, len(rs))
 		for _, c := range res.Claimed {
 			r := rs[c.Queue]
+			if claimed[r] == nil {
+				claimed[r] = make([]store.Claimed, 0, len(res.Claimed))
+			}
 			claimed[r] = append(claimed[r], c)
 		}
 		for _, r := range rs {
@@ -169,7 +172,8 @@ func (in *Intake) poison(ctx context.Context, rec *kgo.Record, adv []store.Offse
 // dead letter; of several requests for one (type, key) the first wins and
 // the others are duplicates when their job_data agree, else conflicts.
 func reduceIntake(kind string, n int, decode func(i int) (store.Source, *correlator.Job, error)) (jobs []store.IntakeJob, dls []store.DeadLetter, dups int) {
-	seen := map[[2]string]int{} // (type, key) -> index in jobs
+	seen := make(map[[2]string]int, n) // (type, key) -> index in jobs
+	jobs = make([]store.IntakeJob, 0, n)
 	for i := range n {
 		src, job, err := decode(i)
 		if err != nil {

@@ -50,7 +50,7 @@ func (rs *Responses) Run(ctx context.Context) error { return rs.g.Run(ctx) }
 
 func (rs *Responses) apply(ctx context.Context, recs []*kgo.Record, adv []store.OffsetAdvance) (func(), error) {
 	start := time.Now()
-	b := store.ReplyBatch{Group: rs.cfg.Group, Offsets: adv, EarlyTTL: rs.cfg.EarlyTTL}
+	b := store.ReplyBatch{Group: rs.cfg.Group, Offsets: adv, EarlyTTL: rs.cfg.EarlyTTL, Replies: make([]store.ReplyIn, 0, len(recs))}
 	for _, r := range recs {
 		src := source(r)
 		m, ok := rs.cfg.Matchers[r.Topic]

@@ -391,6 +391,9 @@ func (d *Dispatcher) dispatch(ctx context.Context, q QueueConfig, claimed []stor
 		}
 		s := d.cfg.Senders[c.JobType] // nil: not sendable here after all; its claim is undone
 		k := to{s, d.route(s, c.JobType).Neighbour}
+		if by[k] == nil {
+			by[k] = make([]store.Claimed, 0, len(claimed)) // most rounds have one neighbour
+		}
 		by[k] = append(by[k], c)
 	}
 	for k, jobs := range by {
@@ -497,7 +500,7 @@ func (r *Reservation) Deliver(ctx context.Context, jobs []store.Claimed) {
 	d := r.d
 	ctx = context.WithoutCancel(ctx)
 	var stale []store.AttemptRef
-	fresh := jobs[:0:0]
+	fresh := make([]store.Claimed, 0, len(jobs))
 	for i := range jobs {
 		if time.Since(jobs[i].ClaimedLocal) > d.cfg.IntakeClaimsFor {
 			stale = append(stale, jobs[i].Ref())

@@ -69,12 +69,13 @@ func (r KafkaRoute) Record(c *store.Claimed) *kgo.Record {
 		value, _ = json.Marshal(envelope{JobID: c.ID, JobType: c.JobType, JobKey: c.JobKey, Attempt: c.Attempt,
 			JobData: c.JobData, ReplyTo: r.ReplyTopic})
 	}
-	rec := &kgo.Record{Topic: r.Topic, Key: []byte(c.JobKey), Value: value, Headers: []kgo.RecordHeader{
-		{Key: correlator.HeaderJobType, Value: []byte(c.JobType)},
-		{Key: correlator.HeaderJobKey, Value: []byte(c.JobKey)},
-		{Key: correlator.HeaderAttempt, Value: []byte(strconv.Itoa(c.Attempt))},
-		{Key: correlator.HeaderJobID, Value: []byte(strconv.FormatInt(c.ID, 10))},
-	}}
+	// Room for every header below at once: one allocation, not a regrowth.
+	headers := make([]kgo.RecordHeader, 4, 7)
+	headers[0] = kgo.RecordHeader{Key: correlator.HeaderJobType, Value: []byte(c.JobType)}
+	headers[1] = kgo.RecordHeader{Key: correlator.HeaderJobKey, Value: []byte(c.JobKey)}
+	headers[2] = kgo.RecordHeader{Key: correlator.HeaderAttempt, Value: []byte(strconv.Itoa(c.Attempt))}
+	headers[3] = kgo.RecordHeader{Key: correlator.HeaderJobID, Value: []byte(strconv.FormatInt(c.ID, 10))}
+	rec := &kgo.Record{Topic: r.Topic, Key: []byte(c.JobKey), Value: value, Headers: headers}
 	if r.ReplyTopic != "" {
 		rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: correlator.HeaderReplyTo, Value: []byte(r.ReplyTopic)})
 	}

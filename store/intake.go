@@ -279,6 +279,9 @@ func jobsInsert(ctx context.Context, tx pgx.Tx, jobs []IntakeJob, instance strin
 	}
 	out := make([]acceptStatus, n)
 	var claimed []Claimed
+	if claiming {
+		claimed = make([]Claimed, 0, n)
+	}
 	var ord int64
 	var st, got int
 	var id *int64

@@ -127,7 +127,8 @@ func applyReplies(ctx context.Context, tx pgx.Tx, ins []ReplyIn, types correlato
 	if err := progressDeadlines(ctx, tx, ins, targets); err != nil {
 		return res, err
 	}
-	var resolves []Resolve
+	resolves := make([]Resolve, 0, len(ins))
+	res.Applies = make([]AppliedReply, 0, len(ins))
 	var early []ReplyIn
 	var drop []int64 // early rows used up
 	var news []progressNews
