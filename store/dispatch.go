@@ -347,7 +347,7 @@ const markSentSQL = `
 	                        AND (u.claim IS NULL OR b.dispatched_at = u.claim)
 	                      OFFSET 0) x))`
 
-func attemptsMarkSent(ctx context.Context, tx pgx.Tx, refs []AttemptRef) error {
+func attemptsMarkSent(ctx context.Context, tx execer, refs []AttemptRef) error {
 	err := perQueue(refs, refQueue, func(q string, refs []AttemptRef) error {
 		ids, atts := refArrays(refs)
 		_, err := tx.Exec(ctx, markSentSQL, q, ids, atts, claimsOf(refs, refClaim))
@@ -536,20 +536,21 @@ type DeliveryResult struct {
 // up instead of deadlocking.
 func (s *Store) DeliveryRecord(ctx context.Context, d Delivery, types correlator.Types) (DeliveryResult, error) {
 	var res DeliveryResult
-	err := s.inTx(ctx, func(tx pgx.Tx) error {
-		res = DeliveryResult{}
-		// Every transaction that writes attempt rows holds their jobs'
-		// locks first, taken in (queue, id) order: then the order in which
-		// a statement's plan reaches the attempt rows never matters, and
-		// two such transactions wait for each other in turn, never in a
-		// cycle. (Marks taking attempt rows alone deadlocked with replies
-		// that wrote the same attempts in another order.)
-		if err := lockJobs(ctx, tx, d.refs()); err != nil {
+	// Every transaction that writes attempt rows holds their jobs' locks
+	// first, taken in (queue, id) order: then the order in which a
+	// statement's plan reaches the attempt rows never matters, and two
+	// such transactions wait for each other in turn, never in a cycle.
+	// (Marks taking attempt rows alone deadlocked with replies that wrote
+	// the same attempts in another order.) The locks and the sent marks go
+	// with the BEGIN, in its round trip.
+	open := func(b *pgx.Batch) error {
+		if err := lockJobs(ctx, queued{b, "delivered jobs"}, d.refs()); err != nil {
 			return fmt.Errorf("delivered jobs: %w", err)
 		}
-		if err := attemptsMarkSent(ctx, tx, d.Sent); err != nil {
-			return err
-		}
+		return attemptsMarkSent(ctx, queued{b, "mark attempts sent"}, d.Sent)
+	}
+	err := s.inTxOpen(ctx, open, func(tx pgx.Tx) error {
+		res = DeliveryResult{}
 		var err error
 		if res.Undone, err = jobsUndoClaim(ctx, tx, d.Undo); err != nil {
 			return err
@@ -560,7 +561,7 @@ func (s *Store) DeliveryRecord(ctx context.Context, d Delivery, types correlator
 			return err
 		}
 		if len(d.Replies) > 0 {
-			if res.Replies, err = applyReplies(ctx, tx, d.Replies, types, 0); err != nil {
+			if res.Replies, err = applyReplies(ctx, tx, d.Replies, types, 0, time.Time{}); err != nil {
 				return err
 			}
 			if err := deadLettersInsert(ctx, tx, res.Replies.DeadLetters); err != nil {

@@ -57,10 +57,8 @@ func (s *Store) IntakeApply(ctx context.Context, b IntakeBatch) (IntakeResult, e
 	// the claims' started_at: time.Since(local) bounds from above how long
 	// ago they were made (Claimed.ClaimedLocal).
 	local := time.Now()
-	err := s.inTx(ctx, func(tx pgx.Tx) error {
-		if err := offsetsAdvance(ctx, tx, b.Group, b.Offsets); err != nil {
-			return err
-		}
+	open := func(pb *pgx.Batch) error { offsetsAdvance(pb, b.Group, b.Offsets); return nil }
+	err := s.inTxOpen(ctx, open, func(tx pgx.Tx) error {
 		var err error
 		res, err = intakeWrite(ctx, tx, b.Jobs, b.DeadLetters, b.Instance)
 		return err
@@ -212,6 +210,7 @@ func jobsInsert(ctx context.Context, tx pgx.Tx, jobs []IntakeJob, instance strin
 	if !claiming {
 		claim = nil
 	}
+	var b pgx.Batch // (one round trip for all it holds)
 	q := "/* stores */"
 	if claiming {
 		// The probe of each queue's due jobs reads the due index, whatever
@@ -220,12 +219,10 @@ func jobsInsert(ctx context.Context, tx pgx.Tx, jobs []IntakeJob, instance strin
 		// the rest of this transaction. And a text of its own (the
 		// comment): its cached plans are made with sequential scans off,
 		// never one made without.
-		if _, err := tx.Exec(ctx, "SET LOCAL enable_seqscan = off"); err != nil {
-			return nil, nil, fmt.Errorf("insert jobs: %w", err)
-		}
+		b.Queue("SET LOCAL enable_seqscan = off")
 		q = "/* stores and claims */"
 	}
-	rows, err := tx.Query(ctx, q+`
+	insert := b.Queue(q+`
 		WITH n AS (
 		  SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::jsonb[], $5::int[], $6::int[], $7::int[],
 		                       $8::int[], $9::timestamptz[], $10::timestamptz[], $11::jsonb[], $12::text[], $13::text[],
@@ -274,9 +271,6 @@ func jobsInsert(ctx context.Context, tx pgx.Tx, jobs []IntakeJob, instance strin
 		LEFT JOIN ins i ON i.job_type = n.job_type AND i.job_key = n.job_key
 		WHERE (SELECT count(*) FROM notify) >= 0`,
 		queues, types, keys, data, maxAtt, prio, factor, timeout, sched, expires, windows, tparents, tstates, claim, instance)
-	if err != nil {
-		return nil, nil, fmt.Errorf("insert jobs: %w", err)
-	}
 	out := make([]acceptStatus, n)
 	var claimed []Claimed
 	if claiming {
@@ -287,21 +281,25 @@ func jobsInsert(ctx context.Context, tx pgx.Tx, jobs []IntakeJob, instance strin
 	var id *int64
 	var started *time.Time
 	var stored []byte
-	if _, err := pgx.ForEachRow(rows, []any{&ord, &st, &id, &started, &stored}, func() error {
-		if ord < 1 || ord > int64(n) {
-			return fmt.Errorf("answer for job %d of %d", ord, n)
-		}
-		out[ord-1] = acceptStatus(st)
-		got++
-		if id != nil && started != nil {
-			j := jobs[ord-1].Job
-			claimed = append(claimed, Claimed{ID: *id, Queue: j.Queue, JobType: j.JobType, JobKey: j.JobKey,
-				JobData: append(json.RawMessage(nil), stored...),
-				Attempt: 1, MaxAttempts: j.MaxAttempts, TimeoutSeconds: j.TimeoutSeconds, ExpiresAt: j.ExpiresAt,
-				StartedAt: *started}) // (ClaimedLocal: IntakeApply's, before its transaction began)
-		}
-		return nil
-	}); err != nil {
+	insert.Query(func(rows pgx.Rows) error {
+		_, err := pgx.ForEachRow(rows, []any{&ord, &st, &id, &started, &stored}, func() error {
+			if ord < 1 || ord > int64(n) {
+				return fmt.Errorf("answer for job %d of %d", ord, n)
+			}
+			out[ord-1] = acceptStatus(st)
+			got++
+			if id != nil && started != nil {
+				j := jobs[ord-1].Job
+				claimed = append(claimed, Claimed{ID: *id, Queue: j.Queue, JobType: j.JobType, JobKey: j.JobKey,
+					JobData: append(json.RawMessage(nil), stored...),
+					Attempt: 1, MaxAttempts: j.MaxAttempts, TimeoutSeconds: j.TimeoutSeconds, ExpiresAt: j.ExpiresAt,
+					StartedAt: *started}) // (ClaimedLocal: IntakeApply's, before its transaction began)
+			}
+			return nil
+		})
+		return err
+	})
+	if err := tx.SendBatch(ctx, &b).Close(); err != nil {
 		return nil, nil, fmt.Errorf("insert jobs: %w", err)
 	}
 	if got != n {

@@ -36,12 +36,14 @@ func (s *Store) OffsetsLoad(ctx context.Context, group string, tps []TopicPartit
 	return out, nil
 }
 
-// offsetsAdvance is the compare-and-set of invariant 7. It runs first in the
-// effect's transaction, so it also takes the partitions' row locks: a second
-// instance applying the same records waits, then finds the offset moved.
-func offsetsAdvance(ctx context.Context, tx pgx.Tx, group string, adv []OffsetAdvance) error {
+// offsetsAdvance queues on b, the batch that opens the effect's
+// transaction (inTxOpen), the compare-and-set of invariant 7. It runs first
+// in that transaction, so it also takes the partitions' row locks: a second
+// instance applying the same records waits, then finds the offset moved,
+// and its try ends with ErrOffsetConflict (rolled back).
+func offsetsAdvance(b *pgx.Batch, group string, adv []OffsetAdvance) {
 	if len(adv) == 0 {
-		return nil
+		return
 	}
 	topics := make([]string, len(adv))
 	parts := make([]int32, len(adv))
@@ -50,8 +52,7 @@ func offsetsAdvance(ctx context.Context, tx pgx.Tx, group string, adv []OffsetAd
 	for i, a := range adv {
 		topics[i], parts[i], from[i], to[i] = a.Topic, a.Partition, a.From, a.To
 	}
-	var n int
-	err := tx.QueryRow(ctx, `
+	b.Queue(`
 		WITH adv AS (
 		  SELECT * FROM unnest($2::text[], $3::int[], $4::bigint[], $5::bigint[]) AS a(topic, part, from_off, to_off)
 		), upd AS (
@@ -67,12 +68,14 @@ func offsetsAdvance(ctx context.Context, tx pgx.Tx, group string, adv []OffsetAd
 		  RETURNING 1
 		)
 		SELECT (SELECT count(*) FROM upd) + (SELECT count(*) FROM ins)`,
-		group, topics, parts, from, to).Scan(&n)
-	if err != nil {
-		return fmt.Errorf("advance offsets: %w", err)
-	}
-	if n != len(adv) {
-		return ErrOffsetConflict
-	}
-	return nil
+		group, topics, parts, from, to).QueryRow(func(row pgx.Row) error {
+		var n int
+		if err := row.Scan(&n); err != nil {
+			return fmt.Errorf("advance offsets: %w", err)
+		}
+		if n != len(adv) {
+			return ErrOffsetConflict
+		}
+		return nil
+	})
 }

@@ -85,12 +85,15 @@ func (r *ReplyResult) Merge(o ReplyResult) {
 // the offsets compare-and-set.
 func (s *Store) ReplyApply(ctx context.Context, b ReplyBatch, types correlator.Types) (ReplyResult, error) {
 	var res ReplyResult
-	err := s.inTx(ctx, func(tx pgx.Tx) error {
-		if err := offsetsAdvance(ctx, tx, b.Group, b.Offsets); err != nil {
-			return err
-		}
+	var now time.Time
+	open := func(pb *pgx.Batch) error {
+		offsetsAdvance(pb, b.Group, b.Offsets)
+		pb.Queue(`SELECT now()`).QueryRow(func(row pgx.Row) error { return row.Scan(&now) }) // (see applyReplies)
+		return nil
+	}
+	err := s.inTxOpen(ctx, open, func(tx pgx.Tx) error {
 		var err error
-		res, err = applyReplies(ctx, tx, b.Replies, types, b.EarlyTTL)
+		res, err = applyReplies(ctx, tx, b.Replies, types, b.EarlyTTL, now)
 		if err != nil {
 			return err
 		}
@@ -104,8 +107,9 @@ func (s *Store) ReplyApply(ctx context.Context, b ReplyBatch, types correlator.T
 // (correlator.DecideReplies) against their rows, read and locked in id
 // order, on the database's clock, and writes every decision: outcomes,
 // early replies kept and used up, and (returned, not written) dead
-// letters.
-func applyReplies(ctx context.Context, tx pgx.Tx, ins []ReplyIn, types correlator.Types, earlyTTL time.Duration) (ReplyResult, error) {
+// letters. now is the database's clock in tx (now()), or zero: then it
+// is read here.
+func applyReplies(ctx context.Context, tx pgx.Tx, ins []ReplyIn, types correlator.Types, earlyTTL time.Duration, now time.Time) (ReplyResult, error) {
 	res := ReplyResult{Verdicts: make([]correlator.Verdict, len(ins)), Counts: map[correlator.Verdict]int{}}
 	if len(ins) == 0 {
 		return res, nil
@@ -116,9 +120,10 @@ func applyReplies(ctx context.Context, tx pgx.Tx, ins []ReplyIn, types correlato
 	}
 	// One clock: retries are scheduled, and early replies expire, on
 	// PostgreSQL's, which the claim and the sweeper read too.
-	var now time.Time
-	if err := tx.QueryRow(ctx, `SELECT now()`).Scan(&now); err != nil {
-		return res, fmt.Errorf("read the database clock: %w", err)
+	if now.IsZero() {
+		if err := tx.QueryRow(ctx, `SELECT now()`).Scan(&now); err != nil {
+			return res, fmt.Errorf("read the database clock: %w", err)
+		}
 	}
 	batch := make([]correlator.Pending, len(ins))
 	for i, in := range ins {
@@ -568,7 +573,7 @@ func earlyReplyApply(ctx context.Context, tx pgx.Tx, sent []AttemptRef, after in
 	if err != nil {
 		return res, 0, fmt.Errorf("load early replies: %w", err)
 	}
-	res, err = applyReplies(ctx, tx, ins, types, 0)
+	res, err = applyReplies(ctx, tx, ins, types, 0, time.Time{})
 	if err != nil {
 		return res, 0, err
 	}

@@ -121,7 +121,7 @@ const resolveManySQL = `
 // every path that waits for jobs' locks, so two never wait on each other
 // (but for a reply to a job whose type moved to another queue while it ran:
 // see lockTargets).
-func lockJobs(ctx context.Context, tx pgx.Tx, refs []AttemptRef) error {
+func lockJobs(ctx context.Context, tx execer, refs []AttemptRef) error {
 	err := perQueue(refs, refQueue, func(q string, refs []AttemptRef) error {
 		ids, _ := refArrays(refs)
 		_, err := tx.Exec(ctx, `SELECT 1 FROM hipq_job WHERE queue = $1 AND id = ANY($2) ORDER BY id FOR UPDATE`, q, ids)

@@ -112,10 +112,27 @@ var ErrOffsetConflict = errors.New("stored offset moved: another consumer applie
 // inTx runs fn in a transaction, retrying on deadlock and serialization
 // failures, which PostgreSQL says are safe to retry whole, while ctx lasts.
 func (s *Store) inTx(ctx context.Context, fn func(pgx.Tx) error) error {
+	return s.inTxOpen(ctx, nil, fn)
+}
+
+// inTxOpen is inTx whose BEGIN goes to PostgreSQL in one round trip with
+// the statements open queues, when open is not nil: pgx sends a batch as
+// one pipeline and reads the answers in order, running their callbacks.
+// So a transaction's first statements, those whose answers nothing before
+// fn needs, cost no round trip of their own (under load, each one is a
+// wait for a CPU at both ends while the transaction holds its locks). An
+// error of a queued statement or of its callback ends the try as one of
+// fn's would: rolled back, fn not run. open runs on each try, on a new
+// batch; its own error ends the try before anything is sent.
+func (s *Store) inTxOpen(ctx context.Context, open func(*pgx.Batch) error, fn func(pgx.Tx) error) error {
 	defer s.writes.start()()
 	var err error
 	for try := 0; try < 5; try++ {
-		err = pgx.BeginFunc(ctx, s.pool, fn)
+		if open == nil {
+			err = pgx.BeginFunc(ctx, s.pool, fn)
+		} else {
+			err = s.txOpened(ctx, open, fn)
+		}
 		if !retryableTx(err) {
 			return err
 		}
@@ -128,6 +145,55 @@ func (s *Store) inTx(ctx context.Context, fn func(pgx.Tx) error) error {
 		}
 	}
 	return err
+}
+
+// txOpened is one try of inTxOpen, as pgx.BeginFunc's: rolled back
+// unless fn returns nil, then committed.
+func (s *Store) txOpened(ctx context.Context, open func(*pgx.Batch) error, fn func(pgx.Tx) error) (err error) {
+	b := &pgx.Batch{}
+	b.BeginTx(pgx.TxOptions{})
+	if err := open(b); err != nil {
+		return err
+	}
+	br := s.pool.SendBatch(ctx, b)
+	tx := br.Tx() // (closed already if the batch never reached the server)
+	defer func() {
+		if rerr := tx.Rollback(ctx); rerr != nil && !errors.Is(rerr, pgx.ErrTxClosed) && err == nil {
+			err = rerr
+		}
+	}()
+	if err := br.Close(); err != nil {
+		_ = tx.Rollback(ctx) // (its error is not the one to report)
+		return err
+	}
+	if err := fn(tx); err != nil {
+		_ = tx.Rollback(ctx)
+		return err
+	}
+	return tx.Commit(ctx)
+}
+
+// execer runs statements whose only answer is whether they succeeded: a
+// transaction, or queued (a batch opening one: see inTxOpen).
+type execer interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
+// queued is an execer that queues its statements on a batch. A statement's
+// error is the batch's, wrapped with what.
+type queued struct {
+	b    *pgx.Batch
+	what string
+}
+
+func (q queued) Exec(_ context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	q.b.Queue(sql, args...).Fn = func(br pgx.BatchResults) error {
+		if _, err := br.Exec(); err != nil {
+			return fmt.Errorf("%s: %w", q.what, err)
+		}
+		return nil
+	}
+	return pgconn.CommandTag{}, nil
 }
 
 func retryableTx(err error) bool {

@@ -623,3 +623,41 @@ func TestNoJITUnlessAsked(t *testing.T) {
 		t.Errorf("with ALTER DATABASE ... SET jit = on: jit %q", got)
 	}
 }
+
+// Invariant 7 on the reply path: the offsets' compare-and-set goes to
+// PostgreSQL with the transaction's BEGIN, ahead of the replies' locks and
+// writes (inTxOpen); when it fails, nothing the batch would have done is
+// written, and every connection goes back to the pool fit for use (none
+// left inside the failed transaction).
+func TestReplyOffsetConflictWritesNothing(t *testing.T) {
+	t.Parallel()
+	st := pgtest.New(t)
+	insert(t, st, job("r"))
+	claimSent(t, st, 1)
+	batch := func(from, to int64) store.ReplyBatch {
+		return store.ReplyBatch{Group: "rg", Offsets: []store.OffsetAdvance{{Topic: "replies", Partition: 0, From: from, To: to}},
+			Replies: []store.ReplyIn{reply("r", 1, true)}}
+	}
+	if _, err := st.ReplyApply(ctx, batch(-1, 1), types); err != nil {
+		t.Fatal(err)
+	}
+	wantState(t, get(t, st, "r"), correlator.StateFinal, correlator.OutcomeSucceeded, 1)
+	insert(t, st, job("r2"))
+	claimSent(t, st, 1)
+	r2 := batch(0, 2) // read again by a consumer that lost the partition: the stored offset is 1
+	r2.Replies = []store.ReplyIn{reply("r2", 1, true)}
+	for range 20 { // (more tries than the pool has connections)
+		if _, err := st.ReplyApply(ctx, r2, types); !errors.Is(err, store.ErrOffsetConflict) {
+			t.Fatalf("got %v, want ErrOffsetConflict", err)
+		}
+	}
+	wantState(t, get(t, st, "r2"), correlator.StateRunning, "", 1)
+	if n := count(t, st, "SELECT count(*) FROM hipq_attempt WHERE outcome IS NOT NULL"); n != 1 {
+		t.Fatalf("%d attempts ended, want 1 (the refused batch wrote)", n)
+	}
+	r2.Offsets[0].From = 1
+	if _, err := st.ReplyApply(ctx, r2, types); err != nil {
+		t.Fatal(err)
+	}
+	wantState(t, get(t, st, "r2"), correlator.StateFinal, correlator.OutcomeSucceeded, 1)
+}
