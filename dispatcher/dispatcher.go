@@ -322,6 +322,24 @@ func (d *Dispatcher) claimAll(ctx context.Context) (int, error) {
 // the next round).
 func (d *Dispatcher) round(ctx context.Context, q QueueConfig) (int, bool, error) {
 	open, capped := d.sendable(q)
+	if len(open)+len(capped) == 0 {
+		return 0, false, nil
+	}
+	// Unless the last round claimed a full batch, the queue may have
+	// nothing due: most wake-ups (a batch stored and claimed by the
+	// intake, a delivery recorded, a job ended) find nothing to claim. A
+	// probe says so for a tenth of a claim's cost; it is wider than any
+	// claim (any type, whatever the limits), so it never keeps a due job
+	// from its claim. A failed probe leaves the answer to the claim.
+	d.mu.Lock()
+	full := d.backlog[q.Name]
+	d.mu.Unlock()
+	if !full {
+		if due, err := d.st.JobsDue(ctx, q.Name); err == nil && !due {
+			add(d.m.ClaimRounds.WithLabelValues(q.Name, "nothing_due"), 1)
+			return 0, false, nil
+		}
+	}
 	total, more, ran := 0, false, false
 	var errs []error
 	claim := func(types []string, limit int) {
@@ -369,6 +387,7 @@ func (d *Dispatcher) claim(ctx context.Context, q QueueConfig, types []string, l
 	}
 	n := len(claim.Jobs) + len(claim.Closed)
 	more := n == limit
+	add(d.m.ClaimRounds.WithLabelValues(q.Name, map[bool]string{true: "claimed", false: "empty"}[n > 0]), 1)
 	if len(claim.Jobs) > 0 {
 		add(d.m.Claimed.WithLabelValues(q.Name), len(claim.Jobs))
 		d.dispatch(ctx, q, claim.Jobs)

@@ -205,3 +205,42 @@ func TestClosedWindowReschedulesOrExpires(t *testing.T) {
 		t.Fatalf("%d attempt rows: a closed job was sent", n)
 	}
 }
+
+// A round finds nothing due, and asks for no claim, unless a job is due:
+// due jobs of any type count (a claim would decide), future ones do not.
+// After a full batch (more may be due) the claim is asked at once.
+func TestNoClaimWithoutDueJobs(t *testing.T) {
+	t.Parallel()
+	st := pgtest.New(t)
+	_, topic, cl := requestTopic(t)
+	d, m := newDispatcher(t, st, cl, topic)
+	rounds := func(result string) float64 {
+		return testutil.ToFloat64(m.ClaimRounds.WithLabelValues("default", result))
+	}
+	if _, err := st.JobsInsert(ctx, []*correlator.Job{{Queue: "default", JobType: "alo", JobKey: "later", JobData: json.RawMessage(`{}`),
+		MaxAttempts: 1, Priority: 100, ThrottleFactor: 1, TimeoutSeconds: 3600, ScheduledRunTime: time.Now().Add(time.Hour)}}); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if n, err := d.RunOnce(ctx); err != nil || n != 0 {
+			t.Fatalf("claimed %d, err %v", n, err)
+		}
+	}
+	if rounds("nothing_due") != 3 || rounds("empty")+rounds("claimed") != 0 {
+		t.Fatalf("rounds: %v nothing due, %v empty, %v claimed; want 3 claims not asked", rounds("nothing_due"), rounds("empty"), rounds("claimed"))
+	}
+	insert(t, st, "unsendable", 1) // due, but not sent here: the claim decides, and finds nothing
+	insert(t, st, "alo", 150)
+	if n, err := d.RunOnce(ctx); err != nil || n != 150 {
+		t.Fatalf("claimed %d, err %v", n, err)
+	}
+	// A full batch of 100, then (more may be due) a claim without a probe
+	// for the other 50. The next round's probe finds the unsendable job
+	// due, and its claim finds nothing for this instance.
+	if n, err := d.RunOnce(ctx); err != nil || n != 0 {
+		t.Fatalf("claimed %d, err %v", n, err)
+	}
+	if rounds("claimed") != 2 || rounds("empty") != 1 || rounds("nothing_due") != 3 {
+		t.Fatalf("rounds: %v claimed, %v empty, %v nothing due; want 2, 1, 3", rounds("claimed"), rounds("empty"), rounds("nothing_due"))
+	}
+}

@@ -1092,3 +1092,68 @@ func autovacuumOff(t *testing.T, st *Store) {
 		t.Fatal(err)
 	}
 }
+
+// The dispatcher's probe for due jobs reads the due index, whatever the
+// statistics say: beside some 60,000 final jobs and 100,000 due ones of
+// another queue, on statistics taken while a burst of 50,000 jobs of the
+// probed queue waited (most rows due, in that queue: a sequential scan
+// would find one at once), a probe of that queue, its burst since ended,
+// reads a few pages; so does one of a queue with a job due. With custom
+// and generic plans alike.
+func TestDueProbeReadsTheDueIndex(t *testing.T) {
+	t.Parallel()
+	for _, generic := range []bool{false, true} {
+		t.Run(map[bool]string{false: "custom plans", true: "generic plans"}[generic], func(t *testing.T) {
+			t.Parallel()
+			st, plain, plans := sweepPlanStore(t, generic)
+			ctx := context.Background()
+			if _, err := plain.pool.Exec(ctx, `
+				INSERT INTO hipq_job (queue, job_type, job_key, scheduled_run_time)
+				SELECT 'y', 't', 'burst' || i, now() - interval '1 minute' FROM generate_series(1, 50000) i;
+				DELETE FROM hipq_job WHERE queue = 'q' AND job_key > 'f2';
+				ANALYZE hipq_job;
+				UPDATE hipq_job SET state = 'final', outcome = 'succeeded', attempt = 1 WHERE queue = 'y';
+				INSERT INTO hipq_job (queue, job_type, job_key, scheduled_run_time)
+				SELECT 'x', 't', 'due' || i, now() - interval '1 minute' FROM generate_series(1, 100000) i;
+				INSERT INTO hipq_job (queue, job_type, job_key, scheduled_run_time) VALUES ('z', 't', 'z', now() - interval '1 minute'),
+				  ('y', 't', 'later', now() + interval '1 hour')`); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := plain.pool.Exec(ctx, `VACUUM hipq_job`); err != nil { // (the burst's index entries gone, its statistics kept)
+				t.Fatal(err)
+			}
+			for round := range 7 { // (past the five custom plans a generic one follows)
+				for queue, want := range map[string]bool{"y": false, "z": true, "q": false} {
+					plans()
+					due, err := st.JobsDue(ctx, queue)
+					if err != nil || due != want {
+						t.Fatalf("round %d, queue %s: due %v (%v), want %v", round, queue, due, err, want)
+					}
+					seen := 0
+					for _, e := range plans() {
+						if !strings.Contains(e.Query, "due probe") {
+							continue
+						}
+						seen++
+						pages := 0.0
+						e.Plan.walk(func(n planNode) {
+							if strings.Contains(n.str("Node Type"), "Seq Scan") {
+								t.Errorf("round %d, queue %s: a scan of %s", round, queue, n.str("Relation Name"))
+							}
+							hit, _ := n["Shared Hit Blocks"].(float64)
+							read, _ := n["Shared Read Blocks"].(float64)
+							pages += hit + read
+						})
+						if pages > 10 {
+							js, _ := json.MarshalIndent(e.Plan, "", " ")
+							t.Errorf("round %d, queue %s: %v pages read to probe one queue:\n%s", round, queue, pages, js)
+						}
+					}
+					if seen != 1 {
+						t.Fatalf("round %d, queue %s: %d plans of the probe explained, want 1", round, queue, seen)
+					}
+				}
+			}
+		})
+	}
+}

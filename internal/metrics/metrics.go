@@ -27,6 +27,10 @@ type Metrics struct {
 	IntakeRecords *prometheus.CounterVec
 	// Claimed counts jobs the dispatcher moved to running, by queue.
 	Claimed *prometheus.CounterVec
+	// ClaimRounds counts the dispatcher's rounds by queue and result:
+	// claimed (a claim found jobs), empty (a claim found none),
+	// nothing_due (no job was due: no claim was asked).
+	ClaimRounds *prometheus.CounterVec
 	// Dispatches counts sends by queue, transport (kafka, http) and result:
 	// sent, refused (never left; claim undone), unknown (may have left:
 	// claim undone, or failed for at_most_once), failed (dispatch_error).
@@ -63,6 +67,9 @@ func New() *Metrics {
 			[]string{"source", "result"}),
 		Claimed: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hipq_jobs_claimed_total",
 			Help: "Jobs the dispatcher moved to running, by queue."}, []string{"queue"}),
+		ClaimRounds: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hipq_claim_rounds_total",
+			Help: "Dispatcher rounds by queue and result: claimed (a claim found jobs), empty (it found none), nothing_due (no claim asked)."},
+			[]string{"queue", "result"}),
 		Dispatches: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hipq_dispatches_total",
 			Help: "Sends by queue, transport (kafka, http) and result (sent, refused, unknown, failed)."},
 			[]string{"queue", "transport", "result"}),
@@ -91,7 +98,7 @@ func New() *Metrics {
 				[]string{"group", "topic", "partition"}, nil)},
 	}
 	m.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		m.IntakeRecords, m.Claimed, m.Dispatches, m.Deferred, m.Replies, m.RoundTrip, m.Sweeper, m.Waits, m.ScheduleFires, m.lag)
+		m.IntakeRecords, m.Claimed, m.ClaimRounds, m.Dispatches, m.Deferred, m.Replies, m.RoundTrip, m.Sweeper, m.Waits, m.ScheduleFires, m.lag)
 	return m
 }
 
