@@ -90,8 +90,8 @@ func (in *Intake) apply(ctx context.Context, recs []*kgo.Record, adv []store.Off
 		claimed := make(map[*dispatcher.Reservation][]store.Claimed, len(rs))
 		for _, c := range res.Claimed {
 			r := rs[c.Queue]
-			if claimed[r] == nil {
-				claimed[r] = make([]store.Claimed, 0, len(res.Claimed))
+			if claimed[r] == nil && r != nil {
+				claimed[r] = make([]store.Claimed, 0, r.Room())
 			}
 			claimed[r] = append(claimed[r], c)
 		}

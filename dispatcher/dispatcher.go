@@ -322,20 +322,37 @@ func (d *Dispatcher) claimAll(ctx context.Context) (int, error) {
 // the next round).
 func (d *Dispatcher) round(ctx context.Context, q QueueConfig) (int, bool, error) {
 	open, capped := d.sendable(q)
-	if len(open)+len(capped) == 0 {
+	// The types a claim could take now: none without room in flight (a
+	// delivery finishing wakes the dispatcher), a capped one only with
+	// room of its own.
+	var types []string
+	if d.inflight.Load() < int64(d.cfg.MaxInFlight) {
+		types = append(types, open...)
+		for name, room := range capped {
+			if room > 0 {
+				types = append(types, name)
+			}
+		}
+	}
+	if len(types) == 0 {
 		return 0, false, nil
 	}
-	// Unless the last round claimed a full batch, the queue may have
-	// nothing due: most wake-ups (a batch stored and claimed by the
-	// intake, a delivery recorded, a job ended) find nothing to claim. A
-	// probe says so for a tenth of a claim's cost; it is wider than any
-	// claim (any type, whatever the limits), so it never keeps a due job
-	// from its claim. A failed probe leaves the answer to the claim.
+	// In a queue without limits whose last round did not claim a full
+	// batch, most wake-ups (a batch stored and claimed by the intake, a
+	// delivery recorded, a job ended) find nothing due. A probe says so for
+	// a tenth of a claim's cost, and is wider than the claim (the same
+	// due jobs, whatever their windows), so it never keeps a due job from
+	// its claim. (In a queue with limits a claim often finds nothing while
+	// jobs are due, waiting for a slot: a probe would only add to it.) A
+	// failed probe leaves the answer to the claim.
 	d.mu.Lock()
 	full := d.backlog[q.Name]
 	d.mu.Unlock()
-	if !full {
-		if due, err := d.st.JobsDue(ctx, q.Name); err == nil && !due {
+	if !full && !limited(q.Throttle) {
+		due, err := d.st.JobsDue(ctx, q.Name, types)
+		if err != nil {
+			d.log.Debug("probe for due jobs failed; claiming", zap.String("queue", q.Name), zap.Error(err))
+		} else if !due {
 			add(d.m.ClaimRounds.WithLabelValues(q.Name, "nothing_due"), 1)
 			return 0, false, nil
 		}
@@ -463,7 +480,7 @@ func (d *Dispatcher) Reserve(queue string, jobTypes []string) *Reservation {
 		return nil
 	}
 	q := d.cfg.Queues[i]
-	if t := q.Throttle; t.Limit >= 1 || len(t.MaxConcurrency) > 0 || len(t.Rates) > 0 {
+	if limited(q.Throttle) {
 		return nil
 	}
 	open, _ := d.sendable(q)
@@ -493,6 +510,12 @@ func (d *Dispatcher) Reserve(queue string, jobTypes []string) *Reservation {
 	}
 	d.sends.Add(1) // Run's drain waits for what the reservation becomes
 	return &Reservation{d: d, n: k, types: types, queue: q}
+}
+
+// limited says whether a queue's claims are bounded by a limit of its own:
+// a throttle, per-type caps, rates.
+func limited(t correlator.Throttle) bool {
+	return t.Limit >= 1 || len(t.MaxConcurrency) > 0 || len(t.Rates) > 0
 }
 
 // Order is the order of the reservation's queue: the intake claims the

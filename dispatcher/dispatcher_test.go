@@ -206,9 +206,11 @@ func TestClosedWindowReschedulesOrExpires(t *testing.T) {
 	}
 }
 
-// A round finds nothing due, and asks for no claim, unless a job is due:
-// due jobs of any type count (a claim would decide), future ones do not.
-// After a full batch (more may be due) the claim is asked at once.
+// A round finds nothing due, and asks for no claim, unless a job of a type
+// sent here is due (future jobs and other types' do not count). After a
+// full batch (more may be due) the claim is asked at once. In a queue with
+// a limit of its own, where a claim often finds nothing while jobs wait
+// for a slot, no probe is made.
 func TestNoClaimWithoutDueJobs(t *testing.T) {
 	t.Parallel()
 	st := pgtest.New(t)
@@ -229,18 +231,32 @@ func TestNoClaimWithoutDueJobs(t *testing.T) {
 	if rounds("nothing_due") != 3 || rounds("empty")+rounds("claimed") != 0 {
 		t.Fatalf("rounds: %v nothing due, %v empty, %v claimed; want 3 claims not asked", rounds("nothing_due"), rounds("empty"), rounds("claimed"))
 	}
-	insert(t, st, "unsendable", 1) // due, but not sent here: the claim decides, and finds nothing
+	insert(t, st, "unsendable", 1) // due, but not sent here
 	insert(t, st, "alo", 150)
 	if n, err := d.RunOnce(ctx); err != nil || n != 150 {
 		t.Fatalf("claimed %d, err %v", n, err)
 	}
 	// A full batch of 100, then (more may be due) a claim without a probe
-	// for the other 50. The next round's probe finds the unsendable job
-	// due, and its claim finds nothing for this instance.
+	// for the other 50. The next round finds nothing due of its types.
 	if n, err := d.RunOnce(ctx); err != nil || n != 0 {
 		t.Fatalf("claimed %d, err %v", n, err)
 	}
-	if rounds("claimed") != 2 || rounds("empty") != 1 || rounds("nothing_due") != 3 {
-		t.Fatalf("rounds: %v claimed, %v empty, %v nothing due; want 2, 1, 3", rounds("claimed"), rounds("empty"), rounds("nothing_due"))
+	if rounds("claimed") != 2 || rounds("empty") != 0 || rounds("nothing_due") != 4 {
+		t.Fatalf("rounds: %v claimed, %v empty, %v nothing due; want 2, 0, 4", rounds("claimed"), rounds("empty"), rounds("nothing_due"))
+	}
+
+	// With a throttle: no probe, the claim is asked.
+	routes := map[string]dispatcher.KafkaRoute{"alo": {Topic: topic}}
+	s := dispatcher.NewKafkaSender(cl, routes)
+	lm := metrics.New()
+	ld := dispatcher.New(zaptest.NewLogger(t), st, dispatcher.Config{Instance: "test", BatchSize: 100, Metrics: lm,
+		Queues: []dispatcher.QueueConfig{{Name: "default", Throttle: correlator.Throttle{Limit: 1000}}}, Types: types(),
+		Senders: map[string]dispatcher.Sender{"alo": s}})
+	if n, err := ld.RunOnce(ctx); err != nil || n != 0 {
+		t.Fatalf("claimed %d, err %v", n, err)
+	}
+	if e, nd := testutil.ToFloat64(lm.ClaimRounds.WithLabelValues("default", "empty")),
+		testutil.ToFloat64(lm.ClaimRounds.WithLabelValues("default", "nothing_due")); e != 1 || nd != 0 {
+		t.Fatalf("a throttled queue: %v empty claims, %v rounds with nothing due; want 1, 0", e, nd)
 	}
 }

@@ -484,3 +484,59 @@ func TestWindowOpenAgreesWithGo(t *testing.T) {
 		t.Fatalf("a zone PostgreSQL does not know: open=%v err=%v, want open", open, err)
 	}
 }
+
+// The dispatcher's probe for due jobs is never narrower than the claim:
+// wherever a claim of some types takes or defers a job, JobsDue of those
+// types says a job is due. And it is as narrow as it can be: no job due
+// in a paused queue, nor when only other types, future, expired, running
+// or final jobs are there.
+func TestDueProbeIsWiderThanTheClaim(t *testing.T) {
+	t.Parallel()
+	st := pgtest.New(t)
+	now := time.Now().UTC()
+	closed := []correlator.TimeWindow{{Start: now.Add(-2 * time.Hour).Format("15:04"), End: now.Add(-time.Hour).Format("15:04"), TZ: "UTC"}}
+	past := now.Add(-time.Minute)
+	inQueue := func(q string) func(j *correlator.Job) { return func(j *correlator.Job) { j.Queue = q } }
+	cases := []struct {
+		queue string
+		jobs  []*correlator.Job
+		sql   string // then run on them
+		due   bool
+	}{
+		{"initial", []*correlator.Job{job("a")}, "", true},
+		{"retry", []*correlator.Job{job("a")}, "UPDATE hipq_job SET state = 'retry', attempt = 1 WHERE queue = 'retry'", true},
+		{"closed", []*correlator.Job{job("a", func(j *correlator.Job) { j.TimeWindows = closed })}, "", true},
+		{"future", []*correlator.Job{job("a", func(j *correlator.Job) { j.ScheduledRunTime = now.Add(time.Hour) })}, "", false},
+		{"expired", []*correlator.Job{job("a", func(j *correlator.Job) { j.ExpiresAt = &past })}, "", false},
+		{"other-type", []*correlator.Job{job("a", ofType("other"))}, "", false},
+		{"running", []*correlator.Job{job("a")}, "UPDATE hipq_job SET state = 'running', attempt = 1, started_at = now() WHERE queue = 'running'", false},
+		{"final", []*correlator.Job{job("a")}, "UPDATE hipq_job SET state = 'final', outcome = 'succeeded' WHERE queue = 'final'", false},
+		{"paused", []*correlator.Job{job("a")}, "INSERT INTO hipq_queue (name, paused) VALUES ('paused', true)", false},
+	}
+	for _, c := range cases {
+		for _, j := range c.jobs {
+			inQueue(c.queue)(j)
+			j.JobKey = c.queue + "-" + j.JobKey
+		}
+		insert(t, st, c.jobs...)
+		if c.sql != "" {
+			if _, err := st.Pool().Exec(ctx, c.sql); err != nil {
+				t.Fatalf("%s: %v", c.queue, err)
+			}
+		}
+		due, err := st.JobsDue(ctx, c.queue, []string{"t"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cl, err := st.JobClaim(ctx, store.JobClaimParams{Queue: c.queue, Instance: "test", Limit: 10, Types: []string{"t"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if found := len(cl.Jobs) + len(cl.Closed); found > 0 && !due {
+			t.Errorf("%s: the claim found %d jobs where the probe found none due", c.queue, found)
+		}
+		if due != c.due {
+			t.Errorf("%s: due %v, want %v", c.queue, due, c.due)
+		}
+	}
+}

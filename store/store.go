@@ -122,8 +122,11 @@ func (s *Store) inTx(ctx context.Context, fn func(pgx.Tx) error) error {
 // fn needs, cost no round trip of their own (under load, each one is a
 // wait for a CPU at both ends while the transaction holds its locks). An
 // error of a queued statement or of its callback ends the try as one of
-// fn's would: rolled back, fn not run. open runs on each try, on a new
-// batch; its own error ends the try before anything is sent.
+// fn's would: rolled back, fn not run. But the server has run the whole
+// batch by then (a callback's refusal is the client's): queue nothing
+// that takes locks after a statement whose callback may refuse, as the
+// offsets' compare-and-set may. open runs on each try, on a new batch;
+// its own error ends the try before anything is sent.
 func (s *Store) inTxOpen(ctx context.Context, open func(*pgx.Batch) error, fn func(pgx.Tx) error) error {
 	defer s.writes.start()()
 	var err error
@@ -174,7 +177,9 @@ func (s *Store) txOpened(ctx context.Context, open func(*pgx.Batch) error, fn fu
 }
 
 // execer runs statements whose only answer is whether they succeeded: a
-// transaction, or queued (a batch opening one: see inTxOpen).
+// transaction, or queued (a batch opening one: see inTxOpen). Queued, the
+// command tag is empty: a statement whose rows affected are read (a
+// guarded write's) is not run through one.
 type execer interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 }

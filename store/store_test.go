@@ -1,6 +1,7 @@
 package store_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
@@ -646,10 +647,18 @@ func TestReplyOffsetConflictWritesNothing(t *testing.T) {
 	claimSent(t, st, 1)
 	r2 := batch(0, 2) // read again by a consumer that lost the partition: the stored offset is 1
 	r2.Replies = []store.ReplyIn{reply("r2", 1, true)}
+	dctx, cancel := context.WithTimeout(ctx, 30*time.Second) // (a connection leaked would block, not fail)
+	defer cancel()
 	for range 20 { // (more tries than the pool has connections)
-		if _, err := st.ReplyApply(ctx, r2, types); !errors.Is(err, store.ErrOffsetConflict) {
+		if _, err := st.ReplyApply(dctx, r2, types); !errors.Is(err, store.ErrOffsetConflict) {
 			t.Fatalf("got %v, want ErrOffsetConflict", err)
 		}
+	}
+	if n := st.Pool().Stat().AcquiredConns(); n != 0 {
+		t.Fatalf("%d connections still acquired after the refused batches", n)
+	}
+	if n := count(t, st, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND state LIKE 'idle in transaction%'`); n != 0 {
+		t.Fatalf("%d sessions left inside a transaction", n)
 	}
 	wantState(t, get(t, st, "r2"), correlator.StateRunning, "", 1)
 	if n := count(t, st, "SELECT count(*) FROM hipq_attempt WHERE outcome IS NOT NULL"); n != 1 {
