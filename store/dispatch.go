@@ -129,9 +129,14 @@ func (s *Store) JobsDue(ctx context.Context, queue string, types []string) (bool
 	b.Queue("BEGIN READ ONLY")
 	b.Queue("SET LOCAL enable_seqscan = off")
 	b.Queue(`/* due probe */ SELECT NOT EXISTS (SELECT 1 FROM hipq_queue p WHERE p.name = $1 AND p.paused)
-		AND EXISTS (SELECT 1 FROM hipq_job j WHERE j.queue = $1 AND j.state IN ('initial', 'retry')
-		            AND j.scheduled_run_time <= now() AND (j.expires_at IS NULL OR j.expires_at > now())
-		            AND j.job_type = ANY($2))`, queue, types).QueryRow(func(r pgx.Row) error {
+		AND (SELECT j.id FROM hipq_job j WHERE j.queue = $1 AND j.state IN ('initial', 'retry')
+		     AND j.scheduled_run_time <= now() AND (j.expires_at IS NULL OR j.expires_at > now())
+		     AND j.job_type = ANY($2)
+		     -- (in time order: the due index by time, from the queue's
+		     -- earliest, never the one by priority, which holds every
+		     -- waiting job of the queue, a day ahead or not, before its
+		     -- due ones)
+		     ORDER BY j.scheduled_run_time LIMIT 1) IS NOT NULL`, queue, types).QueryRow(func(r pgx.Row) error {
 		return r.Scan(&due)
 	})
 	b.Queue("COMMIT")

@@ -237,7 +237,11 @@ func jobsInsert(ctx context.Context, tx pgx.Tx, jobs []IntakeJob, instance strin
 		  SELECT q.queue FROM (SELECT DISTINCT queue FROM n WHERE n.claim) q
 		  WHERE NOT EXISTS (SELECT 1 FROM hipq_queue p WHERE p.name = q.queue AND p.paused)
 		    AND (SELECT j.id FROM hipq_job j WHERE j.queue = q.queue AND j.state IN ('initial', 'retry')
-		         AND j.scheduled_run_time <= now() LIMIT 1) IS NULL
+		         AND j.scheduled_run_time <= now()
+		         -- (in time order: the due index by time, never the one
+		         -- by priority, which holds every waiting job of the
+		         -- queue, a day ahead or not, before its due ones)
+		         ORDER BY j.scheduled_run_time LIMIT 1) IS NULL
 		), m AS (
 		  SELECT n.*, coalesce(n.claim, false) AND n.time_windows IS NULL AND n.max_attempts >= 1
 		              AND coalesce(n.scheduled_run_time, now()) <= now() AND (n.expires_at IS NULL OR n.expires_at > now())

@@ -935,7 +935,10 @@ func TestIntakeClaimProbesTheDueIndex(t *testing.T) {
 			if _, err := plain.pool.Exec(ctx, `
 				ANALYZE hipq_job; -- (statistics that say no job waits)
 				INSERT INTO hipq_job (queue, job_type, job_key, scheduled_run_time)
-				SELECT 'x', 't', 'due' || i, now() - interval '1 minute' FROM generate_series(1, 100000) i`); err != nil {
+				SELECT 'x', 't', 'due' || i, now() - interval '1 minute' FROM generate_series(1, 100000) i;
+				-- a backlog a day ahead in the queue stored to, of all priorities
+				INSERT INTO hipq_job (queue, job_type, job_key, scheduled_run_time, priority)
+				SELECT 'y', 't', 'tomorrow' || i, now() + interval '1 day', i % 7 FROM generate_series(1, 100000) i`); err != nil {
 				t.Fatal(err)
 			}
 			for round := range 7 { // (past the five custom plans a generic one follows)
@@ -1115,6 +1118,8 @@ func TestDueProbeReadsTheDueIndex(t *testing.T) {
 				UPDATE hipq_job SET state = 'final', outcome = 'succeeded', attempt = 1 WHERE queue = 'y';
 				INSERT INTO hipq_job (queue, job_type, job_key, scheduled_run_time)
 				SELECT 'x', 't', 'due' || i, now() - interval '1 minute' FROM generate_series(1, 100000) i;
+				INSERT INTO hipq_job (queue, job_type, job_key, scheduled_run_time, priority)
+				SELECT 'y', 't', 'tomorrow' || i, now() + interval '1 day', i % 7 FROM generate_series(1, 100000) i;
 				INSERT INTO hipq_job (queue, job_type, job_key, scheduled_run_time) VALUES ('z', 't', 'z', now() - interval '1 minute'),
 				  ('y', 't', 'later', now() + interval '1 hour')`); err != nil {
 				t.Fatal(err)
