@@ -260,3 +260,36 @@ func TestNoClaimWithoutDueJobs(t *testing.T) {
 		t.Fatalf("a throttled queue: %v empty claims, %v rounds with nothing due; want 1, 0", e, nd)
 	}
 }
+
+// cappedSender acknowledges every send; its type has a cap of its own in
+// flight.
+type cappedSender struct{ max int }
+
+func (s cappedSender) Send(_ context.Context, jobs []store.Claimed) []dispatcher.Result {
+	return make([]dispatcher.Result, len(jobs)) // (all Sent)
+}
+func (cappedSender) Transport() string { return "kafka" }
+func (s cappedSender) Route(string) dispatcher.Route {
+	return dispatcher.Route{Neighbour: "capped", Timeout: time.Minute, MaxInFlight: s.max}
+}
+
+// The probe covers the types capped on their own: where only such a type
+// has jobs due, the round claims them (as many as its room).
+func TestProbeCoversCappedTypes(t *testing.T) {
+	t.Parallel()
+	st := pgtest.New(t)
+	insert(t, st, "alo", 5)
+	m := metrics.New()
+	d := dispatcher.New(zaptest.NewLogger(t), st, dispatcher.Config{Instance: "test", BatchSize: 100, Metrics: m,
+		Queues: []dispatcher.QueueConfig{{Name: "default"}}, Types: types(),
+		Senders: map[string]dispatcher.Sender{"alo": cappedSender{max: 3}}})
+	if n, err := d.RunOnce(ctx); err != nil || n != 3 {
+		t.Fatalf("claimed %d, err %v; want the 3 the cap lets in flight", n, err)
+	}
+	if c := testutil.ToFloat64(m.ClaimRounds.WithLabelValues("default", "claimed")); c != 1 {
+		t.Fatalf("%v rounds claimed, want 1", c)
+	}
+	if n, err := d.RunOnce(ctx); err != nil || n != 2 {
+		t.Fatalf("claimed %d, err %v; want the other 2", n, err)
+	}
+}

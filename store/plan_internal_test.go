@@ -1096,13 +1096,16 @@ func autovacuumOff(t *testing.T, st *Store) {
 	}
 }
 
-// The dispatcher's probe for due jobs reads the due index, whatever the
-// statistics say: beside some 60,000 final jobs and 100,000 due ones of
-// another queue, on statistics taken while a burst of 50,000 jobs of the
-// probed queue waited (most rows due, in that queue: a sequential scan
-// would find one at once), a probe of that queue, its burst since ended,
-// reads a few pages; so does one of a queue with a job due. With custom
-// and generic plans alike.
+// The dispatcher's probe for due jobs reads the due index by time, and
+// sorts nothing, whatever the statistics say: beside some 60,000 final
+// jobs, 100,000 due ones of another queue and 100,000 running ones of a
+// type rare when the statistics were taken, on statistics taken while a
+// burst of 50,000 jobs of the probed queue waited (most rows due, in that
+// queue: a sequential scan would find one at once), a probe of that
+// queue, its burst since ended and 100,000 jobs a day ahead left, reads a
+// few pages; so do probes of a queue with a job due, of the queue of the
+// 100,000 due jobs, and of the rare type. With custom and generic plans
+// alike.
 func TestDueProbeReadsTheDueIndex(t *testing.T) {
 	t.Parallel()
 	for _, generic := range []bool{false, true} {
@@ -1113,6 +1116,7 @@ func TestDueProbeReadsTheDueIndex(t *testing.T) {
 			if _, err := plain.pool.Exec(ctx, `
 				INSERT INTO hipq_job (queue, job_type, job_key, scheduled_run_time)
 				SELECT 'y', 't', 'burst' || i, now() - interval '1 minute' FROM generate_series(1, 50000) i;
+				INSERT INTO hipq_job (queue, job_type, job_key, scheduled_run_time) VALUES ('y', 'u', 'rare', now() - interval '1 minute');
 				DELETE FROM hipq_job WHERE queue = 'q' AND job_key > 'f2';
 				ANALYZE hipq_job;
 				UPDATE hipq_job SET state = 'final', outcome = 'succeeded', attempt = 1 WHERE queue = 'y';
@@ -1120,6 +1124,8 @@ func TestDueProbeReadsTheDueIndex(t *testing.T) {
 				SELECT 'x', 't', 'due' || i, now() - interval '1 minute' FROM generate_series(1, 100000) i;
 				INSERT INTO hipq_job (queue, job_type, job_key, scheduled_run_time, priority)
 				SELECT 'y', 't', 'tomorrow' || i, now() + interval '1 day', i % 7 FROM generate_series(1, 100000) i;
+				INSERT INTO hipq_job (queue, job_type, job_key, state, attempt, started_at)
+				SELECT 'r', 'u', 'running' || i, 'running', 1, now() FROM generate_series(1, 100000) i;
 				INSERT INTO hipq_job (queue, job_type, job_key, scheduled_run_time) VALUES ('z', 't', 'z', now() - interval '1 minute'),
 				  ('y', 't', 'later', now() + interval '1 hour')`); err != nil {
 				t.Fatal(err)
@@ -1128,9 +1134,13 @@ func TestDueProbeReadsTheDueIndex(t *testing.T) {
 				t.Fatal(err)
 			}
 			for round := range 7 { // (past the five custom plans a generic one follows)
-				for queue, want := range map[string]bool{"y": false, "z": true, "q": false} {
+				for _, c := range []struct {
+					queue, typ string
+					want       bool
+				}{{"y", "t", false}, {"z", "t", true}, {"q", "t", false}, {"x", "t", true}, {"y", "u", false}} {
+					queue, want := c.queue+"/"+c.typ, c.want
 					plans()
-					due, err := st.JobsDue(ctx, queue, []string{"t"})
+					due, err := st.JobsDue(ctx, c.queue, []string{c.typ})
 					if err != nil || due != want {
 						t.Fatalf("round %d, queue %s: due %v (%v), want %v", round, queue, due, err, want)
 					}
@@ -1145,8 +1155,15 @@ func TestDueProbeReadsTheDueIndex(t *testing.T) {
 							if strings.Contains(n.str("Node Type"), "Seq Scan") {
 								t.Errorf("round %d, queue %s: a scan of %s", round, queue, n.str("Relation Name"))
 							}
+							if strings.Contains(n.str("Node Type"), "Sort") {
+								t.Errorf("round %d, queue %s: a sort", round, queue)
+							}
 							if n.str("Relation Name") != "hipq_job" {
 								return
+							}
+							if n.str("Index Name") != "hipq_job_due_sched" {
+								t.Errorf("round %d, queue %s: hipq_job read by %s %s, not the due index by time", round, queue,
+									n.str("Node Type"), n.str("Index Name"))
 							}
 							hit, _ := n["Shared Hit Blocks"].(float64)
 							read, _ := n["Shared Read Blocks"].(float64)
