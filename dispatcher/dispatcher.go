@@ -404,7 +404,11 @@ func (d *Dispatcher) claim(ctx context.Context, q QueueConfig, types []string, l
 	}
 	n := len(claim.Jobs) + len(claim.Closed)
 	more := n == limit
-	add(d.m.ClaimRounds.WithLabelValues(q.Name, map[bool]string{true: "claimed", false: "empty"}[n > 0]), 1)
+	result := "empty"
+	if n > 0 {
+		result = "claimed"
+	}
+	add(d.m.ClaimRounds.WithLabelValues(q.Name, result), 1)
 	if len(claim.Jobs) > 0 {
 		add(d.m.Claimed.WithLabelValues(q.Name), len(claim.Jobs))
 		d.dispatch(ctx, q, claim.Jobs)
