@@ -679,7 +679,7 @@ func (d *Dispatcher) deliver(ctx context.Context, q QueueConfig, s Sender, jobs 
 			if resend, res := correlator.SendUnknown(jt, errText(r.Err)); !resend {
 				rec.Resolves = append(rec.Resolves, store.Resolve{Queue: c.Queue, JobID: c.ID, Attempt: c.Attempt, Claim: c.StartedAt, Res: res})
 			} else {
-				rec.Undo = append(rec.Undo, ref)
+				rec.Resend = append(rec.Resend, ref) // it may have left: its rate units keep counting
 				undone[route.Neighbour]++
 			}
 		case Failed:
@@ -810,6 +810,9 @@ func splitDelivery(rec store.Delivery) []store.Delivery {
 	for _, r := range rec.Undo {
 		out = append(out, store.Delivery{Undo: []store.AttemptRef{r}})
 	}
+	for _, r := range rec.Resend {
+		out = append(out, store.Delivery{Resend: []store.AttemptRef{r}})
+	}
 	for _, r := range rec.Resolves {
 		out = append(out, store.Delivery{Resolves: []store.Resolve{r}})
 	}
@@ -820,7 +823,7 @@ func splitDelivery(rec store.Delivery) []store.Delivery {
 // a reply it refused ends the attempt failed, saying why.
 func (d *Dispatcher) stripped(one store.Delivery, cause error) store.Delivery {
 	unstorable := correlator.ReplyUnstorable(cause.Error())
-	out := store.Delivery{Sent: one.Sent, Undo: one.Undo}
+	out := store.Delivery{Sent: one.Sent, Undo: one.Undo, Resend: one.Resend}
 	claims := map[int64]time.Time{} // the claims sent: a sync reply answers one
 	for _, r := range one.Sent {
 		claims[r.JobID] = r.Claim

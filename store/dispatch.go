@@ -113,6 +113,14 @@ type Claim struct {
 // Now estimates PostgreSQL's clock now (see Claimed.DBNow).
 func (c *Claim) Now() time.Time { return c.DBNow.Add(time.Since(c.Local)) }
 
+// dueProbeSQL is JobsDue's probe: $1 the queue, $2 the types.
+const dueProbeSQL = `/* due probe */ SELECT NOT EXISTS (SELECT 1 FROM hipq_queue p WHERE p.name = $1 AND p.paused)
+	AND EXISTS (SELECT 1 FROM unnest($2::text[]) AS t(job_type)
+	            WHERE (SELECT j.id FROM hipq_job j WHERE j.queue = $1 AND j.job_type = t.job_type
+	                   AND j.state IN ('initial', 'retry') AND j.scheduled_run_time <= now()
+	                   AND (j.expires_at IS NULL OR j.expires_at > now())
+	                   ORDER BY j.scheduled_run_time LIMIT 1) IS NOT NULL)`
+
 // JobsDue says whether a queue, not paused, has a due job of one of the
 // types: waiting (initial or retry), its time come, not expired, whatever
 // the queue's limits and the job's windows. Without one a claim of those
@@ -121,26 +129,20 @@ func (c *Claim) Now() time.Time { return c.DBNow.Add(time.Since(c.Local)) }
 // PostgreSQL's statement time at --rate 12000, where dispatchers were woken
 // three times for each batch the intake had claimed already).
 //
-// One probe of the due index by time, in one round trip, with sequential
-// scans and sorts off as hipq_claim runs: on statistics taken while a
-// burst waited the planner would read the table, and on statistics in
-// which a type was rare, every non-final job of that type through the key
-// index, sorted (TestDueProbeReadsTheDueIndex).
+// One probe of the due index per type, in one round trip: each reads the
+// type's range of the index up to now, so a backlog of another type is
+// never walked (TestDueReadsSkipOtherTypesBacklog). Sequential scans and sorts
+// are off, as in hipq_claim: on statistics taken while a burst waited the
+// planner would read the table, and on statistics in which a type was
+// rare, every non-final job of that type through the key index, sorted
+// (TestDueProbeReadsTheDueIndex).
 func (s *Store) JobsDue(ctx context.Context, queue string, types []string) (bool, error) {
 	var due bool
 	b := &pgx.Batch{}
 	b.Queue("BEGIN READ ONLY")
 	b.Queue("SET LOCAL enable_seqscan = off")
 	b.Queue("SET LOCAL enable_sort = off")
-	b.Queue(`/* due probe */ SELECT NOT EXISTS (SELECT 1 FROM hipq_queue p WHERE p.name = $1 AND p.paused)
-		AND (SELECT j.id FROM hipq_job j WHERE j.queue = $1 AND j.state IN ('initial', 'retry')
-		     AND j.scheduled_run_time <= now() AND (j.expires_at IS NULL OR j.expires_at > now())
-		     AND j.job_type = ANY($2)
-		     -- (in time order: the due index by time, from the queue's
-		     -- earliest, never the one by priority, which holds every
-		     -- waiting job of the queue, a day ahead or not, before its
-		     -- due ones)
-		     ORDER BY j.scheduled_run_time LIMIT 1) IS NOT NULL`, queue, types).QueryRow(func(r pgx.Row) error {
+	b.Queue(dueProbeSQL, queue, types).QueryRow(func(r pgx.Row) error {
 		return r.Scan(&due)
 	})
 	b.Queue("COMMIT")
@@ -400,21 +402,39 @@ func attemptsMarkSent(ctx context.Context, tx execer, refs []AttemptRef) error {
 // state, attempt, started_at and error are restored and the hipq_attempt row
 // deleted, guarded by state running, the attempt (and the claim, when the
 // ref names it), no sent_at and no news (news proves the request left,
-// whatever the dispatcher recorded). It returns how many were undone.
+// whatever the dispatcher recorded). Their rate units are given back. It
+// returns how many were undone.
 func (s *Store) JobUndoClaim(ctx context.Context, refs []AttemptRef) (int, error) {
+	return s.undo(ctx, refs, true)
+}
+
+// JobUndoForResend takes back claims whose request may have left (a send
+// in doubt, an instance lost between send and record) so that they are
+// sent again, guarded as JobUndoClaim. Their requests keep counting in
+// every rate window that applies to them, for a period from the claim
+// that settles them: they may have reached the downstream.
+func (s *Store) JobUndoForResend(ctx context.Context, refs []AttemptRef) (int, error) {
+	return s.undo(ctx, refs, false)
+}
+
+func (s *Store) undo(ctx context.Context, refs []AttemptRef, giveBack bool) (int, error) {
 	var n int
 	err := s.inTx(ctx, func(tx pgx.Tx) error {
 		if err := lockJobs(ctx, tx, refs); err != nil { // (see DeliveryRecord)
 			return err
 		}
 		var err error
-		n, err = jobsUndoClaim(ctx, tx, refs)
+		n, err = jobsUndoClaim(ctx, tx, refs, giveBack)
 		return err
 	})
 	return n, err
 }
 
-func jobsUndoClaim(ctx context.Context, tx pgx.Tx, refs []AttemptRef) (int, error) {
+// jobsUndoClaim undoes claims. giveBack: their requests never left, and
+// the rate units of their claims still counting give them back (a row in
+// hipq_rate_giveback, which the next claim of the queue takes out of the
+// units, under the queue's lock); else they keep counting.
+func jobsUndoClaim(ctx context.Context, tx pgx.Tx, refs []AttemptRef, giveBack bool) (int, error) {
 	total := 0
 	err := perQueue(refs, refQueue, func(q string, refs []AttemptRef) error {
 		ids, atts := refArrays(refs)
@@ -439,9 +459,15 @@ func jobsUndoClaim(ctx context.Context, tx pgx.Tx, refs []AttemptRef) (int, erro
 		), del AS (
 		  DELETE FROM hipq_attempt a USING undone
 		  WHERE a.queue = $3 AND a.job_id = undone.id AND a.attempt = undone.att
-		  RETURNING 1
+		  RETURNING a.job_id, a.attempt, a.dispatched_at
+		), back AS (
+		  INSERT INTO hipq_rate_giveback (queue, job_id, attempt, claimed_at)
+		  SELECT $3, del.job_id, del.attempt, del.dispatched_at FROM del
+		  WHERE $5 AND EXISTS (SELECT 1 FROM hipq_rate_unit r
+		                       WHERE r.queue = $3 AND r.claimed_at = del.dispatched_at AND r.at IS NULL)
+		  ON CONFLICT DO NOTHING
 		)
-		SELECT count(*) FROM del`, ids, atts, q, claimsOf(refs, refClaim)).Scan(&n)
+		SELECT count(*) FROM del`, ids, atts, q, claimsOf(refs, refClaim), giveBack).Scan(&n)
 		total += n
 		return err
 	})
@@ -514,8 +540,13 @@ type Delivery struct {
 	// Sent: the transport acknowledged the request, or the downstream
 	// answered: sent_at.
 	Sent []AttemptRef
-	// Undo: the request surely never left: the claim is taken back.
+	// Undo: the request surely never left: the claim is taken back, and
+	// its rate units given back.
 	Undo []AttemptRef
+	// Resend: the request may have left (an at_least_once send in doubt):
+	// the claim is taken back to be sent again, and its rate units keep
+	// counting.
+	Resend []AttemptRef
 	// Resolves end attempts the send itself decided (dispatch errors, a
 	// send of an at_most_once type that may have arrived).
 	Resolves []Resolve
@@ -532,6 +563,9 @@ func (d *Delivery) Jobs() []int64 {
 	for _, r := range d.Undo {
 		ids = append(ids, r.JobID)
 	}
+	for _, r := range d.Resend {
+		ids = append(ids, r.JobID)
+	}
 	for _, r := range d.Resolves {
 		ids = append(ids, r.JobID)
 	}
@@ -541,7 +575,7 @@ func (d *Delivery) Jobs() []int64 {
 // refs names the attempts the delivery moves or marks, and those its
 // replies name by job id in a queue it knows.
 func (d *Delivery) refs() []AttemptRef {
-	refs := append(append([]AttemptRef(nil), d.Sent...), d.Undo...)
+	refs := append(append(append([]AttemptRef(nil), d.Sent...), d.Undo...), d.Resend...)
 	for _, r := range d.Resolves {
 		refs = append(refs, r.Ref())
 	}
@@ -589,9 +623,14 @@ func (s *Store) DeliveryRecord(ctx context.Context, d Delivery, types correlator
 	err := s.inTxOpen(ctx, open, func(tx pgx.Tx) error {
 		res = DeliveryResult{}
 		var err error
-		if res.Undone, err = jobsUndoClaim(ctx, tx, d.Undo); err != nil {
+		if res.Undone, err = jobsUndoClaim(ctx, tx, d.Undo, true); err != nil {
 			return err
 		}
+		resent, err := jobsUndoClaim(ctx, tx, d.Resend, false)
+		if err != nil {
+			return err
+		}
+		res.Undone += resent
 		// A resolution whose guard does not match was overtaken by another
 		// writer (a reply, the sweeper): the guard keeps both from applying.
 		if _, err := jobResolveMany(ctx, tx, d.Resolves); err != nil {

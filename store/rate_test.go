@@ -157,3 +157,165 @@ func TestRateOddValues(t *testing.T) {
 	}
 	countsAgree(t, st)
 }
+
+// A request that may have left keeps counting: a claim undone for a
+// re-send (a send in doubt, or the rescue of a claim whose instance died
+// after sending) leaves its unit in the window, for a period from the
+// claim that settles it; only a claim undone because its request never
+// left gives its unit back.
+func TestRateCountsRequestsThatMayHaveLeft(t *testing.T) {
+	t.Parallel()
+	st := pgtest.New(t)
+	insert(t, st, job("a"), job("b"))
+	th := correlator.Throttle{Rates: []correlator.Rate{rate(t, "q:default#0", 1, time.Hour, "", "")}}
+	first := claimWith(t, st, store.JobClaimParams{Throttle: th})
+	if len(first.Jobs) != 1 {
+		t.Fatalf("first claim: %d jobs, want 1", len(first.Jobs))
+	}
+	if n, err := st.JobUndoForResend(ctx, refsOf(first.Jobs)); err != nil || n != 1 {
+		t.Fatalf("undo for a re-send: %d %v", n, err)
+	}
+	if again := claimWith(t, st, store.JobClaimParams{Throttle: th}); len(again.Jobs) != 0 {
+		t.Fatalf("a request that may have left was given back: the re-claim took %v within the hour (limit 1)", keys(again.Jobs))
+	}
+	if n := count(t, st, "SELECT count(*) FROM hipq_rate_unit WHERE at IS NOT NULL AND n = 1"); n != 1 {
+		t.Errorf("the unit of the claim in doubt is not timed: %d timed units", n)
+	}
+	countsAgree(t, st)
+
+	// Through the dispatcher's record of a delivery in doubt, likewise.
+	st2 := pgtest.New(t)
+	insert(t, st2, job("a"), job("b"))
+	c := claimWith(t, st2, store.JobClaimParams{Throttle: th})
+	if _, err := st2.DeliveryRecord(ctx, store.Delivery{Resend: refsOf(c.Jobs)}, types); err != nil {
+		t.Fatal(err)
+	}
+	if again := claimWith(t, st2, store.JobClaimParams{Throttle: th}); len(again.Jobs) != 0 {
+		t.Fatalf("after a delivery in doubt the re-claim took %v within the hour (limit 1)", keys(again.Jobs))
+	}
+	// A send refused (never left) gives its unit back.
+	st3 := pgtest.New(t)
+	insert(t, st3, job("a"), job("b"))
+	c = claimWith(t, st3, store.JobClaimParams{Throttle: th})
+	if _, err := st3.DeliveryRecord(ctx, store.Delivery{Undo: refsOf(c.Jobs)}, types); err != nil {
+		t.Fatal(err)
+	}
+	if again := claimWith(t, st3, store.JobClaimParams{Throttle: th}); len(again.Jobs) != 1 {
+		t.Fatalf("after a send that never left the re-claim took %d jobs, want 1", len(again.Jobs))
+	}
+	countsAgree(t, st3)
+	if n := count(t, st3, "SELECT count(*) FROM hipq_rate_giveback"); n != 0 {
+		t.Errorf("%d give-backs left once their claim was settled", n)
+	}
+}
+
+// A unit counts the requests of its own claim: the claim after an undo
+// takes the same attempt number, and its attempt row is not the undone
+// claim's. Units whose claims are all gone are settled at the next claim,
+// and the windows' counts stay the sum of their units through it all.
+func TestRateUnitsBelongToTheirClaim(t *testing.T) {
+	t.Parallel()
+	st := pgtest.New(t)
+	insert(t, st, job("a"), job("b"), job("c"), job("d"))
+	th := correlator.Throttle{Rates: []correlator.Rate{rate(t, "q:default#0", 2, time.Hour, "", "")}}
+	one := store.JobClaimParams{Throttle: th, Limit: 1}
+	first := claimWith(t, st, one)
+	if n, err := st.JobUndoClaim(ctx, refsOf(first.Jobs)); err != nil || n != 1 { // never left
+		t.Fatalf("undo: %d %v", n, err)
+	}
+	again := claimWith(t, st, one)
+	if len(again.Jobs) != 1 || again.Jobs[0].ID != first.Jobs[0].ID || again.Jobs[0].Attempt != first.Jobs[0].Attempt {
+		t.Fatalf("the re-claim: %v, want the same job and attempt", keys(again.Jobs))
+	}
+	if err := st.AttemptMarkSent(ctx, refsOf(again.Jobs)); err != nil {
+		t.Fatal(err)
+	}
+	next := claimWith(t, st, one)
+	if len(next.Jobs) != 1 {
+		t.Fatalf("one request sent of 2 allowed, yet the next claim took %d", len(next.Jobs))
+	}
+	countsAgree(t, st)
+	if n := count(t, st, "SELECT coalesce(sum(n), 0) FROM hipq_rate_count"); n != 2 {
+		t.Errorf("the window counts %d, want 2 (one sent, one in flight)", n)
+	}
+	// A claim in doubt undone, then its job claimed again: both may have
+	// reached the downstream, and both count.
+	st2 := pgtest.New(t)
+	insert(t, st2, job("a"), job("b"))
+	first = claimWith(t, st2, one)
+	if _, err := st2.JobUndoForResend(ctx, refsOf(first.Jobs)); err != nil {
+		t.Fatal(err)
+	}
+	again = claimWith(t, st2, one)
+	if len(again.Jobs) != 1 || again.Jobs[0].ID != first.Jobs[0].ID {
+		t.Fatalf("the re-send: %v", keys(again.Jobs))
+	}
+	countsAgree(t, st2)
+	if n := count(t, st2, "SELECT coalesce(sum(n), 0) FROM hipq_rate_count"); n != 2 {
+		t.Errorf("the window counts %d, want 2 (the request in doubt and its re-send)", n)
+	}
+	// A unit whose job is gone (pruned, cancelled) is settled by the next
+	// claim, never left in flight for ever.
+	if _, err := st2.JobResolveMany(ctx, []store.Resolve{{Queue: again.Jobs[0].Queue, JobID: again.Jobs[0].ID, Attempt: again.Jobs[0].Attempt,
+		Res: correlator.TimedOut(types["t"], again.Jobs[0].Running(), time.Now())}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st2.Pool().Exec(ctx, "DELETE FROM hipq_attempt WHERE job_id = $1; ", again.Jobs[0].ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st2.Pool().Exec(ctx, "DELETE FROM hipq_job WHERE id = $1", again.Jobs[0].ID); err != nil {
+		t.Fatal(err)
+	}
+	claimWith(t, st2, one)
+	if n := count(t, st2, "SELECT count(*) FROM hipq_rate_unit WHERE at IS NULL AND NOT (job_ids && ARRAY(SELECT id FROM hipq_job))"); n != 0 {
+		t.Errorf("%d units of gone jobs still in flight", n)
+	}
+	countsAgree(t, st2)
+}
+
+// Rate state is bounded by the windows that count: once a period has
+// passed, the units of 500 values and their windows' counts are gone,
+// deleted as they fall to 0, and the next claim reads only what counts.
+func TestRateWindowsThatNoLongerCountGo(t *testing.T) {
+	t.Parallel()
+	st := pgtest.New(t)
+	var jobs []*correlator.Job
+	for i := range 500 {
+		jobs = append(jobs, job(fmt.Sprintf("v%03d", i), func(j *correlator.Job) {
+			j.JobData = json.RawMessage(fmt.Sprintf(`{"tenant":"t%d"}`, i))
+		}))
+	}
+	jobs = append(jobs, job("second", func(j *correlator.Job) {
+		j.JobData = json.RawMessage(`{"tenant":"t0"}`)
+		j.ScheduledRunTime = time.Now().Add(time.Second)
+	}))
+	insert(t, st, jobs...)
+	period := 300 * time.Millisecond
+	th := correlator.Throttle{Rates: []correlator.Rate{rate(t, "q:default#0", 1, period, "", "/tenant")}}
+	first := claimWith(t, st, store.JobClaimParams{Throttle: th, Limit: 1000})
+	if len(first.Jobs) != 500 {
+		t.Fatalf("claimed %d, want 500 (one per tenant)", len(first.Jobs))
+	}
+	if err := st.AttemptMarkSent(ctx, refsOf(first.Jobs)); err != nil {
+		t.Fatal(err)
+	}
+	// The job of t0 left is due a second later, its window by then past.
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		c := claimWith(t, st, store.JobClaimParams{Throttle: th, Limit: 1000})
+		if len(c.Jobs) == 1 {
+			break
+		}
+		if len(c.Jobs) > 1 || time.Now().After(deadline) {
+			t.Fatalf("claimed %v, want the second job of t0 alone, once due", keys(c.Jobs))
+		}
+		time.Sleep(50 * time.Millisecond) // (a poll with a deadline)
+	}
+	if n := count(t, st, "SELECT count(*) FROM hipq_rate_count"); n != 1 {
+		t.Errorf("%d windows kept, want the one that counts", n)
+	}
+	if n := count(t, st, "SELECT count(*) FROM hipq_rate_unit"); n != 1 {
+		t.Errorf("%d units kept, want the one that counts", n)
+	}
+	countsAgree(t, st)
+}

@@ -248,7 +248,9 @@ func (s *Sweeper) rescue(ctx context.Context, rep *Report) error {
 			}
 			undo = append(undo, u.AttemptRef)
 		}
-		n, undoErr := s.st.JobUndoClaim(ctx, undo)
+		// Their instance may have sent them before it died: sent again,
+		// they keep counting in their rate windows.
+		n, undoErr := s.st.JobUndoForResend(ctx, undo)
 		rep.Rescued += n
 		if n > 0 {
 			s.log.Warn("claims undone: their instance died before sending", zap.Int("jobs", n))
