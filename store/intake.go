@@ -232,16 +232,30 @@ func jobsInsert(ctx context.Context, tx pgx.Tx, jobs []IntakeJob, instance strin
 		), open AS (
 		  -- The queues whose new due jobs may be claimed as they are
 		  -- stored: not paused, and no due job waiting, which comes first.
-		  -- One probe of the due index per queue (a scalar subquery with
-		  -- LIMIT 1: never an anti-join that reads every due job).
+		  -- The types with waiting jobs in the queue (a skip scan of the
+		  -- due index, one probe per type), then one probe of each type's
+		  -- range of the due index up to now: never a walk of waiting
+		  -- jobs, a day ahead or not.
 		  SELECT q.queue FROM (SELECT DISTINCT queue FROM n WHERE n.claim) q
 		  WHERE NOT EXISTS (SELECT 1 FROM hipq_queue p WHERE p.name = q.queue AND p.paused)
-		    AND (SELECT j.id FROM hipq_job j WHERE j.queue = q.queue AND j.state IN ('initial', 'retry')
-		         AND j.scheduled_run_time <= now()
-		         -- (in time order: the due index by time, never the one
-		         -- by priority, which holds every waiting job of the
-		         -- queue, a day ahead or not, before its due ones)
-		         ORDER BY j.scheduled_run_time LIMIT 1) IS NULL
+		    AND NOT EXISTS (
+		      WITH RECURSIVE t(job_type) AS (
+		        (SELECT j.job_type FROM hipq_job j WHERE j.queue = q.queue AND j.state IN ('initial', 'retry')
+		         ORDER BY j.job_type LIMIT 1)
+		        UNION ALL
+		        SELECT (SELECT j.job_type FROM hipq_job j WHERE j.queue = q.queue AND j.state IN ('initial', 'retry')
+		                  AND j.job_type > t.job_type ORDER BY j.job_type LIMIT 1)
+		        FROM t WHERE t.job_type IS NOT NULL
+		      )
+		      SELECT 1 FROM t WHERE t.job_type IS NOT NULL
+		        -- (a scalar subquery with LIMIT 1: a probe per type, never
+		        -- a join that reads every due job)
+		        AND (SELECT j.id FROM hipq_job j WHERE j.queue = q.queue AND j.job_type = t.job_type
+		             AND j.state IN ('initial', 'retry') AND j.scheduled_run_time <= now()
+		             -- (in time order: the type's range of the due index by
+		             -- time, never the one by priority, which holds its waiting
+		             -- jobs, a day ahead or not, before its due ones)
+		             ORDER BY j.scheduled_run_time LIMIT 1) IS NOT NULL)
 		), m AS (
 		  SELECT n.*, coalesce(n.claim, false) AND n.time_windows IS NULL AND n.max_attempts >= 1
 		              AND coalesce(n.scheduled_run_time, now()) <= now() AND (n.expires_at IS NULL OR n.expires_at > now())

@@ -266,9 +266,9 @@ func TestClaimFastPathPlans(t *testing.T) {
 				order, index, plans string
 				limit               int // a throttle: the claim walks its candidates in PL/pgSQL
 			}{
-				{"scheduled_first", "hipq_job_due_sched", "force_generic_plan", 0}, {"priority_first", "hipq_job_due_prio", "force_generic_plan", 0},
-				{"scheduled_first", "hipq_job_due_sched", "force_custom_plan", 0}, {"priority_first", "hipq_job_due_prio", "force_custom_plan", 0},
-				{"scheduled_first", "hipq_job_due_sched", "force_custom_plan", 1 << 20}, {"priority_first", "hipq_job_due_prio", "force_custom_plan", 1 << 20},
+				{"scheduled_first", "hipq_job_due_type_sched", "force_generic_plan", 0}, {"priority_first", "hipq_job_due_type_prio", "force_generic_plan", 0},
+				{"scheduled_first", "hipq_job_due_type_sched", "force_custom_plan", 0}, {"priority_first", "hipq_job_due_type_prio", "force_custom_plan", 0},
+				{"scheduled_first", "hipq_job_due_type_sched", "force_custom_plan", 1 << 20}, {"priority_first", "hipq_job_due_type_prio", "force_custom_plan", 1 << 20},
 			} {
 				name := fmt.Sprintf("%s (%s, throttle_limit %d)", c.order, c.plans, c.limit)
 				if _, err := conn.Exec(ctx, "SET plan_cache_mode = "+c.plans); err != nil {
@@ -1161,7 +1161,7 @@ func TestDueProbeReadsTheDueIndex(t *testing.T) {
 							if n.str("Relation Name") != "hipq_job" {
 								return
 							}
-							if n.str("Index Name") != "hipq_job_due_sched" {
+							if n.str("Index Name") != "hipq_job_due_type_sched" {
 								t.Errorf("round %d, queue %s: hipq_job read by %s %s, not the due index by time", round, queue,
 									n.str("Node Type"), n.str("Index Name"))
 							}
