@@ -106,6 +106,9 @@ DECLARE
     v_sql      text;
     v_zr       text[];   -- windows whose count fell to 0
     v_zp       text[];
+    v_ctids    tid[];
+    v_want     int;
+    v_skip     bigint[] := '{}';
 BEGIN
     IF EXISTS (SELECT 1 FROM hipq_queue q WHERE q.name = p_queue AND q.paused) THEN
         RETURN;
@@ -127,6 +130,15 @@ BEGIN
         )
         SELECT coalesce(array_agg(t.job_type) FILTER (WHERE t.job_type IS NOT NULL), '{}') INTO v_types FROM t;
     END IF;
+    IF cardinality(v_types) > 1 THEN
+        -- Of several types, those with a due job now (one probe of each
+        -- type's range of the due index): only they are read further.
+        v_types := ARRAY(SELECT t.t FROM unnest(v_types) AS t(t)
+                         WHERE (SELECT j.id FROM hipq_job j
+                                WHERE j.queue = p_queue AND j.job_type = t.t AND j.state IN ('initial', 'retry')
+                                  AND j.scheduled_run_time <= now() AND (j.expires_at IS NULL OR j.expires_at > now())
+                                ORDER BY j.scheduled_run_time LIMIT 1) IS NOT NULL);
+    END IF;
     IF cardinality(v_types) = 0 THEN
         RETURN;
     END IF;
@@ -143,26 +155,46 @@ BEGIN
         -- per order, each with its cached plan, reading the type's due
         -- index.
         IF cardinality(v_types) > 1 THEN
-            -- Several types: the first due jobs of each type, each read
-            -- from its due index in the queue's order and locked as it is
-            -- read, merged in that order (a Merge Append, which reads each
-            -- type only as far as the merge takes it).
-            v_sql := (SELECT string_agg(format($b$SELECT * FROM (
-                          SELECT j.ctid AS tid, j.state, j.attempt, j.scheduled_run_time, j.priority, j.id,
-                                 CASE WHEN j.time_windows IS NULL AND NOT $3 ? j.job_type THEN true
-                                      ELSE hipq_window_open(coalesce(j.time_windows, $3 -> j.job_type), now()) END AS open
-                          FROM hipq_job j
-                          WHERE j.queue = $1 AND j.job_type = %L AND j.state IN ('initial', 'retry')
-                            AND j.scheduled_run_time <= now() AND (j.expires_at IS NULL OR j.expires_at > now())
-                          ORDER BY %s LIMIT $2
-                          FOR UPDATE OF j SKIP LOCKED) b$b$, t.t, v_order), ' UNION ALL ')
-                      FROM unnest(v_types) AS t(t));
-            EXECUTE format($q$
-                SELECT coalesce(array_agg(s.tid ORDER BY %1$s), '{}'), coalesce(array_agg(s.open ORDER BY %1$s), '{}'),
-                       coalesce(array_agg(s.state ORDER BY %1$s), '{}'), coalesce(array_agg(s.attempt ORDER BY %1$s), '{}')
-                FROM (%2$s ORDER BY %1$s LIMIT $2) s$q$, v_order, v_sql)
-                INTO v_tids, v_open, v_states, v_atts
-                USING p_queue, p_batch, v_windows;
+            -- Several types: each type's first due jobs, read from its due
+            -- index in the queue's order and merged in that order (a Merge
+            -- Append, which reads each type only as far as the merge takes
+            -- it); then those still waiting are locked, passing over rows
+            -- another claim holds (SKIP LOCKED), and the merge is read
+            -- again past them until the batch is full or nothing is left
+            -- (at most 8 times). (Rows locked inside each type's read would
+            -- keep the merge from being a Merge Append: every type would
+            -- lock a whole batch.)
+            v_sql := format($q$SELECT array_agg(s.id ORDER BY %1$s), array_agg(s.tid ORDER BY %1$s) FROM (%2$s ORDER BY %1$s LIMIT $2) s$q$,
+                v_order,
+                (SELECT string_agg(format($b$SELECT * FROM (
+                            SELECT j.ctid AS tid, j.scheduled_run_time, j.priority, j.id
+                            FROM hipq_job j
+                            WHERE j.queue = $1 AND j.job_type = %L AND j.state IN ('initial', 'retry')
+                              AND j.scheduled_run_time <= now() AND (j.expires_at IS NULL OR j.expires_at > now())
+                              AND NOT j.id = ANY($3)
+                            ORDER BY %s LIMIT $2) b$b$, t.t, v_order), ' UNION ALL ')
+                 FROM unnest(v_types) AS t(t)));
+            v_tids := '{}';
+            v_open := '{}';
+            v_states := '{}';
+            v_atts := '{}';
+            FOR i IN 1 .. 8 LOOP
+                v_want := p_batch - cardinality(v_tids);
+                EXECUTE v_sql INTO c_id, v_ctids USING p_queue, v_want, v_skip;
+                EXIT WHEN c_id IS NULL;
+                SELECT v_tids || coalesce(array_agg(l.tid ORDER BY l.ord), '{}'), v_open || coalesce(array_agg(l.open ORDER BY l.ord), '{}'),
+                       v_states || coalesce(array_agg(l.state ORDER BY l.ord), '{}'), v_atts || coalesce(array_agg(l.attempt ORDER BY l.ord), '{}')
+                  INTO v_tids, v_open, v_states, v_atts
+                  FROM (SELECT j.ctid AS tid, j.state, j.attempt, c.ord,
+                               CASE WHEN j.time_windows IS NULL AND NOT v_windows ? j.job_type THEN true
+                                    ELSE hipq_window_open(coalesce(j.time_windows, v_windows -> j.job_type), now()) END AS open
+                        FROM unnest(v_ctids) WITH ORDINALITY AS c(tid, ord)
+                        JOIN hipq_job j ON j.ctid = c.tid
+                        WHERE j.queue = p_queue AND j.state IN ('initial', 'retry')
+                        FOR UPDATE OF j SKIP LOCKED) l;
+                v_skip := v_skip || c_id;
+                EXIT WHEN cardinality(v_tids) >= p_batch OR cardinality(c_id) < v_want;
+            END LOOP;
         ELSIF p_order = 'priority_first' THEN
             SELECT coalesce(array_agg(s.tid ORDER BY s.priority, s.scheduled_run_time, s.id), '{}'), coalesce(array_agg(s.open ORDER BY s.priority, s.scheduled_run_time, s.id), '{}'),
                    coalesce(array_agg(s.state ORDER BY s.priority, s.scheduled_run_time, s.id), '{}'), coalesce(array_agg(s.attempt ORDER BY s.priority, s.scheduled_run_time, s.id), '{}')
