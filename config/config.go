@@ -233,6 +233,9 @@ type UI struct {
 	// Redact lists JSON pointers (e.g. /card/number) of job_data fields the
 	// dashboard shows as "[redacted]".
 	Redact []string `yaml:"redact"`
+	// SessionTTL is how long a dashboard session lasts unused; each use
+	// moves its end to session_ttl from then. Defaults to 12h.
+	SessionTTL Duration `yaml:"session_ttl"`
 }
 
 // Tracing exports OpenTelemetry traces over OTLP/HTTP.

@@ -88,6 +88,7 @@ func (c *Config) fillDefaults() {
 		def(&c.API.PublicURL, "http://"+c.API.Listen)
 		c.API.MaxConns = cmp.Or(c.API.MaxConns, api.DefaultMaxConns)
 		defD(&c.API.RequestTimeout, api.DefaultRequestTimeout)
+		defD(&c.API.UI.SessionTTL, api.DefaultSessionTTL)
 	}
 	defD(&c.ShutdownTimeout, DefaultShutdownTimeout)
 	def(&c.Log.Level, DefaultLogLevel)
@@ -260,6 +261,9 @@ func (c *Config) Validate() error {
 		if p := a.UI.PathPrefix; p != "" && (!strings.HasPrefix(p, "/") || strings.HasSuffix(p, "/") ||
 			strings.ContainsAny(p, "?#%{} \"") || strings.Contains(p, "//")) {
 			bad("api.ui.path_prefix", "%q must start with / and not end with one, like /hipq (no ?, #, %%, braces, quotes or spaces)", p)
+		}
+		if a.UI.SessionTTL < Duration(time.Minute) {
+			bad("api.ui.session_ttl", "%v must be at least 1m", a.UI.SessionTTL.D())
 		}
 		for i, ptr := range a.UI.Redact {
 			if !strings.HasPrefix(ptr, "/") {

@@ -357,7 +357,7 @@ func (a *app) buildAPI(ctx context.Context) error {
 	var ui *api.UIConfig
 	if !c.UI.Disabled {
 		ui = &api.UIConfig{PathPrefix: c.UI.PathPrefix, Redact: c.UI.Redact, Throttles: a.cfg.Throttles(), Lag: a.consumerLag,
-			Requests: requestShapes(a.cfg), SecureCookies: strings.HasPrefix(c.PublicURL, "https:")}
+			Requests: requestShapes(a.cfg), SecureCookies: strings.HasPrefix(c.PublicURL, "https:"), SessionTTL: c.UI.SessionTTL.D()}
 	}
 	a.api = api.New(a.log, a.apiStore, api.Config{Listen: c.Listen, Tokens: c.Tokens, ReadTokens: c.ReadTokens, HotPath: a.st, UI: ui,
 		RequestTimeout: c.RequestTimeout.D(), CallbackSecret: []byte(c.CallbackSecret), MaxBodyBytes: a.cfg.Intake.MaxBytes,
