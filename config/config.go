@@ -28,6 +28,8 @@ type Config struct {
 	Sweeper   Sweeper   `yaml:"sweeper"`
 	// API is the HTTP server; absent means none.
 	API *API `yaml:"api,omitempty"`
+	// Metrics is where every instance serves /metrics, /healthz and /readyz.
+	Metrics Metrics `yaml:"metrics"`
 	// ShutdownTimeout bounds the drain after SIGTERM. Defaults to 15s.
 	ShutdownTimeout Duration  `yaml:"shutdown_timeout"`
 	Log             Log       `yaml:"log"`
@@ -221,6 +223,14 @@ type API struct {
 	RequestTimeout Duration `yaml:"request_timeout"`
 	// UI is the dashboard the API serves at {path_prefix}/ui/.
 	UI UI `yaml:"ui"`
+}
+
+// Metrics is where /metrics, /healthz and /readyz are served.
+type Metrics struct {
+	// Listen is their address. Defaults to :9464 without an api section;
+	// with one, they are served on the API's listener (and on :9464 by an
+	// instance not running the api role).
+	Listen string `yaml:"listen"`
 }
 
 // UI is the web dashboard.

@@ -22,6 +22,10 @@ func TestDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	withAPI, err := Parse(minimal+"api: {callback_secret: "+strings.Repeat("s", 32)+"}\n", env(map[string]string{"DB_URL": "x"}))
+	if err != nil {
+		t.Fatal(err)
+	}
 	checks := []struct {
 		name      string
 		got, want any
@@ -41,15 +45,10 @@ func TestDefaults(t *testing.T) {
 		{"migrate", *cfg.Database.Migrate, true},
 		{"default queue", cfg.Queues[0].Name, "default"},
 		{"session timeout", cfg.Kafka.SessionTimeout.D(), 10 * time.Second},
+		{"metrics listen without an api", cfg.Metrics.Listen, ":9464"},
+		{"metrics listen with an api (the API's listener)", withAPI.Metrics.Listen, ""},
+		{"dashboard session ttl", withAPI.API.UI.SessionTTL.D(), 12 * time.Hour},
 	}
-	withAPI, err := Parse(minimal+"api: {callback_secret: "+strings.Repeat("s", 32)+"}\n", env(map[string]string{"DB_URL": "x"}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	checks = append(checks, struct {
-		name      string
-		got, want any
-	}{"dashboard session ttl", withAPI.API.UI.SessionTTL.D(), 12 * time.Hour})
 	for _, c := range checks {
 		if c.got != c.want {
 			t.Errorf("%s = %v, want %v", c.name, c.got, c.want)
@@ -105,6 +104,7 @@ intake: {start: middle, topics: [jobs]}
 dispatch: {interval: -1s, batch_size: -5}
 sweeper: {schedule: "every now and then"}
 api: {callback_secret: short, tokens: [tiny], read_tokens: [small], ui: {path_prefix: "hipq/", redact: [card], session_ttl: 10s}}
+metrics: {listen: "9464"}
 log: {level: loud}
 queues:
   - {name: q1, throttle_limit: -1, shares: {by: {json: /region}, weights: {east: 0}}}
@@ -135,7 +135,7 @@ job_types:
 		"name:", "database.max_conns:", "kafka.brokers:", "kafka.sasl.mechanism:", "intake.start:",
 		"dispatch.interval:", "dispatch.batch_size:", "sweeper.schedule:", "api.callback_secret:", "api.tokens[0]:",
 		"api.read_tokens[0]:", "api.ui.path_prefix:", "api.ui.redact[0]:", "api.ui.session_ttl:",
-		"log.level:", "queues[0].throttle_limit:", "queues[0].shares:", "queues[0].shares.weights.east:", "queues[1].name:",
+		"metrics.listen:", "log.level:", "queues[0].throttle_limit:", "queues[0].shares:", "queues[0].shares.weights.east:", "queues[1].name:",
 		"job_types[0].queue:", "job_types[0].transport:", "job_types[1].transport.kafka.topic:", "job_types[1].reply_topic:",
 		"job_types[1].retry.when[1]:", "job_types[1].retry.jitter:", "job_types[1].time_windows[0]:", "job_types[2].name:",
 	}

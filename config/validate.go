@@ -4,10 +4,12 @@ import (
 	"cmp"
 	"encoding/json"
 	"fmt"
+	"net"
 	"net/url"
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -37,6 +39,10 @@ const (
 	DefaultLogLevel        = "info"
 	DefaultLogFormat       = "json"
 	DefaultBackoff         = "exponential"
+	// DefaultMetricsListen is where an instance without the API serves
+	// /metrics, /healthz and /readyz: the port OpenTelemetry's Prometheus
+	// exporters use.
+	DefaultMetricsListen = ":9464"
 )
 
 // Record sizes (intake.max_bytes, kafka.max_record_bytes).
@@ -89,6 +95,9 @@ func (c *Config) fillDefaults() {
 		c.API.MaxConns = cmp.Or(c.API.MaxConns, api.DefaultMaxConns)
 		defD(&c.API.RequestTimeout, api.DefaultRequestTimeout)
 		defD(&c.API.UI.SessionTTL, api.DefaultSessionTTL)
+	}
+	if c.API == nil {
+		def(&c.Metrics.Listen, DefaultMetricsListen)
 	}
 	defD(&c.ShutdownTimeout, DefaultShutdownTimeout)
 	def(&c.Log.Level, DefaultLogLevel)
@@ -277,6 +286,13 @@ func (c *Config) Validate() error {
 			bad("api.max_conns", "%d must be at least 1", a.MaxConns)
 		}
 		positive("api.request_timeout", a.RequestTimeout)
+	}
+	if l := c.Metrics.Listen; l != "" {
+		if _, port, err := net.SplitHostPort(l); err != nil {
+			bad("metrics.listen", "%q is not host:port, like :9464 or 127.0.0.1:9464", l)
+		} else if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
+			bad("metrics.listen", "%q: the port %q is not a number from 0 to 65535", l, port)
+		}
 	}
 	positive("shutdown_timeout", c.ShutdownTimeout)
 	oneOf("tracing.sampler", c.Tracing.Sampler, "", tracing.SamplerParentRatio, tracing.SamplerAlwaysOn, tracing.SamplerAlwaysOff)
