@@ -255,10 +255,14 @@ type Tracing struct {
 	// or OTEL_EXPORTER_OTLP_ENDPOINT variable; without either, tracing is
 	// off and costs nothing.
 	Endpoint string `yaml:"endpoint"`
-	// Sampler: parent_ratio (default: a sampled parent's decision, else
-	// ratio of new traces), always_on or always_off.
+	// Sampler is one of OpenTelemetry's: always_on, always_off,
+	// traceidratio, parentbased_always_on, parentbased_always_off or
+	// parentbased_traceidratio. Defaults to OTEL_TRACES_SAMPLER, else
+	// parentbased_traceidratio. parent_ratio, hipq's former name of
+	// parentbased_traceidratio, is accepted with a warning.
 	Sampler string `yaml:"sampler"`
-	// Ratio of new traces sampled by parent_ratio; defaults to 1.
+	// Ratio of the traces the ratio samplers start, 0 to 1. Defaults to
+	// OTEL_TRACES_SAMPLER_ARG, else 1.
 	Ratio float64 `yaml:"ratio"`
 	// ServiceName defaults to OTEL_SERVICE_NAME, else name.
 	ServiceName string `yaml:"service_name"`

@@ -295,9 +295,13 @@ func (c *Config) Validate() error {
 		}
 	}
 	positive("shutdown_timeout", c.ShutdownTimeout)
-	oneOf("tracing.sampler", c.Tracing.Sampler, "", tracing.SamplerParentRatio, tracing.SamplerAlwaysOn, tracing.SamplerAlwaysOff)
+	if s := c.Tracing.Sampler; s != "" && s != tracing.SamplerParentRatio && !slices.Contains(tracing.Samplers, s) {
+		bad("tracing.sampler", "%q is not one of OpenTelemetry's %s", s, strings.Join(tracing.Samplers, ", "))
+	}
 	if c.Tracing.Ratio < 0 || c.Tracing.Ratio > 1 {
 		bad("tracing.ratio", "%v must be between 0 and 1", c.Tracing.Ratio)
+	} else if s := c.Tracing.Sampler; c.Tracing.Ratio != 0 && s != "" && !tracing.TakesRatio(s) {
+		bad("tracing.ratio", "sampler %s takes no ratio (only traceidratio and parentbased_traceidratio do)", s)
 	}
 	if e := c.Tracing.Endpoint; e != "" {
 		if u, err := url.Parse(e); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {

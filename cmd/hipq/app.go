@@ -201,11 +201,14 @@ func (a *app) migrate(ctx context.Context) error {
 // OTEL_* environment; off, it costs nothing.
 func (a *app) startTracing(ctx context.Context) error {
 	t := a.cfg.Tracing
+	if note := tracing.SamplerNote(t.Sampler); note != "" {
+		a.log.Warn("tracing.sampler: a former hipq name, or a name whose meaning changed", zap.String("sampler", t.Sampler), zap.String("note", note))
+	}
 	var err error
 	a.tracing, err = tracing.Start(ctx, tracing.Config{Endpoint: t.Endpoint, Sampler: t.Sampler, Ratio: t.Ratio,
 		ServiceName: t.ServiceName, Name: a.cfg.Name, Link: t.Link, BatchTimeout: t.BatchTimeout.D()})
 	if err == nil && a.tracing.Tracer != nil {
-		a.log.Info("tracing on", zap.String("endpoint", t.Endpoint), zap.String("sampler", t.Sampler), zap.Bool("link", t.Link))
+		a.log.Info("tracing on", zap.String("endpoint", t.Endpoint), zap.String("sampler", a.tracing.Sampler), zap.Bool("link", t.Link))
 	}
 	return err
 }
