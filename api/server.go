@@ -129,9 +129,7 @@ func New(log *zap.Logger, st *store.Store, cfg Config) *Server {
 	s.mux.Handle("POST /v1/schedules/{name}/trigger", auth(s.triggerSchedule))
 	s.mux.Handle("GET /v1/dead-letters", auth(s.listDeadLetters))
 	s.mux.Handle("POST /v1/dead-letters/{id}/replay", auth(s.replayDeadLetter))
-	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
-		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
-	})
+	s.mux.HandleFunc("GET /healthz", healthz)
 	s.mux.Handle("GET /readyz", s.handle(s.readyz))
 	if serveMetrics {
 		s.mux.Handle("GET /metrics", cfg.Metrics.Handler())
@@ -367,32 +365,6 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error
 }
 
 func (s *Server) readyz(w http.ResponseWriter, r *http.Request) error {
-	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
-	defer cancel()
-	checks := map[string]string{}
-	ok := true
-	check := func(name string, err error) {
-		if err != nil {
-			ok = false
-			checks[name] = err.Error()
-			return
-		}
-		checks[name] = "ok"
-	}
-	check("postgres", s.st.Ping(ctx))
-	hot := s.cfg.HotPath
-	if hot == nil {
-		hot = s.st
-	}
-	check("writes", hot.WriteStalled(s.cfg.WriteDeadline))
-	check("schema", s.st.CheckSchema(ctx))
-	if s.cfg.Ready != nil {
-		check("kafka", s.cfg.Ready(ctx))
-	}
-	status := http.StatusOK
-	if !ok {
-		status = http.StatusServiceUnavailable
-	}
-	writeJSON(w, status, map[string]any{"ready": ok, "checks": checks})
+	readyz(w, r, ProbeConfig{Store: s.st, HotPath: s.cfg.HotPath, WriteDeadline: s.cfg.WriteDeadline, Ready: s.cfg.Ready})
 	return nil
 }

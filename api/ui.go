@@ -4,19 +4,25 @@ package api
 // by the API from html/template and embedded files. Pages work without
 // JavaScript; ui.js (ours, embedded) only refreshes the overview in place.
 //
-// Security: the same tokens as the API, typed once on the login page and
-// kept in an HttpOnly, SameSite=Strict cookie; the read role sees no
-// buttons and its POSTs are refused. Every POST carries a CSRF token, the
-// HMAC of a random per-browser cookie (so it needs no server state and
-// holds across instances). The Content-Security-Policy allows nothing but
-// the dashboard's own files: no inline script or style.
+// Security: the same tokens as the API, typed once on the login page. A
+// sign-in makes a session: a random id in an HttpOnly, SameSite=Strict
+// cookie, stored hashed in PostgreSQL (so every instance knows it) with
+// the HMAC of the token and its role, and an expiry that slides while it
+// is used. Each request checks that token is still configured with that
+// role. The read role sees no buttons and its POSTs are refused. Every
+// POST carries a CSRF token, the HMAC of a random per-browser cookie and
+// of the session's id (so it needs no server state of its own). The
+// Content-Security-Policy allows nothing but the dashboard's own files: no
+// inline script or style.
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
+	"crypto/subtle"
 	"embed"
 	"encoding/base64"
 	"encoding/hex"
@@ -59,7 +65,13 @@ type UIConfig struct {
 	// (api.public_url is https: a TLS proxy in front); otherwise only
 	// requests over TLS or with X-Forwarded-Proto: https get them.
 	SecureCookies bool
+	// SessionTTL is how long a session lasts unused; each use moves its
+	// end to SessionTTL from then. Defaults to DefaultSessionTTL.
+	SessionTTL time.Duration
 }
+
+// DefaultSessionTTL is how long a dashboard session lasts unused.
+const DefaultSessionTTL = 12 * time.Hour
 
 // RequestShape is how a job type's requests are sent: transport (kafka or
 // http), target (the topic, or the method and URL without its secrets),
@@ -82,7 +94,7 @@ type GroupLag struct {
 }
 
 const (
-	uiSessionCookie = "hipq_ui_session" // the token
+	uiSessionCookie = "hipq_ui_session" // the session's random id
 	uiNonceCookie   = "hipq_ui_nonce"   // the CSRF token is its HMAC
 	uiCSP           = "default-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
 	redacted        = "[redacted]"
@@ -95,7 +107,10 @@ type ui struct {
 	base    string // {prefix}/ui
 	pages   map[string]*template.Template
 	csrfKey []byte
-	counts  countCache
+	// tokens are the configured tokens' hashes (tokenHash) and roles:
+	// what a stored session is checked against.
+	tokens map[string]role
+	counts countCache
 }
 
 // mountUI registers the dashboard's routes on the server's mux.
@@ -111,6 +126,14 @@ func (s *Server) mountUI(cfg UIConfig) {
 	m := hmac.New(sha256.New, secret)
 	m.Write([]byte("hipq dashboard key"))
 	u.csrfKey = m.Sum(nil)
+	u.cfg.SessionTTL = cmp.Or(u.cfg.SessionTTL, DefaultSessionTTL)
+	u.tokens = map[string]role{}
+	for _, t := range s.cfg.ReadTokens {
+		u.tokens[string(u.tokenHash(t))] = roleRead
+	}
+	for _, t := range s.cfg.Tokens { // a token in both lists is admin, as in the API
+		u.tokens[string(u.tokenHash(t))] = roleAdmin
+	}
 	funcs := template.FuncMap{
 		"link":     u.link,
 		"ago":      ago,
@@ -187,7 +210,11 @@ func (u *ui) page(fn func(*http.Request, *view) error) http.Handler {
 		ctx, cancel := context.WithTimeout(r.Context(), u.s.cfg.RequestTimeout)
 		defer cancel()
 		r = r.WithContext(ctx)
-		rl := u.role(r)
+		rl, err := u.role(r)
+		if err != nil {
+			u.fail(w, r, &view{Base: u.base}, err)
+			return
+		}
 		if rl == roleNone {
 			http.Redirect(w, r, u.base+"/login?next="+url.QueryEscape(r.URL.RequestURI()), http.StatusSeeOther)
 			return
@@ -234,14 +261,50 @@ func (u *ui) render(w http.ResponseWriter, status int, v *view) {
 }
 
 // role is the session's role: with no tokens configured everyone is admin.
-func (u *ui) role(r *http.Request) role {
+// A session whose token is no longer configured with the role it signed in
+// with is deleted: it stays ended if the token comes back.
+func (u *ui) role(r *http.Request) (role, error) {
 	if len(u.s.cfg.Tokens) == 0 {
-		return roleAdmin
+		return roleAdmin, nil
 	}
-	if t := u.session(r); t != "" {
-		return u.s.roleOf(t)
+	id := u.sessionID(r)
+	if id == nil {
+		return roleNone, nil
 	}
-	return roleNone
+	sess, err := u.s.st.UISessionTouch(r.Context(), id, u.cfg.SessionTTL, min(time.Minute, u.cfg.SessionTTL/2))
+	if err != nil || sess == nil {
+		return roleNone, err
+	}
+	configured := roleNone
+	for h, rl := range u.tokens {
+		if subtle.ConstantTimeCompare([]byte(h), sess.TokenHash) == 1 {
+			configured = rl
+		}
+	}
+	if configured == roleNone || configured.String() != sess.Role {
+		u.s.log.Info("dashboard session ended: its token is no longer configured with its role", zap.String("role", sess.Role))
+		return roleNone, u.s.st.UISessionDelete(r.Context(), id)
+	}
+	return configured, nil
+}
+
+// String names a role as sessions store it.
+func (rl role) String() string {
+	switch rl {
+	case roleAdmin:
+		return "admin"
+	case roleRead:
+		return "read"
+	}
+	return "none"
+}
+
+// tokenHash is what a session keeps of its token: its HMAC under the
+// dashboard's key, never the token.
+func (u *ui) tokenHash(token string) []byte {
+	m := hmac.New(sha256.New, u.csrfKey)
+	m.Write([]byte("ui-session-token\n" + token))
+	return m.Sum(nil)
 }
 
 // csrf returns the request's CSRF token, setting the nonce cookie it is
@@ -285,18 +348,29 @@ func (u *ui) csrfValid(r *http.Request) bool {
 	return hmac.Equal([]byte(r.PostFormValue("csrf")), []byte(u.csrfOf(c.Value, u.session(r))))
 }
 
-// session is the session cookie's token ("" when signed out).
+// session is the session cookie's value ("" when signed out): the
+// session's random id, to which CSRF tokens are bound.
 func (u *ui) session(r *http.Request) string {
 	c, err := r.Cookie(uiSessionCookie)
 	if err != nil {
 		return ""
 	}
-	b, err := base64.RawURLEncoding.DecodeString(c.Value)
-	if err != nil {
-		return ""
-	}
-	return string(b)
+	return c.Value
 }
+
+// sessionID is the hash of the session's id, as stored (nil when the
+// request has no well-formed session cookie).
+func (u *ui) sessionID(r *http.Request) []byte {
+	b, err := base64.RawURLEncoding.DecodeString(u.session(r))
+	if err != nil || len(b) != sessionIDBytes {
+		return nil
+	}
+	h := sha256.Sum256(b)
+	return h[:]
+}
+
+// sessionIDBytes is the length of a session's random id.
+const sessionIDBytes = 32
 
 func (u *ui) cookie(r *http.Request, name, value string) *http.Cookie {
 	return &http.Cookie{Name: name, Value: value, Path: u.base + "/", HttpOnly: true, SameSite: http.SameSiteStrictMode,
@@ -327,23 +401,49 @@ func (u *ui) login(w http.ResponseWriter, r *http.Request) {
 	}
 	token := strings.TrimSpace(r.PostFormValue("token"))
 	next := u.next(r.PostFormValue("next"))
-	if len(u.s.cfg.Tokens) > 0 && u.s.roleOf(token) == roleNone {
+	if len(u.s.cfg.Tokens) == 0 { // no sign-in needed: no session
+		http.Redirect(w, r, next, http.StatusSeeOther)
+		return
+	}
+	rl := u.s.roleOf(token)
+	if rl == roleNone {
 		u.s.log.Warn("dashboard sign-in refused", zap.String("remote", r.RemoteAddr))
 		http.Redirect(w, r, u.base+"/login?failed=1&next="+url.QueryEscape(next), http.StatusSeeOther)
 		return
 	}
-	// The token is kept encoded (a cookie value cannot hold every byte a
-	// token may), and the nonce is new: nothing of the signed-out browser
-	// carries over into the session.
-	http.SetCookie(w, u.cookie(r, uiSessionCookie, base64.RawURLEncoding.EncodeToString([]byte(token))))
+	// A new random id, and a new nonce: nothing of the signed-out browser
+	// carries over into the session. The browser's previous session, if
+	// any, ends.
+	id := make([]byte, sessionIDBytes)
+	_, _ = rand.Read(id)
+	idHash := sha256.Sum256(id)
+	ctx, cancel := context.WithTimeout(r.Context(), u.s.cfg.RequestTimeout)
+	defer cancel()
+	err := u.s.st.UISessionCreate(ctx, idHash[:], store.UISession{TokenHash: u.tokenHash(token), Role: rl.String()},
+		u.cfg.SessionTTL, u.sessionID(r))
+	if err != nil {
+		u.fail(w, r, &view{Base: u.base}, err)
+		return
+	}
+	http.SetCookie(w, u.cookie(r, uiSessionCookie, base64.RawURLEncoding.EncodeToString(id)))
 	u.newNonce(w, r)
 	http.Redirect(w, r, next, http.StatusSeeOther)
 }
 
+// logout ends the session on the server, so its cookie, kept or copied,
+// signs in no one, and clears the cookie.
 func (u *ui) logout(w http.ResponseWriter, r *http.Request) {
 	if !u.csrfValid(r) {
 		http.Error(w, "forbidden: the form's CSRF token is missing or wrong; reload the page", http.StatusForbidden)
 		return
+	}
+	if id := u.sessionID(r); id != nil {
+		ctx, cancel := context.WithTimeout(r.Context(), u.s.cfg.RequestTimeout)
+		defer cancel()
+		if err := u.s.st.UISessionDelete(ctx, id); err != nil {
+			u.fail(w, r, &view{Base: u.base}, err)
+			return
+		}
 	}
 	c := u.cookie(r, uiSessionCookie, "")
 	c.MaxAge = -1
@@ -360,7 +460,12 @@ func (u *ui) act(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "forbidden: the form's CSRF token is missing or wrong; reload the page", http.StatusForbidden)
 		return
 	}
-	if u.role(r) != roleAdmin {
+	rl, err := u.role(r)
+	if err != nil {
+		u.fail(w, r, &view{Base: u.base}, err)
+		return
+	}
+	if rl != roleAdmin {
 		http.Error(w, "forbidden: only an admin token (api.tokens) may change anything", http.StatusForbidden)
 		return
 	}

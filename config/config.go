@@ -28,6 +28,8 @@ type Config struct {
 	Sweeper   Sweeper   `yaml:"sweeper"`
 	// API is the HTTP server; absent means none.
 	API *API `yaml:"api,omitempty"`
+	// Metrics is where every instance serves /metrics, /healthz and /readyz.
+	Metrics Metrics `yaml:"metrics"`
 	// ShutdownTimeout bounds the drain after SIGTERM. Defaults to 15s.
 	ShutdownTimeout Duration  `yaml:"shutdown_timeout"`
 	Log             Log       `yaml:"log"`
@@ -223,6 +225,14 @@ type API struct {
 	UI UI `yaml:"ui"`
 }
 
+// Metrics is where /metrics, /healthz and /readyz are served.
+type Metrics struct {
+	// Listen is their address. Defaults to :9464 without an api section;
+	// with one, they are served on the API's listener (and on :9464 by an
+	// instance not running the api role).
+	Listen string `yaml:"listen"`
+}
+
 // UI is the web dashboard.
 type UI struct {
 	// Disabled turns the dashboard off; it is on wherever the API runs.
@@ -233,6 +243,9 @@ type UI struct {
 	// Redact lists JSON pointers (e.g. /card/number) of job_data fields the
 	// dashboard shows as "[redacted]".
 	Redact []string `yaml:"redact"`
+	// SessionTTL is how long a dashboard session lasts unused; each use
+	// moves its end to session_ttl from then. Defaults to 12h.
+	SessionTTL Duration `yaml:"session_ttl"`
 }
 
 // Tracing exports OpenTelemetry traces over OTLP/HTTP.
@@ -242,10 +255,14 @@ type Tracing struct {
 	// or OTEL_EXPORTER_OTLP_ENDPOINT variable; without either, tracing is
 	// off and costs nothing.
 	Endpoint string `yaml:"endpoint"`
-	// Sampler: parent_ratio (default: a sampled parent's decision, else
-	// ratio of new traces), always_on or always_off.
+	// Sampler is one of OpenTelemetry's: always_on, always_off,
+	// traceidratio, parentbased_always_on, parentbased_always_off or
+	// parentbased_traceidratio. Defaults to OTEL_TRACES_SAMPLER, else
+	// parentbased_traceidratio. parent_ratio, hipq's former name of
+	// parentbased_traceidratio, is accepted with a warning.
 	Sampler string `yaml:"sampler"`
-	// Ratio of new traces sampled by parent_ratio; defaults to 1.
+	// Ratio of the traces the ratio samplers start, 0 to 1. Defaults to
+	// OTEL_TRACES_SAMPLER_ARG, else 1.
 	Ratio float64 `yaml:"ratio"`
 	// ServiceName defaults to OTEL_SERVICE_NAME, else name.
 	ServiceName string `yaml:"service_name"`

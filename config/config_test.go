@@ -22,6 +22,10 @@ func TestDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	withAPI, err := Parse(minimal+"api: {callback_secret: "+strings.Repeat("s", 32)+"}\n", env(map[string]string{"DB_URL": "x"}))
+	if err != nil {
+		t.Fatal(err)
+	}
 	checks := []struct {
 		name      string
 		got, want any
@@ -41,6 +45,9 @@ func TestDefaults(t *testing.T) {
 		{"migrate", *cfg.Database.Migrate, true},
 		{"default queue", cfg.Queues[0].Name, "default"},
 		{"session timeout", cfg.Kafka.SessionTimeout.D(), 10 * time.Second},
+		{"metrics listen without an api", cfg.Metrics.Listen, ":9464"},
+		{"metrics listen with an api (the API's listener)", withAPI.Metrics.Listen, ""},
+		{"dashboard session ttl", withAPI.API.UI.SessionTTL.D(), 12 * time.Hour},
 	}
 	for _, c := range checks {
 		if c.got != c.want {
@@ -96,7 +103,9 @@ kafka: {brokers: [], sasl: {mechanism: KERBEROS}}
 intake: {start: middle, topics: [jobs]}
 dispatch: {interval: -1s, batch_size: -5}
 sweeper: {schedule: "every now and then"}
-api: {callback_secret: short, tokens: [tiny], read_tokens: [small], ui: {path_prefix: "hipq/", redact: [card]}}
+api: {callback_secret: short, tokens: [tiny], read_tokens: [small], ui: {path_prefix: "hipq/", redact: [card], session_ttl: 10s}}
+metrics: {listen: "9464"}
+tracing: {sampler: parentbased_always_on, ratio: 0.5}
 log: {level: loud}
 queues:
   - {name: q1, throttle_limit: -1, shares: {by: {json: /region}, weights: {east: 0}}}
@@ -126,8 +135,8 @@ job_types:
 	semantic := []string{
 		"name:", "database.max_conns:", "kafka.brokers:", "kafka.sasl.mechanism:", "intake.start:",
 		"dispatch.interval:", "dispatch.batch_size:", "sweeper.schedule:", "api.callback_secret:", "api.tokens[0]:",
-		"api.read_tokens[0]:", "api.ui.path_prefix:", "api.ui.redact[0]:",
-		"log.level:", "queues[0].throttle_limit:", "queues[0].shares:", "queues[0].shares.weights.east:", "queues[1].name:",
+		"api.read_tokens[0]:", "api.ui.path_prefix:", "api.ui.redact[0]:", "api.ui.session_ttl:",
+		"metrics.listen:", "tracing.ratio:", "log.level:", "queues[0].throttle_limit:", "queues[0].shares:", "queues[0].shares.weights.east:", "queues[1].name:",
 		"job_types[0].queue:", "job_types[0].transport:", "job_types[1].transport.kafka.topic:", "job_types[1].reply_topic:",
 		"job_types[1].retry.when[1]:", "job_types[1].retry.jitter:", "job_types[1].time_windows[0]:", "job_types[2].name:",
 	}
@@ -289,5 +298,20 @@ job_types: [{name: a, transport: {kafka: {topic: t, compression: LZ4}}}]
 	cfg, err := Parse("database: {url: \"postgres://x\"}\nkafka: {brokers: [k:9092]}\n", env(nil))
 	if err != nil || cfg.Kafka.Compression != "none" {
 		t.Fatalf("default compression %q, %v", cfg.Kafka.Compression, err)
+	}
+}
+
+// tracing.sampler takes OpenTelemetry's names, and hipq's former
+// parent_ratio for now; anything else is refused naming them.
+func TestSamplerNames(t *testing.T) {
+	for _, s := range []string{"always_on", "always_off", "traceidratio", "parentbased_always_on", "parentbased_always_off",
+		"parentbased_traceidratio", "parent_ratio"} {
+		if _, err := Parse(minimal+"tracing: {sampler: "+s+"}\n", env(map[string]string{"DB_URL": "x"})); err != nil {
+			t.Errorf("%s: %v", s, err)
+		}
+	}
+	_, err := Parse(minimal+"tracing: {sampler: sometimes}\n", env(map[string]string{"DB_URL": "x"}))
+	if err == nil || !strings.Contains(err.Error(), `tracing.sampler: "sometimes" is not one of OpenTelemetry's always_on, always_off, traceidratio`) {
+		t.Errorf("a bad sampler: %v", err)
 	}
 }

@@ -4,10 +4,12 @@ import (
 	"cmp"
 	"encoding/json"
 	"fmt"
+	"net"
 	"net/url"
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -37,6 +39,10 @@ const (
 	DefaultLogLevel        = "info"
 	DefaultLogFormat       = "json"
 	DefaultBackoff         = "exponential"
+	// DefaultMetricsListen is where an instance without the API serves
+	// /metrics, /healthz and /readyz: the port OpenTelemetry's Prometheus
+	// exporters use.
+	DefaultMetricsListen = ":9464"
 )
 
 // Record sizes (intake.max_bytes, kafka.max_record_bytes).
@@ -88,6 +94,10 @@ func (c *Config) fillDefaults() {
 		def(&c.API.PublicURL, "http://"+c.API.Listen)
 		c.API.MaxConns = cmp.Or(c.API.MaxConns, api.DefaultMaxConns)
 		defD(&c.API.RequestTimeout, api.DefaultRequestTimeout)
+		defD(&c.API.UI.SessionTTL, api.DefaultSessionTTL)
+	}
+	if c.API == nil {
+		def(&c.Metrics.Listen, DefaultMetricsListen)
 	}
 	defD(&c.ShutdownTimeout, DefaultShutdownTimeout)
 	def(&c.Log.Level, DefaultLogLevel)
@@ -261,6 +271,9 @@ func (c *Config) Validate() error {
 			strings.ContainsAny(p, "?#%{} \"") || strings.Contains(p, "//")) {
 			bad("api.ui.path_prefix", "%q must start with / and not end with one, like /hipq (no ?, #, %%, braces, quotes or spaces)", p)
 		}
+		if a.UI.SessionTTL < Duration(time.Minute) {
+			bad("api.ui.session_ttl", "%v must be at least 1m", a.UI.SessionTTL.D())
+		}
 		for i, ptr := range a.UI.Redact {
 			if !strings.HasPrefix(ptr, "/") {
 				bad(fmt.Sprintf("api.ui.redact[%d]", i), "%q is not a JSON pointer to a field, like /card/number", ptr)
@@ -274,10 +287,21 @@ func (c *Config) Validate() error {
 		}
 		positive("api.request_timeout", a.RequestTimeout)
 	}
+	if l := c.Metrics.Listen; l != "" {
+		if _, port, err := net.SplitHostPort(l); err != nil {
+			bad("metrics.listen", "%q is not host:port, like :9464 or 127.0.0.1:9464", l)
+		} else if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
+			bad("metrics.listen", "%q: the port %q is not a number from 0 to 65535", l, port)
+		}
+	}
 	positive("shutdown_timeout", c.ShutdownTimeout)
-	oneOf("tracing.sampler", c.Tracing.Sampler, "", tracing.SamplerParentRatio, tracing.SamplerAlwaysOn, tracing.SamplerAlwaysOff)
+	if s := c.Tracing.Sampler; s != "" && s != tracing.SamplerParentRatio && !slices.Contains(tracing.Samplers, s) {
+		bad("tracing.sampler", "%q is not one of OpenTelemetry's %s", s, strings.Join(tracing.Samplers, ", "))
+	}
 	if c.Tracing.Ratio < 0 || c.Tracing.Ratio > 1 {
 		bad("tracing.ratio", "%v must be between 0 and 1", c.Tracing.Ratio)
+	} else if s := c.Tracing.Sampler; c.Tracing.Ratio != 0 && s != "" && !tracing.TakesRatio(s) {
+		bad("tracing.ratio", "sampler %s takes no ratio (only traceidratio and parentbased_traceidratio do)", s)
 	}
 	if e := c.Tracing.Endpoint; e != "" {
 		if u, err := url.Parse(e); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {

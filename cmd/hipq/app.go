@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"net"
 	"os"
 	"slices"
 	"strings"
@@ -60,6 +61,9 @@ type app struct {
 	kafkaPing  *kgo.Client   // readiness checks of the API
 	apiStore   *store.Store  // the API's own connections
 	metrics    *metrics.Metrics
+	// probes listens on metrics.listen for /metrics, /healthz and /readyz
+	// when the API does not serve them here; nil when it does.
+	probes net.Listener
 	// replyCopies copy the replies the dispatcher, sweeper and API
 	// dead-letter to responses.dead_letter_topic.
 	replyCopies *deadletter.Copier
@@ -155,6 +159,7 @@ func newApp(ctx context.Context, cfg *config.Config, log *zap.Logger, opts appOp
 	if has("api") {
 		steps = append(steps, a.buildAPI)
 	}
+	steps = append(steps, a.buildProbes)
 	for _, step := range steps {
 		stepCtx, cancel := bounded()
 		err := step(stepCtx)
@@ -196,11 +201,14 @@ func (a *app) migrate(ctx context.Context) error {
 // OTEL_* environment; off, it costs nothing.
 func (a *app) startTracing(ctx context.Context) error {
 	t := a.cfg.Tracing
+	if note := tracing.SamplerNote(t.Sampler); note != "" {
+		a.log.Warn("tracing.sampler: a former hipq name, or a name whose meaning changed", zap.String("sampler", t.Sampler), zap.String("note", note))
+	}
 	var err error
 	a.tracing, err = tracing.Start(ctx, tracing.Config{Endpoint: t.Endpoint, Sampler: t.Sampler, Ratio: t.Ratio,
 		ServiceName: t.ServiceName, Name: a.cfg.Name, Link: t.Link, BatchTimeout: t.BatchTimeout.D()})
 	if err == nil && a.tracing.Tracer != nil {
-		a.log.Info("tracing on", zap.String("endpoint", t.Endpoint), zap.String("sampler", t.Sampler), zap.Bool("link", t.Link))
+		a.log.Info("tracing on", zap.String("endpoint", t.Endpoint), zap.String("sampler", a.tracing.Sampler), zap.Bool("link", t.Link))
 	}
 	return err
 }
@@ -357,12 +365,36 @@ func (a *app) buildAPI(ctx context.Context) error {
 	var ui *api.UIConfig
 	if !c.UI.Disabled {
 		ui = &api.UIConfig{PathPrefix: c.UI.PathPrefix, Redact: c.UI.Redact, Throttles: a.cfg.Throttles(), Lag: a.consumerLag,
-			Requests: requestShapes(a.cfg), SecureCookies: strings.HasPrefix(c.PublicURL, "https:")}
+			Requests: requestShapes(a.cfg), SecureCookies: strings.HasPrefix(c.PublicURL, "https:"), SessionTTL: c.UI.SessionTTL.D()}
 	}
 	a.api = api.New(a.log, a.apiStore, api.Config{Listen: c.Listen, Tokens: c.Tokens, ReadTokens: c.ReadTokens, HotPath: a.st, UI: ui,
 		RequestTimeout: c.RequestTimeout.D(), CallbackSecret: []byte(c.CallbackSecret), MaxBodyBytes: a.cfg.Intake.MaxBytes,
 		Queues: a.queues, Types: a.types, Schedules: a.cfg.PeriodicJobs(), Matchers: a.matchers, EarlyTTL: a.cfg.Responses.EarlyTTL.D(), Ready: a.kafkaPing.Ping,
 		Metrics: a.metrics, DeadLetters: a.replyCopies, Tracer: a.tracing.Tracer, TracerProvider: a.tracing.Provider})
+	return nil
+}
+
+// buildProbes: /metrics, /healthz and /readyz on every instance. The API
+// serves them on its listener; an instance without it serves them on
+// metrics.listen (default :9464), as does one whose metrics.listen names
+// another address than the API's.
+func (a *app) buildProbes(context.Context) error {
+	addr := a.cfg.Metrics.Listen
+	if a.api != nil && (addr == "" || addr == a.cfg.API.Listen) {
+		return nil
+	}
+	addr = cmp.Or(addr, config.DefaultMetricsListen)
+	if a.kafkaPing == nil {
+		var err error
+		if a.kafkaPing, err = kafkaconn.NewClient(a.kc, a.log); err != nil {
+			return err
+		}
+	}
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("metrics.listen: %w (another instance on this host? give each its own metrics.listen)", err)
+	}
+	a.probes = l
 	return nil
 }
 
@@ -444,6 +476,12 @@ func (a *app) run(ctx context.Context) error {
 	if a.api != nil {
 		g.Go(func() error { return a.api.Run(ctx) })
 	}
+	if a.probes != nil {
+		a.log.Info("metrics listening", zap.String("addr", a.probes.Addr().String()))
+		g.Go(func() error {
+			return api.ServeProbes(ctx, a.log, a.probes, api.ProbeConfig{Store: a.st, Ready: a.kafkaPing.Ping, Metrics: a.metrics})
+		})
+	}
 	a.activity = activity.New(a.log, a.st, a.metrics, a.instance, a.types, 0)
 	g.Go(func() error { return a.activity.Run(ctx) })
 	g.Go(func() error { a.watchStats(ctx, 250*time.Millisecond); return nil })
@@ -501,6 +539,9 @@ func (a *app) close() {
 	}
 	if a.kafkaPing != nil {
 		a.kafkaPing.Close()
+	}
+	if a.probes != nil {
+		a.probes.Close() // (already closed when run served it)
 	}
 	if a.apiStore != nil {
 		a.apiStore.Close()

@@ -23,6 +23,7 @@ intake: {topics: [hipq.jobs]}
 responses: {topics: [{topic: bench.responses}]}
 dispatch: {interval: 50ms, batch_size: 1000}
 sweeper: {schedule: "@every 5s"}
+metrics: {listen: "127.0.0.1:0"}
 log: {level: error}
 job_types:
   - name: bench.noop

@@ -26,6 +26,7 @@ responses:
   topics: [{topic: demo.responses}]
 dispatch: {interval: 200ms, batch_size: 100, grace: 5s}
 sweeper: {schedule: "@every 1s"}
+metrics: {listen: "127.0.0.1:0"}
 job_types:
   - name: demo.echo
     transport: {kafka: {topic: demo.requests}}

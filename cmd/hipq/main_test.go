@@ -57,7 +57,13 @@ func newEnvWith(t *testing.T, k *kafkatest.Cluster, topics ...string) *env {
 }
 
 // config renders text: {{DB}}, {{BROKERS}} and {{T:name}} for topic names.
+// Every instance serves /metrics on metrics.listen (:9464 by default
+// without the API): unless the text says where, each gets a free loopback
+// port of its own.
 func (e *env) configText(text string) string {
+	if !strings.Contains(text, "metrics:") && !strings.HasPrefix(strings.TrimSpace(text), "{") {
+		text += "\nmetrics: {listen: \"127.0.0.1:0\"}\n"
+	}
 	r := []string{"{{DB}}", e.dbURL, "{{BROKERS}}", strings.Join(e.kafka.Brokers, ",")}
 	for _, f := range strings.Split(text, "{{T:")[1:] {
 		name, _, _ := strings.Cut(f, "}}")

@@ -8,11 +8,14 @@
 package tracing
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"net/url"
 	"os"
+	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -29,15 +32,51 @@ import (
 	"github.com/hipq/hipq/correlator"
 )
 
-// Samplers.
+// Samplers, by OpenTelemetry's names (the values of OTEL_TRACES_SAMPLER).
 const (
-	SamplerParentRatio = "parent_ratio" // the default: a parent's decision, else Ratio of new traces
-	SamplerAlwaysOn    = "always_on"
-	SamplerAlwaysOff   = "always_off"
+	SamplerAlwaysOn                = "always_on"  // every trace, whatever a parent decided
+	SamplerAlwaysOff               = "always_off" // no trace, whatever a parent decided
+	SamplerTraceIDRatio            = "traceidratio"
+	SamplerParentBasedAlwaysOn     = "parentbased_always_on"
+	SamplerParentBasedAlwaysOff    = "parentbased_always_off"
+	SamplerParentBasedTraceIDRatio = "parentbased_traceidratio"
+	// DefaultSampler follows a parent's decision, and samples Ratio of
+	// the traces hipq starts.
+	DefaultSampler = SamplerParentBasedTraceIDRatio
 )
+
+// Samplers are the sampler names accepted, OpenTelemetry's.
+var Samplers = []string{SamplerAlwaysOn, SamplerAlwaysOff, SamplerTraceIDRatio,
+	SamplerParentBasedAlwaysOn, SamplerParentBasedAlwaysOff, SamplerParentBasedTraceIDRatio}
+
+// SamplerParentRatio is hipq's former name of parentbased_traceidratio,
+// still accepted in the config file (with a warning) for one release.
+const SamplerParentRatio = "parent_ratio"
 
 // DefaultRatio samples every new trace.
 const DefaultRatio = 1.0
+
+// TakesRatio reports whether a sampler reads the ratio.
+func TakesRatio(sampler string) bool {
+	return sampler == SamplerTraceIDRatio || sampler == SamplerParentBasedTraceIDRatio || sampler == SamplerParentRatio
+}
+
+// SamplerNote is the warning a config's sampler name deserves, or "": a
+// former hipq name, or an OpenTelemetry name whose meaning in hipq changed.
+func SamplerNote(sampler string) string {
+	switch sampler {
+	case SamplerParentRatio:
+		return "tracing.sampler parent_ratio is deprecated and will be refused by the next release: " +
+			"write parentbased_traceidratio (the same sampler, OpenTelemetry's name)"
+	case SamplerAlwaysOn:
+		return "tracing.sampler always_on now has OpenTelemetry's meaning: every trace is sampled, even below a parent " +
+			"that was not; write parentbased_always_on to follow a parent's decision as hipq's always_on did before"
+	case SamplerAlwaysOff:
+		return "tracing.sampler always_off now has OpenTelemetry's meaning: no trace is sampled, even below a parent " +
+			"that was; write parentbased_always_off to follow a parent's decision as hipq's always_off did before"
+	}
+	return ""
+}
 
 // Config is the tracing section of the config.
 type Config struct {
@@ -45,10 +84,12 @@ type Config struct {
 	// empty: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or
 	// OTEL_EXPORTER_OTLP_ENDPOINT, and without either tracing is off.
 	Endpoint string
-	// Sampler is parent_ratio (default), always_on or always_off, each
-	// following a sampled parent's decision.
+	// Sampler is one of Samplers (or SamplerParentRatio). Empty:
+	// OTEL_TRACES_SAMPLER, else DefaultSampler.
 	Sampler string
-	Ratio   float64 // of parent_ratio; defaults to DefaultRatio
+	// Ratio is the share of traces the ratio samplers start, 0 to 1. 0:
+	// OTEL_TRACES_SAMPLER_ARG, else DefaultRatio.
+	Ratio float64
 	// ServiceName defaults to OTEL_SERVICE_NAME, else Name.
 	ServiceName string
 	Name        string // the deployment's name
@@ -66,6 +107,8 @@ type Tracing struct {
 	Tracer   trace.Tracer
 	Provider trace.TracerProvider
 	Link     bool
+	// Sampler describes the sampler in use (the SDK's description).
+	Sampler  string
 	provider *sdktrace.TracerProvider
 }
 
@@ -107,27 +150,57 @@ func Start(ctx context.Context, cfg Config) (*Tracing, error) {
 	if cfg.BatchTimeout > 0 {
 		bOpts = append(bOpts, sdktrace.WithBatchTimeout(cfg.BatchTimeout))
 	}
-	pOpts := []sdktrace.TracerProviderOption{sdktrace.WithBatcher(exp, bOpts...), sdktrace.WithResource(res)}
-	switch cfg.Sampler {
-	case SamplerAlwaysOn:
-		pOpts = append(pOpts, sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.AlwaysSample())))
-	case SamplerAlwaysOff:
-		pOpts = append(pOpts, sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.NeverSample())))
-	case SamplerParentRatio, "":
-		if cfg.Sampler != "" || cfg.Ratio > 0 || os.Getenv("OTEL_TRACES_SAMPLER") == "" {
-			ratio := cfg.Ratio
-			if ratio <= 0 {
-				ratio = DefaultRatio
-			}
-			pOpts = append(pOpts, sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.TraceIDRatioBased(ratio))))
-		}
-	default:
-		return nil, fmt.Errorf("tracing.sampler: %q is not one of %s, %s, %s", cfg.Sampler, SamplerParentRatio, SamplerAlwaysOn, SamplerAlwaysOff)
+	sampler, err := newSampler(cfg, os.Getenv)
+	if err != nil {
+		return nil, err
 	}
-	tp := sdktrace.NewTracerProvider(pOpts...)
+	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp, bOpts...), sdktrace.WithResource(res), sdktrace.WithSampler(sampler))
 	otel.SetTracerProvider(tp)
 	otel.SetTextMapPropagator(Propagator)
-	return &Tracing{Tracer: tp.Tracer("github.com/hipq/hipq"), Provider: tp, Link: cfg.Link, provider: tp}, nil
+	return &Tracing{Tracer: tp.Tracer("github.com/hipq/hipq"), Provider: tp, Link: cfg.Link, Sampler: sampler.Description(), provider: tp}, nil
+}
+
+// newSampler is the sampler the config names, else OTEL_TRACES_SAMPLER,
+// else DefaultSampler; its ratio is the config's, else
+// OTEL_TRACES_SAMPLER_ARG, else DefaultRatio. Each key is taken from the
+// environment only when the config leaves it out.
+func newSampler(cfg Config, getenv func(string) string) (sdktrace.Sampler, error) {
+	name, ratio := cfg.Sampler, cfg.Ratio
+	if name == "" {
+		name = strings.TrimSpace(getenv("OTEL_TRACES_SAMPLER"))
+		if name != "" && !slices.Contains(Samplers, name) {
+			return nil, fmt.Errorf("OTEL_TRACES_SAMPLER: %q is not one of %s (hipq does not support the others)", name, strings.Join(Samplers, ", "))
+		}
+		name = cmp.Or(name, DefaultSampler)
+	}
+	if ratio == 0 {
+		ratio = DefaultRatio
+		if arg := strings.TrimSpace(getenv("OTEL_TRACES_SAMPLER_ARG")); arg != "" && TakesRatio(name) {
+			v, err := strconv.ParseFloat(arg, 64)
+			if err != nil || v < 0 || v > 1 {
+				return nil, fmt.Errorf("OTEL_TRACES_SAMPLER_ARG: %q is not a ratio between 0 and 1", arg)
+			}
+			ratio = v
+		}
+	}
+	if ratio < 0 || ratio > 1 {
+		return nil, fmt.Errorf("tracing.ratio: %v is not between 0 and 1", ratio)
+	}
+	switch name {
+	case SamplerAlwaysOn:
+		return sdktrace.AlwaysSample(), nil
+	case SamplerAlwaysOff:
+		return sdktrace.NeverSample(), nil
+	case SamplerTraceIDRatio:
+		return sdktrace.TraceIDRatioBased(ratio), nil
+	case SamplerParentBasedAlwaysOn:
+		return sdktrace.ParentBased(sdktrace.AlwaysSample()), nil
+	case SamplerParentBasedAlwaysOff:
+		return sdktrace.ParentBased(sdktrace.NeverSample()), nil
+	case SamplerParentBasedTraceIDRatio, SamplerParentRatio:
+		return sdktrace.ParentBased(sdktrace.TraceIDRatioBased(ratio)), nil
+	}
+	return nil, fmt.Errorf("tracing.sampler: %q is not one of %s", name, strings.Join(Samplers, ", "))
 }
 
 // Shutdown flushes the spans not yet exported.
