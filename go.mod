@@ -100,7 +100,7 @@ require (
 	golang.org/x/crypto v0.57.0 // indirect
 	golang.org/x/mod v0.41.0 // indirect
 	golang.org/x/sys v0.48.0 // indirect
-	golang.org/x/text v0.42.0
+	golang.org/x/text v0.42.0 // indirect
 	google.golang.org/protobuf v1.36.12
 )
 

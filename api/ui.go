@@ -30,6 +30,7 @@ import (
 	"errors"
 	"fmt"
 	"html/template"
+	"io"
 	"io/fs"
 	"net/http"
 	"net/url"
@@ -612,7 +613,11 @@ func pretty(b []byte) string {
 	return out.String()
 }
 
-// redact replaces the configured job_data fields with "[redacted]".
+// redact replaces the configured job_data fields with "[redacted]". With
+// redaction configured, what it returns is always re-encoded from the
+// parsed value, never the text it was given: a key repeated in that text
+// (which a dead letter's record may hold) shows only the value the decoder
+// kept, the one redacted. Data that does not parse is redacted whole.
 func (u *ui) redact(data json.RawMessage) json.RawMessage {
 	if len(u.cfg.Redact) == 0 || len(data) == 0 {
 		return data
@@ -621,14 +626,13 @@ func (u *ui) redact(data json.RawMessage) json.RawMessage {
 	d := json.NewDecoder(bytes.NewReader(data))
 	d.UseNumber()
 	if d.Decode(&doc) != nil {
-		return data
+		return json.RawMessage(`"` + redacted + `"`)
 	}
-	changed := false
+	if _, err := d.Token(); err != io.EOF {
+		return json.RawMessage(`"` + redacted + `"`)
+	}
 	for _, p := range u.cfg.Redact {
-		changed = redactAt(doc, correlator.PointerTokens(p)) || changed
-	}
-	if !changed {
-		return data
+		redactAt(doc, correlator.PointerTokens(p))
 	}
 	b, err := json.Marshal(doc)
 	if err != nil {

@@ -1,14 +1,17 @@
 package api
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"slices"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 	"unicode/utf8"
@@ -333,21 +336,73 @@ func (u *ui) deadLetters(r *http.Request, v *view) error {
 	return nil
 }
 
-// redactRecord redacts the job_data of a record that holds one.
+// redactRecord is a dead letter's record value as the dashboard shows
+// it. With redaction configured it fails closed: a value that is exactly
+// one JSON object is shown re-encoded from what was parsed, each member
+// whose key is job_data in any case redacted (the decoder unescapes keys,
+// and a duplicate member is shown redacted too, not only the one a
+// decoder keeps); anything else (an outbox row cut at max_bytes+1, data
+// trailing the object, several records, not JSON) is hidden, since where
+// its job_data lies cannot be known.
 func (u *ui) redactRecord(b []byte) []byte {
 	if len(u.cfg.Redact) == 0 {
 		return b
 	}
-	var m map[string]json.RawMessage
-	if json.Unmarshal(b, &m) != nil || m["job_data"] == nil {
-		return b
+	members, ok := objectMembers(b)
+	if !ok {
+		return fmt.Appendf(nil, "[hidden: %d bytes that are not one JSON object; api.ui.redact is set, "+
+			"and where their job_data lies cannot be known]", len(b))
 	}
-	m["job_data"] = u.redact(m["job_data"])
-	out, err := json.Marshal(m)
-	if err != nil {
-		return b
+	out := []byte{'{'}
+	for i, m := range members {
+		if i > 0 {
+			out = append(out, ',')
+		}
+		key, err := json.Marshal(m.key)
+		if err != nil {
+			return []byte(`"` + redacted + `"`)
+		}
+		out = append(append(out, key...), ':')
+		if strings.EqualFold(m.key, "job_data") {
+			out = append(out, u.redact(m.value)...)
+		} else {
+			out = append(out, m.value...)
+		}
 	}
-	return out
+	return append(out, '}')
+}
+
+type member struct {
+	key   string
+	value json.RawMessage
+}
+
+// objectMembers reads b as exactly one JSON object: its members in order,
+// duplicates kept, keys unescaped; ok is false for anything else.
+func objectMembers(b []byte) (members []member, ok bool) {
+	d := json.NewDecoder(bytes.NewReader(b))
+	if tok, err := d.Token(); err != nil || tok != json.Delim('{') {
+		return nil, false
+	}
+	for d.More() {
+		tok, err := d.Token()
+		key, isKey := tok.(string)
+		if err != nil || !isKey {
+			return nil, false
+		}
+		var v json.RawMessage
+		if d.Decode(&v) != nil {
+			return nil, false
+		}
+		members = append(members, member{key, v})
+	}
+	if tok, err := d.Token(); err != nil || tok != json.Delim('}') {
+		return nil, false
+	}
+	if _, err := d.Token(); err != io.EOF {
+		return nil, false
+	}
+	return members, true
 }
 
 // text shows bytes as text when they are UTF-8, else as a Go quoted string.

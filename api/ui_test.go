@@ -9,6 +9,9 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/hipq/hipq/store"
 )
 
 // The read role may GET anything and change nothing, in the API as in
@@ -186,4 +189,106 @@ func TestDashboardLinks(t *testing.T) {
 	if got := u.link("jobs", "queue", "", "before", int64(42)); got != "/ui/jobs?before=42" {
 		t.Errorf("link: %s", got)
 	}
+}
+
+// With api.ui.redact set, the dashboard never shows a dead letter's
+// record verbatim when its job_data cannot be located with certainty: a
+// value that is not exactly one JSON object (an outbox row cut at
+// max_bytes+1, data trailing the object, two records, an array) is
+// hidden; one that is, is shown re-encoded from what was parsed, with
+// every member named job_data (duplicates, another case, escaped)
+// redacted, and of a key repeated within it only the value kept. The read role sees what the admin
+// sees.
+func TestDashboardRedactionFailsClosed(t *testing.T) {
+	t.Parallel()
+	read := strings.Repeat("r", 32)
+	e := newAPIConfig(t, func(c *Config) {
+		c.ReadTokens = []string{read}
+		c.UI = &UIConfig{Redact: []string{"/card/number"}}
+	}, token)
+	const card = "4111111111111111"
+	data := `{"card": {"number": "` + card + `", "cvc": 1}, "pad": "` + strings.Repeat("x", 64) + `"}`
+	whole := `{"job_type": "t", "job_key": "k", "job_data": ` + data + `}`
+	hidden := map[string]string{
+		"cut one past max_bytes": whole[:len(whole)-20],
+		"trailing bytes":         whole + ` trailing`,
+		"two records":            whole + whole,
+		"an array":               `[` + whole + `]`,
+		"not JSON":               `job_data=` + data,
+	}
+	shown := map[string]string{
+		"one record":              whole,
+		"two job_data members":    `{"job_data": ` + data + `, "job_data": {"card": {"number": "` + card + `"}}}`,
+		"job_data in capitals":    `{"JOB_DATA": ` + data + `}`,
+		"an escaped key":          `{"job\u005fdata": ` + data + `}`,
+		"a duplicate in job_data": `{"job_data": {"card": {"number": "` + card + `"}, "card": {"cvc": 2}, "pad": "xxxxxxxx"}}`,
+		"invalid UTF-8 around it": `{"job_data": ` + data + `, "note": "` + "\xff" + `"}`,
+	}
+	var dls []store.DeadLetter
+	for _, set := range []map[string]string{hidden, shown} {
+		for name, v := range set {
+			dls = append(dls, store.DeadLetter{Kind: store.SourceOutbox, Reason: "case: " + name,
+				Source: store.Source{Value: []byte(v), Received: time.Now()}})
+		}
+	}
+	if err := e.st.DeadLetterInsert(ctx, dls); err != nil {
+		t.Fatal(err)
+	}
+	for _, tok := range []string{read, token} {
+		body := signedInGet(t, e, tok, "/ui/dead-letters")
+		role := map[string]string{read: "read", token: "admin"}[tok]
+		if n := strings.Count(body, card); n > 0 {
+			t.Errorf("%s role: the card number is on the page %d times", role, n)
+		}
+		for name := range hidden {
+			sec := letterSection(t, body, name)
+			if !strings.Contains(sec, "[hidden: ") || strings.Contains(sec, card) || strings.Contains(sec, "xxxxxxxx") {
+				t.Errorf("%s role, %s: the value is not hidden:\n%s", role, name, sec)
+			}
+		}
+		for name := range shown {
+			sec := letterSection(t, body, name)
+			if strings.Contains(sec, card) || strings.Contains(sec, "[hidden: ") || !strings.Contains(sec, "xxxxxxxx") {
+				t.Errorf("%s role, %s: the value is not shown without its card number:\n%s", role, name, sec)
+			}
+		}
+	}
+}
+
+// signedInGet signs a new browser in with tok and GETs path.
+func signedInGet(t *testing.T, e *apiEnv, tok, path string) string {
+	t.Helper()
+	jar, _ := cookiejar.New(nil)
+	c := &http.Client{Jar: jar}
+	read := func(resp *http.Response, err error) string {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("%s: %d %s", resp.Request.URL, resp.StatusCode, b)
+		}
+		return string(b)
+	}
+	csrf := regexp.MustCompile(`name="csrf" value="([0-9a-f]+)"`).FindStringSubmatch(read(c.Get(e.url + "/ui/login")))
+	if csrf == nil {
+		t.Fatal("no CSRF token on the sign-in page")
+	}
+	read(c.PostForm(e.url+"/ui/login", url.Values{"token": {tok}, "csrf": {csrf[1]}}))
+	return read(c.Get(e.url + path))
+}
+
+// letterSection is the dead-letters page's section of the letter whose
+// reason is "case: name" (a name html/template shows as it is).
+func letterSection(t *testing.T, body, name string) string {
+	t.Helper()
+	for _, sec := range strings.Split(body, `<section class="letter"`)[1:] {
+		if strings.Contains(sec, "case: "+name) {
+			return sec
+		}
+	}
+	t.Fatalf("no dead letter %q on the page", name)
+	return ""
 }

@@ -263,3 +263,119 @@ func TestTraceAcrossTheLoop(t *testing.T) {
 		}
 	}
 }
+
+// A trace context never decides a job's fate: a future-version
+// traceparent whose bytes after the 55th are a NUL or invalid UTF-8
+// (which PostgreSQL refuses in text) is kept as its first 55 bytes, as a
+// W3C level-1 reader parses it; a tracestate that is not printable ASCII
+// is dropped. Every such job is stored, through Kafka intake, through
+// the API's enqueue, and through the replay of a dead letter carrying
+// such headers.
+func TestUnstorableTraceContextIsDropped(t *testing.T) {
+	t.Parallel()
+	const valid = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	const future = "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01" // the first 55 bytes of each below
+	e := newEnv(t, e2eTopics...)
+	text, url := withAPI(t, e2eConfig, "")
+	a := e.start(e.config(text), "intake", "api")
+	ctx := context.Background()
+	// The record of job_key "replayed" is refused by a trigger, so that it
+	// is a dead letter whatever its headers; the trigger goes before the
+	// replay.
+	if _, err := a.st.Pool().Exec(ctx, `
+		CREATE FUNCTION refuse_replayed() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+		  IF NEW.job_key = 'replayed' THEN RAISE EXCEPTION 'not yet' USING ERRCODE = '54000'; END IF;
+		  RETURN NEW;
+		END $$;
+		CREATE TRIGGER refuse_replayed BEFORE INSERT ON hipq_job FOR EACH ROW EXECUTE FUNCTION refuse_replayed();`); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string][2]string{} // job_key: trace_parent, trace_state
+	rec := func(key, parent, state string, wantParent, wantState string) *kgo.Record {
+		h := []kgo.RecordHeader{{Key: correlator.HeaderTraceParent, Value: []byte(parent)}}
+		if state != "" {
+			h = append(h, kgo.RecordHeader{Key: correlator.HeaderTraceState, Value: []byte(state)})
+		}
+		want[key] = [2]string{wantParent, wantState}
+		return &kgo.Record{Topic: e.kafka.Topic("jobs"), Value: []byte(jobReq(key)), Headers: h}
+	}
+	e.kafka.Produce(
+		rec("parent-nul", future+"-\x00x", "k=v", future, "k=v"),
+		rec("parent-ff", future+"-\xff\xfe", "", future, ""),
+		rec("parent-c3", future+"-a\xc3(", "", future, ""),
+		rec("state-nul", valid, "k=\x00", valid, ""),
+		rec("state-ff", valid, "k=\xff", valid, ""),
+		rec("replayed", future+"-\x00", "k=\xff", future, ""),
+	)
+	waitAPI(t, url)
+	put := func(key, parent, state, wantParent, wantState string) {
+		t.Helper()
+		r, _ := http.NewRequest(http.MethodPut, url+"/v1/jobs/e2e/"+key, strings.NewReader(`{"job_data": {}}`))
+		r.Header.Set(correlator.HeaderTraceParent, parent)
+		if state != "" {
+			r.Header.Set(correlator.HeaderTraceState, state)
+		}
+		resp, err := http.DefaultClient.Do(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		if b, _ := io.ReadAll(resp.Body); resp.StatusCode != http.StatusCreated {
+			t.Fatalf("enqueue %s: %d %s, want 201", key, resp.StatusCode, b)
+		}
+		want[key] = [2]string{wantParent, wantState}
+	}
+	// HTTP itself refuses a NUL in a header; invalid UTF-8 passes it.
+	put("api-parent-ff", future+"-\xff", "", future, "")
+	put("api-state-ff", valid, "k=\xff", valid, "")
+
+	eventually(t, 30*time.Second, "the dead letter of the refused record", func() (bool, string) {
+		n := e.scalar(a, `SELECT count(*) FROM hipq_dead_letter WHERE reason LIKE 'rejected:%not yet%'`)
+		return n == 1, fmt.Sprintf("%d of 1", n)
+	})
+	eventually(t, 30*time.Second, "the other jobs", func() (bool, string) {
+		n := e.countJobs(a, "job_key <> 'replayed'")
+		return n == len(want)-1, fmt.Sprintf("%d of %d", n, len(want)-1)
+	})
+	if n := e.scalar(a, `SELECT count(*) FROM hipq_dead_letter`); n != 1 {
+		t.Fatalf("%d dead letters, want only the refused record's", n)
+	}
+	if _, err := a.st.Pool().Exec(ctx, `DROP TRIGGER refuse_replayed ON hipq_job`); err != nil {
+		t.Fatal(err)
+	}
+	var id int64
+	if err := a.st.Pool().QueryRow(ctx, `SELECT id FROM hipq_dead_letter`).Scan(&id); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.Post(fmt.Sprintf("%s/v1/dead-letters/%d/replay", url, id), "application/json", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusAccepted {
+		t.Fatalf("replay: %d %s, want 202", resp.StatusCode, b)
+	}
+
+	rows, err := a.st.Pool().Query(ctx, `SELECT job_key, coalesce(trace_parent, ''), coalesce(trace_state, '') FROM hipq_job`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string][2]string{}
+	for rows.Next() {
+		var key, parent, state string
+		if err := rows.Scan(&key, &parent, &state); err != nil {
+			t.Fatal(err)
+		}
+		got[key] = [2]string{parent, state}
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	for key, w := range want {
+		if g, ok := got[key]; !ok || g != w {
+			t.Errorf("job %s: stored %v with trace %q, want trace %q", key, ok, g, w)
+		}
+	}
+}
