@@ -185,9 +185,9 @@ const (
 // applies to it before the next candidate is looked at. The walk stops
 // when the batch is full, or when the queue is full and has no critical
 // type (nothing else could pass); a queue full before the walk plans
-// nothing. These are the rules of hipq_claim's walk, so a job is never
-// passed over for a limit it fits in, and one limit never holds back jobs
-// another does not bound.
+// nothing. These are the rules of hipq_claim's walk: a job is passed over
+// only for a limit it does not fit in, and a job passed over never holds
+// back the jobs after it.
 func PlanClaim(in ClaimInput) (ClaimPlan, error) {
 	if err := in.check(); err != nil {
 		return ClaimPlan{}, err
