@@ -167,3 +167,15 @@ func (s *Shares) String() string {
 	}
 	return b.String()
 }
+
+// PartitionOf is Partition for a value already read from job_data as
+// PostgreSQL's #>> reads it (nil: missing or null): the value when listed,
+// else the pooled "*" partition, and its cap (0 = not bounded by shares).
+func (s *Shares) PartitionOf(value *string) (name string, cap int) {
+	if value != nil {
+		if c, listed := s.Caps[*value]; listed {
+			return *value, c
+		}
+	}
+	return OtherPartition, s.OtherCap
+}
