@@ -48,6 +48,9 @@ type Outbox struct {
 	st   *store.Store
 	cfg  OutboxConfig
 	wake chan struct{}
+	// batchBytes bounds what one drain transaction reads of the rows
+	// (maxBatchBytes; tests lower it).
+	batchBytes int
 }
 
 // NewOutbox builds the drainer; Run starts it.
@@ -55,7 +58,7 @@ func NewOutbox(log *zap.Logger, st *store.Store, cfg OutboxConfig) *Outbox {
 	cfg.BatchSize = cmp.Or(cfg.BatchSize, DefaultOutboxBatch)
 	cfg.Poll = cmp.Or(cfg.Poll, DefaultOutboxPoll)
 	cfg.Metrics = metrics.Or(cfg.Metrics)
-	return &Outbox{log: log.Named("outbox"), st: st, cfg: cfg, wake: make(chan struct{}, 1)}
+	return &Outbox{log: log.Named("outbox"), st: st, cfg: cfg, wake: make(chan struct{}, 1), batchBytes: maxBatchBytes}
 }
 
 // Run drains the outbox until ctx ends. PostgreSQL being unreachable only
@@ -89,14 +92,15 @@ func (o *Outbox) Run(ctx context.Context) error {
 	}
 }
 
-// Drain applies batches until no row is left that this drainer may take,
-// and returns how many rows it took.
+// Drain applies batches until a batch finds no more rows this drainer may
+// take (none left, or only rows other transactions hold), and returns how
+// many rows it took.
 func (o *Outbox) Drain(ctx context.Context) (int, error) {
 	total := 0
 	for {
-		n, err := o.apply(ctx, nil)
+		n, more, err := o.apply(ctx, nil)
 		total += n
-		if err != nil || n < o.cfg.BatchSize {
+		if err != nil || !more {
 			return total, err
 		}
 	}
@@ -107,9 +111,12 @@ func (o *Outbox) Drain(ctx context.Context) (int, error) {
 // that is not passing (store.IsTransient) are split until the row at fault
 // is found, and a row refused on its own is dead-lettered, so no input,
 // however unforeseen, can stall the outbox.
-func (o *Outbox) apply(ctx context.Context, ids []int64) (int, error) {
+//
+// more says whether rows may be left that the drain may take: the batch
+// was full, or stopped at its byte budget, or was split.
+func (o *Outbox) apply(ctx context.Context, ids []int64) (n int, more bool, err error) {
 	var dups int
-	taken, res, err := o.st.OutboxApply(ctx, o.take(ids, o.cfg.BatchSize), func(rows []store.OutboxRow) ([]store.IntakeJob, []store.DeadLetter) {
+	res, err := o.st.OutboxApply(ctx, o.take(ids, o.cfg.BatchSize), func(rows []store.OutboxRow) ([]store.IntakeJob, []store.DeadLetter) {
 		var jobs []store.IntakeJob
 		var dls []store.DeadLetter
 		jobs, dls, dups = o.decide(rows)
@@ -120,23 +127,25 @@ func (o *Outbox) apply(ctx context.Context, ids []int64) (int, error) {
 		}
 		return jobs, dls
 	})
+	taken := res.Taken
 	if err == nil {
-		o.applied(len(taken), res, dups)
-		return len(taken), nil
+		o.applied(len(taken), res.IntakeResult, dups)
+		return len(taken), res.More, nil
 	}
 	if store.IsTransient(err) || ctx.Err() != nil || len(taken) == 0 {
-		return 0, err
+		return 0, false, err
 	}
 	if len(taken) > 1 {
 		half := len(taken) / 2
-		a, err := o.apply(ctx, taken[:half])
+		a, _, err := o.apply(ctx, taken[:half])
 		if err != nil {
-			return a, err
+			return a, false, err
 		}
-		b, err := o.apply(ctx, taken[half:])
-		return a + b, err
+		b, _, err := o.apply(ctx, taken[half:])
+		return a + b, true, err
 	}
-	return o.poison(ctx, taken[0], err)
+	n, err = o.poison(ctx, taken[0], err)
+	return n, true, err
 }
 
 // poison dead-letters one row PostgreSQL refused on its own. Should the
@@ -159,16 +168,16 @@ func (o *Outbox) poison(ctx context.Context, id int64, cause error) (int, error)
 			return nil, dls
 		}
 	}
-	taken, res, err := o.st.OutboxApply(ctx, o.take([]int64{id}, 1), dead(false))
+	res, err := o.st.OutboxApply(ctx, o.take([]int64{id}, 1), dead(false))
 	if err != nil && !store.IsTransient(err) && ctx.Err() == nil {
 		o.log.Error("dead letter refused too; keeping it without its headers", zap.Int64("outbox_id", id), zap.Error(err))
-		taken, res, err = o.st.OutboxApply(ctx, o.take([]int64{id}, 1), dead(true))
+		res, err = o.st.OutboxApply(ctx, o.take([]int64{id}, 1), dead(true))
 	}
 	if err != nil {
 		return 0, err
 	}
-	o.applied(len(taken), res, 0)
-	return len(taken), nil
+	o.applied(len(res.Taken), res.IntakeResult, 0)
+	return len(res.Taken), nil
 }
 
 // maxBatchBytes bounds what one drain transaction reads of the rows.
@@ -179,7 +188,7 @@ const maxBatchBytes = 32 << 20
 // large), and a batch stops at maxBatchBytes.
 func (o *Outbox) take(ids []int64, limit int) store.OutboxTake {
 	return store.OutboxTake{IDs: ids, Limit: limit, MaxValue: o.cfg.MaxBytes + 1,
-		MaxHeaders: correlator.MaxHeaderBytes + 1, MaxBytes: maxBatchBytes}
+		MaxHeaders: correlator.MaxHeaderBytes + 1, MaxBytes: o.batchBytes}
 }
 
 // decide makes jobs and dead letters of outbox rows, as intake does of

@@ -324,15 +324,15 @@ func TestOutboxHugeRows(t *testing.T) {
 	}
 	// The byte budget: rows of 5 MB and 100 KB, a budget of 1 KB: one row
 	// per take (never none).
-	taken, _, err := st.OutboxApply(ctx, store.OutboxTake{Limit: 10, MaxValue: 4097, MaxHeaders: 65537, MaxBytes: 1024},
+	res, err := st.OutboxApply(ctx, store.OutboxTake{Limit: 10, MaxValue: 4097, MaxHeaders: 65537, MaxBytes: 1024},
 		func(rows []store.OutboxRow) ([]store.IntakeJob, []store.DeadLetter) {
 			if len(rows) != 1 || len(rows[0].Value) != 4097 || rows[0].ValueSize < 5000000 {
 				t.Errorf("read %d rows, the first of %d bytes (of %d)", len(rows), len(rows[0].Value), rows[0].ValueSize)
 			}
 			return nil, nil
 		})
-	if err != nil || len(taken) != 1 {
-		t.Fatalf("took %v: %v", taken, err)
+	if err != nil || len(res.Taken) != 1 || !res.More {
+		t.Fatalf("took %v (more: %v): %v", res.Taken, res.More, err)
 	}
 	if _, err := st.Pool().Exec(ctx, `INSERT INTO hipq_intake (value) VALUES
 		('{"job_type": "t", "job_key": "huge", "job_data": "' || repeat('x', 5000000) || '"}')`); err != nil {
@@ -352,5 +352,26 @@ func TestOutboxHugeRows(t *testing.T) {
 		if !strings.HasPrefix(d.Reason, correlator.CodeTooLarge) || len(d.Source.Value) > 4097 {
 			t.Errorf("dead letter %q with a value of %d bytes", d.Reason, len(d.Source.Value))
 		}
+	}
+}
+
+// A drain ends only when a batch found no more rows it may take: rows a
+// batch left out for its byte budget are taken by the next batch of the
+// same drain, not left for the next poll.
+func TestOutboxDrainsPastTheByteBudget(t *testing.T) {
+	t.Parallel()
+	st := pgtest.New(t)
+	o := NewOutbox(zaptest.NewLogger(t), st, OutboxConfig{MaxBytes: 64 << 10, Types: outboxTypes, BatchSize: 1000})
+	o.batchBytes = 1 << 20 // rows of 50 KiB: 20 per batch
+	ctx := context.Background()
+	if _, err := st.Pool().Exec(ctx, `INSERT INTO hipq_intake (value)
+		SELECT format('{"job_type": "t", "job_key": "k%s", "job_data": "%s"}', g, repeat('x', 50 << 10)) FROM generate_series(1, 150) g`); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := o.Drain(ctx); err != nil || n != 150 {
+		t.Fatalf("one drain took %d of 150 rows: %v", n, err)
+	}
+	if n := count(t, st, `SELECT count(*) FROM hipq_intake`); n != 0 {
+		t.Fatalf("%d rows left in the outbox after a drain", n)
 	}
 }
