@@ -48,7 +48,11 @@ func NewResponses(log *zap.Logger, st *store.Store, cfg ResponsesConfig) (*Respo
 // Run polls and applies replies until ctx ends, then leaves the group.
 func (rs *Responses) Run(ctx context.Context) error { return rs.g.Run(ctx) }
 
-func (rs *Responses) apply(ctx context.Context, recs []*kgo.Record, adv []store.OffsetAdvance) (func(), error) {
+// Stalled is nil while no partition waits on a refusal that is not the
+// records' own, else what waits and why (readiness).
+func (rs *Responses) Stalled() error { return rs.g.Stalled() }
+
+func (rs *Responses) apply(ctx context.Context, recs []*kgo.Record, refused []refusal, adv []store.OffsetAdvance) (func(), error) {
 	start := time.Now()
 	b := store.ReplyBatch{Group: rs.cfg.Group, Offsets: adv, EarlyTTL: rs.cfg.EarlyTTL, Replies: make([]store.ReplyIn, 0, len(recs))}
 	for _, r := range recs {
@@ -68,6 +72,9 @@ func (rs *Responses) apply(ctx context.Context, recs []*kgo.Record, adv []store.
 		}
 		b.Replies = append(b.Replies, store.ReplyIn{Reply: reply, Kind: store.SourceReply, Source: src})
 	}
+	for _, r := range refused {
+		b.DeadLetters = append(b.DeadLetters, r.deadLetter(store.SourceReply))
+	}
 	res, err := rs.g.st.ReplyApply(ctx, b, rs.cfg.Types)
 	if err != nil {
 		return nil, err
@@ -79,18 +86,6 @@ func (rs *Responses) apply(ctx context.Context, recs []*kgo.Record, adv []store.
 			zap.Int("dead_lettered", len(res.DeadLetters)))
 		rs.g.copyDeadLetters(rs.cfg.DeadLetterTopic, res.DeadLetters)
 		rs.trace(ctx, start, b.Replies, res)
-	}, nil
-}
-
-func (rs *Responses) poison(ctx context.Context, rec *kgo.Record, adv []store.OffsetAdvance, cause error) (func(), error) {
-	dl := store.DeadLetter{Kind: store.SourceReply, Source: source(rec), Reason: rejected(cause)}
-	res, err := rs.g.st.ReplyApply(ctx, store.ReplyBatch{Group: rs.cfg.Group, Offsets: adv, DeadLetters: []store.DeadLetter{dl}}, rs.cfg.Types)
-	if err != nil {
-		return nil, err
-	}
-	return func() {
-		rs.countUnreadable(1)
-		rs.g.copyDeadLetters(rs.cfg.DeadLetterTopic, res.DeadLetters)
 	}, nil
 }
 
