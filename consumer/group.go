@@ -108,6 +108,10 @@ func (c GroupConfig) rebalanceTimeout() time.Duration { return max(3*c.SessionTi
 // runs once it committed (dead-letter copies, logs).
 type applier interface {
 	apply(ctx context.Context, recs []*kgo.Record, refused []refusal, adv []store.OffsetAdvance) (after func(), err error)
+	// writes reports whether rec, as decoded, makes more than a dead
+	// letter (a job, a reply to apply): only such a record can show
+	// whether the write a record before it was refused goes through.
+	writes(rec *kgo.Record) bool
 }
 
 // refusal is a record PostgreSQL refused on its own, to be dead-lettered
@@ -477,28 +481,29 @@ func (g *group) settle(ctx context.Context, recs []*kgo.Record, adv []store.Offs
 
 // refused decides for rec, refused alone with cause, within the pass all
 // (see stall.go): a refusal of its data dead-letters it; any other is
-// compared with the record after it on its partition, written in one
-// transaction with rec's dead letter.
+// compared with the next record on its partition that writes more than a
+// dead letter, written in one transaction with rec's dead letter (and
+// with the records between them, dead letters all).
 func (g *group) refused(ctx context.Context, all []*kgo.Record, rec *kgo.Record, cause error) error {
 	if store.IsDataError(cause) {
 		return g.deadLetter(ctx, rec, cause)
 	}
-	next := nextOf(all, rec)
-	if next == nil {
+	after := g.after(all, rec)
+	if after == nil {
 		if g.wait(rec, cause) {
 			return nil
 		}
 		return g.deadLetter(ctx, rec, cause)
 	}
-	pair := []*kgo.Record{rec, next}
-	adv := g.advances(pair)
-	after, err := g.app.apply(ctx, []*kgo.Record{next}, []refusal{{rec: rec, cause: cause}}, adv)
+	recs := append([]*kgo.Record{rec}, after...)
+	adv := g.advances(recs)
+	done, err := g.app.apply(ctx, after, []refusal{{rec: rec, cause: cause}}, adv)
 	switch {
 	case err == nil:
 		g.logDeadLetter(rec, cause, "the record after it went through")
-		return g.settle(ctx, pair, adv, after, nil)
+		return g.settle(ctx, recs, adv, done, nil)
 	case !refusedBy(ctx, err):
-		return g.settle(ctx, pair, adv, after, err)
+		return g.settle(ctx, recs, adv, done, err)
 	case store.SameRefusal(cause, err):
 		g.hold(rec, err, true)
 		return nil
@@ -507,11 +512,16 @@ func (g *group) refused(ctx context.Context, all []*kgo.Record, rec *kgo.Record,
 	return g.deadLetter(ctx, rec, cause)
 }
 
-// nextOf is the record after rec on its partition in recs; nil: none.
-func nextOf(recs []*kgo.Record, rec *kgo.Record) *kgo.Record {
+// after is the records after rec on its partition in recs, up to the
+// first that writes more than a dead letter; nil when none does.
+func (g *group) after(recs []*kgo.Record, rec *kgo.Record) []*kgo.Record {
+	var out []*kgo.Record
 	for _, r := range recs {
 		if r.Topic == rec.Topic && r.Partition == rec.Partition && r.Offset > rec.Offset {
-			return r
+			out = append(out, r)
+			if g.app.writes(r) {
+				return out
+			}
 		}
 	}
 	return nil

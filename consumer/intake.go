@@ -114,6 +114,11 @@ func (in *Intake) apply(ctx context.Context, recs []*kgo.Record, refused []refus
 	}, nil
 }
 
+func (in *Intake) writes(rec *kgo.Record) bool {
+	_, err := decodeRecord(rec, source(rec), in.cfg.MaxBytes, in.cfg.Types, time.Now())
+	return err == nil
+}
+
 // reserve asks the dispatcher for room for the batch's jobs that may be
 // sent at once (due, unexpired, without time windows of their own: by
 // this clock; the store decides by PostgreSQL's, and whether their queue

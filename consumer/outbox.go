@@ -178,48 +178,64 @@ func (o *Outbox) refused(ctx context.Context, all []int64, id int64, cause error
 	if store.IsDataError(cause) {
 		return o.poison(ctx, id, cause)
 	}
+	// The rows after it are taken one more at a time until one writes a
+	// job: only such a row shows whether the write refused goes through.
 	i := slices.Index(all, id)
-	if i < 0 || i+1 == len(all) {
-		if o.wait(id, cause) {
-			return 0, fmt.Errorf("outbox row %d: %w", id, errHeld)
-		}
-		return o.poison(ctx, id, cause)
-	}
-	var dups int
-	t := o.take([]int64{id, all[i+1]}, 2)
-	t.All = true
-	res, err := o.st.OutboxApply(ctx, t, o.decider(&dups, &rowRefusal{id: id, cause: cause}))
-	switch {
-	case err == nil:
-		// Both taken (the refusal was the row's own), or neither, when
-		// another drainer holds one of them: it decides then.
-		if len(res.Taken) > 0 {
+compare:
+	for j := i + 1; i >= 0 && j < len(all); j++ {
+		var dups int
+		ids := append([]int64{id}, all[i+1:j+1]...)
+		t := o.take(ids, len(ids))
+		t.All = true
+		res, err := o.st.OutboxApply(ctx, t, o.decider(&dups, &rowRefusal{id: id, cause: cause, compare: true}))
+		switch {
+		case errors.Is(err, errNoWrite):
+			continue
+		case err == nil && len(res.Taken) > 0:
+			// The refusal was the row's own.
 			o.logDeadLetter(id, cause, "the row after it went through")
 			o.applied(len(res.Taken), res.IntakeResult, dups)
 			o.passed(res.Taken)
+			return len(res.Taken), nil
+		case err == nil:
+			// Nothing taken: another drainer holds one of the rows, or
+			// they are more than a batch may read. The drain waits on
+			// the row, as on a row with none after it.
+			break compare
+		case !refusedBy(ctx, err):
+			return 0, err
+		case store.SameRefusal(cause, err):
+			o.holdAt(id, err, true)
+			return 0, fmt.Errorf("outbox row %d: %w", id, errHeld)
+		default:
+			// The row after it was refused otherwise: the refusal was the
+			// row's own.
+			return o.poison(ctx, id, cause)
 		}
-		return len(res.Taken), nil
-	case !refusedBy(ctx, err):
-		return 0, err
-	case store.SameRefusal(cause, err):
-		o.holdAt(id, err, true)
+	}
+	if o.wait(id, cause) {
 		return 0, fmt.Errorf("outbox row %d: %w", id, errHeld)
 	}
-	// The row after it was refused otherwise: the refusal was the row's own.
 	return o.poison(ctx, id, cause)
 }
+
+// errNoWrite: the rows after a refused row make dead letters only.
+var errNoWrite = errors.New("the rows after the refused row write no job")
 
 // rowRefusal is a row PostgreSQL refused on its own, to be dead-lettered.
 type rowRefusal struct {
 	id    int64
 	cause error
 	bare  bool // without its headers: its dead letter was refused with them
+	// compare: the other rows must write a job, else the decision is
+	// errNoWrite (nothing taken).
+	compare bool
 }
 
 // decider makes jobs and dead letters of a drain's rows: refused's row
 // (when set) is dead-lettered with its refusal, the others are decided.
 func (o *Outbox) decider(dups *int, refused *rowRefusal) store.OutboxDecide {
-	return func(rows []store.OutboxRow) ([]store.IntakeJob, []store.DeadLetter) {
+	return func(rows []store.OutboxRow) ([]store.IntakeJob, []store.DeadLetter, error) {
 		var dead []store.DeadLetter
 		if refused != nil {
 			rows = slices.DeleteFunc(slices.Clone(rows), func(r store.OutboxRow) bool {
@@ -236,12 +252,15 @@ func (o *Outbox) decider(dups *int, refused *rowRefusal) store.OutboxDecide {
 		}
 		jobs, dls, n := o.decide(rows)
 		*dups = n
+		if refused != nil && refused.compare && len(jobs) == 0 {
+			return nil, nil, errNoWrite
+		}
 		if o.cfg.CrashPoint == "outbox:in-transaction" {
 			// Tests: die with the rows deleted in a transaction that never commits.
 			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
 			select {}
 		}
-		return jobs, append(dls, dead...)
+		return jobs, append(dls, dead...), nil
 	}
 }
 

@@ -52,20 +52,29 @@ func (rs *Responses) Run(ctx context.Context) error { return rs.g.Run(ctx) }
 // records' own, else what waits and why (readiness).
 func (rs *Responses) Stalled() error { return rs.g.Stalled() }
 
+func (rs *Responses) writes(rec *kgo.Record) bool {
+	_, err := rs.match(rec, source(rec))
+	return err == nil
+}
+
+// match reads a reply from r.
+func (rs *Responses) match(r *kgo.Record, src store.Source) (*correlator.Reply, error) {
+	m, ok := rs.cfg.Matchers[r.Topic]
+	if !ok {
+		m = correlator.DefaultMatcher()
+	}
+	if err := correlator.CheckHeaders(src.Headers); err != nil {
+		return nil, err
+	}
+	return m.Match(&correlator.Record{Key: r.Key, Value: r.Value, Headers: src.Headers})
+}
+
 func (rs *Responses) apply(ctx context.Context, recs []*kgo.Record, refused []refusal, adv []store.OffsetAdvance) (func(), error) {
 	start := time.Now()
 	b := store.ReplyBatch{Group: rs.cfg.Group, Offsets: adv, EarlyTTL: rs.cfg.EarlyTTL, Replies: make([]store.ReplyIn, 0, len(recs))}
 	for _, r := range recs {
 		src := source(r)
-		m, ok := rs.cfg.Matchers[r.Topic]
-		if !ok {
-			m = correlator.DefaultMatcher()
-		}
-		err := correlator.CheckHeaders(src.Headers)
-		var reply *correlator.Reply
-		if err == nil {
-			reply, err = m.Match(&correlator.Record{Key: r.Key, Value: r.Value, Headers: src.Headers})
-		}
+		reply, err := rs.match(r, src)
 		if err != nil {
 			b.DeadLetters = append(b.DeadLetters, store.DeadLetter{Kind: store.SourceReply, Source: src, Reason: err.Error()})
 			continue

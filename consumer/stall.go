@@ -23,11 +23,14 @@ import (
 // system's: a privilege revoked, a column renamed under an old binary, a
 // trigger failing on every row. Dead-lettering would then turn every record
 // of every partition into a dead letter, so the record is compared with the
-// one after it on its partition (the next outbox row for the drainer):
+// record after it on its partition (the next outbox row for the drainer)
+// that writes more than a dead letter (a record that does not decode
+// writes no job, so it shows nothing of the write refused):
 //
 //   - the record after it is written together with the record's dead
-//     letter, in one transaction. When that commits, the refusal was the
-//     record's own and the partition moves on;
+//     letter (and the dead letters between them), in one transaction.
+//     When that commits, the refusal was the record's own and the
+//     partition moves on;
 //   - when the record after it is refused the same way (store.SameRefusal:
 //     the same SQLSTATE class), the refusal is systemic: nothing is
 //     dead-lettered and no offset moves. The partition waits, trying

@@ -54,12 +54,17 @@ func newIntakeRig(t *testing.T, suspectFor time.Duration, setup string) *intakeR
 	return r
 }
 
-// produce writes job requests for keys to partition p, in order.
+// produce writes job requests for keys to partition p, in order; a key
+// "!" is a record that is not JSON.
 func (r *intakeRig) produce(p int32, keys ...string) {
 	r.t.Helper()
 	var recs []*kgo.Record
 	for _, k := range keys {
-		recs = append(recs, &kgo.Record{Topic: r.topic, Partition: p, Value: fmt.Appendf(nil, `{"job_type": "t", "job_key": %q}`, k)})
+		v := fmt.Appendf(nil, `{"job_type": "t", "job_key": %q}`, k)
+		if k == "!" {
+			v = []byte("not json")
+		}
+		recs = append(recs, &kgo.Record{Topic: r.topic, Partition: p, Value: v})
 	}
 	cl := r.k.Client(kgo.RecordPartitioner(kgo.ManualPartitioner()))
 	defer cl.Close()
@@ -133,12 +138,14 @@ const brokenTrigger = `
 // partitions wait, hipq_consumer_stalled{group,reason} is 1 and the
 // consumer says why (readiness), while records go on arriving. A
 // partition with a single record waiting counts the other partition's
-// refusal as the record after it. Once the error stops, every record
-// becomes its job exactly once and the stall is over.
+// refusal as the record after it, and a record that is only a dead letter
+// (not JSON) is no record to compare with: it writes no job. Once the
+// error stops, every record becomes its job exactly once and the stall is
+// over.
 func TestSystemicRefusalStallsInsteadOfDeadLettering(t *testing.T) {
 	t.Parallel()
 	r := newIntakeRig(t, time.Hour, brokenTrigger)
-	r.produce(0, "a0", "a1", "a2", "a3", "a4")
+	r.produce(0, "a0", "!", "a1", "a2", "a3", "a4")
 	r.produce(1, "b0")
 	waitUntil(t, 30*time.Second, "both partitions stalled", func() (bool, string) {
 		all, sys := r.holds()
@@ -174,16 +181,17 @@ func TestSystemicRefusalStallsInsteadOfDeadLettering(t *testing.T) {
 	if n := r.count(`SELECT count(DISTINCT job_key) FROM hipq_job`); n != 9 {
 		t.Fatalf("%d distinct keys among 9 jobs", n)
 	}
-	if n := r.count(`SELECT count(*) FROM hipq_dead_letter`); n != 0 {
-		t.Fatalf("%d dead letters", n)
+	if n := r.count(`SELECT count(*) FROM hipq_dead_letter`); n != 1 || r.count(`SELECT count(*) FROM hipq_dead_letter
+		WHERE kafka_partition = 0 AND kafka_offset = 1 AND reason LIKE 'invalid_json%'`) != 1 {
+		t.Fatalf("%d dead letters, want the record that is not JSON alone", n)
 	}
 	waitUntil(t, 10*time.Second, "the stall over", func() (bool, string) {
 		v, _ := r.stalled("XX000")
 		all, _ := r.holds()
 		return v == 0 && all == 0 && r.in.Stalled() == nil, fmt.Sprintf("gauge %v, %d holds, %v", v, all, r.in.Stalled())
 	})
-	if n := r.count(`SELECT coalesce(sum(next_offset), 0) FROM hipq_offset`); n != 9 {
-		t.Fatalf("stored offsets sum to %d, want 7 + 2", n)
+	if n := r.count(`SELECT coalesce(sum(next_offset), 0) FROM hipq_offset`); n != 10 {
+		t.Fatalf("stored offsets sum to %d, want 8 + 2", n)
 	}
 }
 

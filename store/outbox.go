@@ -23,9 +23,10 @@ type OutboxRow struct {
 	CreatedAt   time.Time
 }
 
-// OutboxDecide makes jobs and dead letters of outbox rows (in id order).
-// It may not fail: what it cannot use is a dead letter.
-type OutboxDecide func(rows []OutboxRow) (jobs []IntakeJob, dls []DeadLetter)
+// OutboxDecide makes jobs and dead letters of outbox rows (in id order):
+// what it cannot use is a dead letter. An error rolls the transaction
+// back, so nothing is taken, and OutboxApply returns it.
+type OutboxDecide func(rows []OutboxRow) (jobs []IntakeJob, dls []DeadLetter, err error)
 
 // OutboxTake bounds what one drain transaction takes and reads.
 type OutboxTake struct {
@@ -123,7 +124,10 @@ func (s *Store) OutboxApply(ctx context.Context, t OutboxTake, decide OutboxDeci
 			return fmt.Errorf("take outbox rows: %w", err)
 		}
 		slices.SortFunc(got, func(a, b OutboxRow) int { return cmp.Compare(a.ID, b.ID) })
-		jobs, dls := decide(got)
+		jobs, dls, err := decide(got)
+		if err != nil {
+			return err
+		}
 		res, err = intakeWrite(ctx, tx, jobs, dls, "")
 		return err
 	})
