@@ -316,7 +316,7 @@ func (g *group) Run(ctx context.Context) error {
 	for {
 		// A poll lasts until the first held partition is due again.
 		pollCtx, cancel := ctx, context.CancelFunc(func() {})
-		if at, ok := g.resumeDue(); ok {
+		if at, ok := g.nextDue(); ok {
 			pollCtx, cancel = context.WithDeadline(ctx, at)
 		}
 		fetches := g.cl.PollRecords(pollCtx, g.cfg.MaxPollRecords)
@@ -330,6 +330,9 @@ func (g *group) Run(ctx context.Context) error {
 				g.log.Warn("fetch error", zap.String("group", g.cfg.Group), zap.String("topic", t), zap.Int32("partition", p), zap.Error(err))
 			}
 		})
+		// Between a poll and AllowRebalance no partition is revoked: the
+		// held partitions due again are sought and resumed here.
+		g.resumeDue()
 		recs := g.fresh(fetches.Records())
 		if len(recs) > 0 {
 			if err := g.process(context.WithoutCancel(ctx), recs); err != nil {
@@ -578,25 +581,34 @@ func (g *group) hold(rec *kgo.Record, cause error, systemic bool) {
 	g.reportStalls()
 }
 
-// resumeDue resumes the partitions whose hold's backoff passed, from
-// their held records, and returns when the next held one is due.
-func (g *group) resumeDue() (next time.Time, ok bool) {
+// nextDue is when the first paused partition is due again; false: none
+// is paused.
+func (g *group) nextDue() (next time.Time, ok bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, h := range g.holds {
+		if h.paused && (!ok || h.until.Before(next)) {
+			next, ok = h.until, true
+		}
+	}
+	return next, ok
+}
+
+// resumeDue resumes the paused partitions whose hold's backoff passed,
+// from their held records.
+func (g *group) resumeDue() {
 	now := time.Now()
 	resume := map[string][]int32{}
 	seek := map[string]map[int32]kgo.EpochOffset{}
 	g.mu.Lock()
 	for tp, h := range g.holds {
-		switch {
-		case !h.paused:
-		case !h.until.After(now):
+		if h.paused && !h.until.After(now) {
 			h.paused = false
 			resume[tp.Topic] = append(resume[tp.Topic], tp.Partition)
 			if seek[tp.Topic] == nil {
 				seek[tp.Topic] = map[int32]kgo.EpochOffset{}
 			}
 			seek[tp.Topic][tp.Partition] = kgo.EpochOffset{Epoch: -1, Offset: h.at}
-		case !ok || h.until.Before(next):
-			next, ok = h.until, true
 		}
 	}
 	g.mu.Unlock()
@@ -604,7 +616,6 @@ func (g *group) resumeDue() (next time.Time, ok bool) {
 		g.cl.SetOffsets(seek)
 		g.cl.ResumeFetchPartitions(resume)
 	}
-	return next, ok
 }
 
 // reportStalls sets hipq_consumer_stalled and readiness from the holds
