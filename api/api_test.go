@@ -510,6 +510,53 @@ func TestCallback(t *testing.T) {
 	e.want("POST", "/v1/jobs/t/k3/response", `{"status": "succeeded"}`, 401)
 }
 
+// Issue 30.5: a callback PostgreSQL refuses for a reason that is not its
+// data (here a trigger failing on every update of hipq_job) answers 503
+// naming the SQLSTATE, and is never dead-lettered: the caller keeps the
+// reply and tries again, and once the error stops it applies.
+func TestCallbackRefusedByTheSystemIs503(t *testing.T) {
+	t.Parallel()
+	e := newAPI(t)
+	id := e.running("k1")
+	if _, err := e.st.Pool().Exec(ctx, `
+		CREATE FUNCTION refuse_all() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN RAISE EXCEPTION 'trigger bug' USING ERRCODE = 'XX000'; END $$;
+		CREATE TRIGGER refuse_all BEFORE UPDATE ON hipq_job FOR EACH ROW EXECUTE FUNCTION refuse_all();`); err != nil {
+		t.Fatal(err)
+	}
+	out := e.want("POST", signed(id, "k1", 1), `{"status": "succeeded"}`, 503)
+	if msg, _ := out["error"].(map[string]any)["message"].(string); errCode(out) != "unavailable" || !strings.Contains(msg, "XX000") {
+		t.Fatalf("503 without the SQLSTATE: %v", out)
+	}
+	var n int
+	if err := e.st.Pool().QueryRow(ctx, "SELECT count(*) FROM hipq_dead_letter").Scan(&n); err != nil || n != 0 {
+		t.Fatalf("%d dead letters: %v", n, err)
+	}
+	if _, err := e.st.Pool().Exec(ctx, `DROP TRIGGER refuse_all ON hipq_job`); err != nil {
+		t.Fatal(err)
+	}
+	if out := e.want("POST", signed(id, "k1", 1), `{"status": "succeeded"}`, 200); out["applied"] != true {
+		t.Fatalf("%v", out)
+	}
+}
+
+// /readyz fails naming the consumers that wait on a refusal that is not
+// their records' own.
+func TestReadyNamesStalledConsumers(t *testing.T) {
+	t.Parallel()
+	e := newAPIConfig(t, func(c *Config) {
+		c.Stalled = func() error { return errors.New("hipq-intake stalled: SQLSTATE 42501") }
+	})
+	out := e.want("GET", "/readyz", "", 503)
+	if checks, _ := out["checks"].(map[string]any); checks["consumers"] != "hipq-intake stalled: SQLSTATE 42501" || out["ready"] != false {
+		t.Fatalf("%v", out)
+	}
+	e = newAPIConfig(t, func(c *Config) { c.Stalled = func() error { return nil } })
+	if out := e.want("GET", "/readyz", "", 200); out["checks"].(map[string]any)["consumers"] != "ok" {
+		t.Fatalf("%v", out)
+	}
+}
+
 func FuzzDecodeEnqueue(f *testing.F) {
 	for _, s := range []string{`{}`, ``, `{"job_data": {"a": [1, 2]}, "priority": 3}`, `{"job_type": "x"}`, `[]`, `{"time_windows": [{"start": "01:00", "end": "02:00", "tz": "UTC"}]}`, `{"expires_at": "2026-01-01T00:00:00Z"}`} {
 		f.Add([]byte(s), "t", "k")

@@ -20,7 +20,10 @@ import (
 // job_type, job_key and attempt) or by a bearer token; a sig that is
 // present must be valid. The reply then follows the §6 table, fenced by
 // job id and attempt: 200 applied, 200 duplicate or stale, 202 early, 400
-// bad body, 401 unauthorized, 422 dead-lettered.
+// bad body, 401 unauthorized, 422 dead-lettered. A reply PostgreSQL
+// refuses for a reason that is not its data (a privilege revoked, a
+// failing trigger) is 503 and never dead-lettered: the caller keeps it and
+// tries again (handle).
 func (s *Server) callback(w http.ResponseWriter, r *http.Request) error {
 	jobType, jobKey := r.PathValue("job_type"), r.PathValue("job_key")
 	q := r.URL.Query()

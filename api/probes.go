@@ -27,6 +27,9 @@ type ProbeConfig struct {
 	// Ready reports what besides PostgreSQL readiness needs (Kafka); nil =
 	// nothing.
 	Ready func(context.Context) error
+	// Stalled reports the consumers of this process waiting on a refusal
+	// that is not their records' own; nil = none to report.
+	Stalled func() error
 	// Metrics are served at /metrics.
 	Metrics *metrics.Metrics
 }
@@ -75,7 +78,7 @@ func healthz(w http.ResponseWriter, _ *http.Request) {
 
 // readyz answers 200 when PostgreSQL answers within 2s, no write of the
 // hot path has run past the write deadline, the schema is current and
-// cfg.Ready passes; else 503, with each check's result.
+// cfg.Ready passes and no consumer is stalled; else 503, with each check's result.
 func readyz(w http.ResponseWriter, r *http.Request, cfg ProbeConfig) {
 	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 	defer cancel()
@@ -95,6 +98,9 @@ func readyz(w http.ResponseWriter, r *http.Request, cfg ProbeConfig) {
 	check("schema", cfg.Store.CheckSchema(ctx))
 	if cfg.Ready != nil {
 		check("kafka", cfg.Ready(ctx))
+	}
+	if cfg.Stalled != nil {
+		check("consumers", cfg.Stalled())
 	}
 	status := http.StatusOK
 	if !ok {

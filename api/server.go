@@ -76,6 +76,11 @@ type Config struct {
 	// Ready reports what besides PostgreSQL readiness needs (Kafka); nil =
 	// nothing.
 	Ready func(context.Context) error
+	// Stalled reports the consumers of this process (consumer groups,
+	// the outbox drainer) that wait because PostgreSQL refuses their
+	// records for a reason that is not the records' own; readiness fails
+	// naming them. nil = none.
+	Stalled func() error
 	// Metrics receives the API's counts and is served at /metrics (no
 	// token needed); nil = counted but not served.
 	Metrics *metrics.Metrics
@@ -250,6 +255,14 @@ func (s *Server) handle(h func(http.ResponseWriter, *http.Request) error) http.H
 			case store.IsTransient(err):
 				ae = &apiError{Status: http.StatusServiceUnavailable, Code: "unavailable",
 					Message: "PostgreSQL is unreachable or busy; try again"}
+			case store.SQLState(err) != "" && !store.IsDataError(err):
+				// Refused for a reason that is not the request's (a
+				// privilege revoked, a column renamed, a failing
+				// trigger): the same request may well pass once the
+				// system is mended, so the caller keeps it and tries
+				// again. A callback is never dead-lettered for it.
+				ae = &apiError{Status: http.StatusServiceUnavailable, Code: "unavailable",
+					Message: fmt.Sprintf("PostgreSQL refused the write for a reason that is not the request's (SQLSTATE %s); try again later", store.SQLState(err))}
 			}
 			s.log.Error("api call failed", append(tracing.LogFields(r.Context()), zap.String("method", r.Method),
 				zap.String("path", correlator.Clip(r.URL.Path, 512)), zap.String("error", correlator.Clip(err.Error(), 2048)))...)
@@ -365,6 +378,7 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error
 }
 
 func (s *Server) readyz(w http.ResponseWriter, r *http.Request) error {
-	readyz(w, r, ProbeConfig{Store: s.st, HotPath: s.cfg.HotPath, WriteDeadline: s.cfg.WriteDeadline, Ready: s.cfg.Ready})
+	readyz(w, r, ProbeConfig{Store: s.st, HotPath: s.cfg.HotPath, WriteDeadline: s.cfg.WriteDeadline, Ready: s.cfg.Ready,
+		Stalled: s.cfg.Stalled})
 	return nil
 }

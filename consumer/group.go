@@ -83,6 +83,11 @@ type GroupConfig struct {
 	// children of their attempts' send spans, dead letters in their own
 	// traces; nil: no tracing work.
 	Tracer trace.Tracer
+	// SuspectFor is how long a record PostgreSQL refuses alone, for a
+	// reason that is not plainly its own, waits for a record after it to
+	// be compared with before it is dead-lettered as at fault (see
+	// DefaultSuspectFor); defaults to DefaultSuspectFor.
+	SuspectFor time.Duration
 }
 
 // WithDefaults returns c with every unset field at its default.
@@ -91,6 +96,7 @@ func (c GroupConfig) WithDefaults() GroupConfig {
 	c.SessionTimeout = cmp.Or(c.SessionTimeout, DefaultSessionTimeout)
 	c.MaxPollRecords = cmp.Or(c.MaxPollRecords, DefaultMaxPollRecords)
 	c.Metrics = metrics.Or(c.Metrics)
+	c.SuspectFor = cmp.Or(c.SuspectFor, DefaultSuspectFor)
 	return c
 }
 
@@ -98,11 +104,31 @@ func (c GroupConfig) WithDefaults() GroupConfig {
 func (c GroupConfig) rebalanceTimeout() time.Duration { return max(3*c.SessionTimeout, 10*time.Second) }
 
 // applier writes one batch of records, with their offset advances, in one
-// transaction. after runs once it committed (dead-letter copies, logs).
+// transaction: the effects of recs and the dead letters of refused. after
+// runs once it committed (dead-letter copies, logs).
 type applier interface {
-	apply(ctx context.Context, recs []*kgo.Record, adv []store.OffsetAdvance) (after func(), err error)
-	// poison dead-letters one record PostgreSQL refused, with its advance.
-	poison(ctx context.Context, rec *kgo.Record, adv []store.OffsetAdvance, cause error) (after func(), err error)
+	apply(ctx context.Context, recs []*kgo.Record, refused []refusal, adv []store.OffsetAdvance) (after func(), err error)
+	// writes reports whether rec, as decoded, makes more than a dead
+	// letter (a job, a reply to apply): only such a record can show
+	// whether the write a record before it was refused goes through.
+	writes(rec *kgo.Record) bool
+}
+
+// refusal is a record PostgreSQL refused on its own, to be dead-lettered
+// (reason rejected) with why.
+type refusal struct {
+	rec   *kgo.Record
+	cause error
+	bare  bool // without its headers: its dead letter was refused with them
+}
+
+// deadLetter is the dead letter of a refused record.
+func (r refusal) deadLetter(kind string) store.DeadLetter {
+	src := source(r.rec)
+	if r.bare {
+		src.Headers = nil
+	}
+	return store.DeadLetter{Kind: kind, Source: src, Reason: rejected(r.cause)}
 }
 
 // group is the exactly-once loop shared by intake and responses.
@@ -115,11 +141,16 @@ type group struct {
 
 	mu  sync.Mutex
 	pos map[store.TopicPartition]int64 // stored next offset; -1: none stored
+	// holds are the partitions waiting on a record PostgreSQL refused
+	// alone for a reason that may not be the record's own (stall.go).
+	holds  map[store.TopicPartition]*hold
+	stalls *stalls
 }
 
 func newGroup(log *zap.Logger, st *store.Store, cfg GroupConfig, app applier) (*group, error) {
 	cfg = cfg.WithDefaults()
-	g := &group{log: log, st: st, cfg: cfg, app: app, pos: map[store.TopicPartition]int64{}}
+	g := &group{log: log, st: st, cfg: cfg, app: app, pos: map[store.TopicPartition]int64{},
+		holds: map[store.TopicPartition]*hold{}, stalls: newStalls(cfg.Group, log, cfg.Metrics)}
 	reset := kgo.NewOffset().AtStart()
 	if cfg.Start == StartLatest {
 		reset = kgo.NewOffset().AtEnd()
@@ -205,13 +236,26 @@ func (g *group) adjust(ctx context.Context, offsets map[string]map[int32]kgo.Off
 	return offsets, nil
 }
 
-func (g *group) forget(_ context.Context, _ *kgo.Client, lost map[string][]int32) {
+// forget drops what the group knew of partitions it lost; a partition
+// paused on a hold is resumed (a pause outlives the assignment), so that
+// it is read again should it come back.
+func (g *group) forget(_ context.Context, cl *kgo.Client, lost map[string][]int32) {
 	g.mu.Lock()
-	defer g.mu.Unlock()
+	held := false
 	for t, ps := range lost {
 		for _, p := range ps {
-			delete(g.pos, store.TopicPartition{Topic: t, Partition: p})
+			tp := store.TopicPartition{Topic: t, Partition: p}
+			delete(g.pos, tp)
+			if _, ok := g.holds[tp]; ok {
+				delete(g.holds, tp)
+				held = true
+			}
 		}
+	}
+	g.mu.Unlock()
+	if held && cl != nil {
+		cl.ResumeFetchPartitions(lost)
+		g.reportStalls()
 	}
 }
 
@@ -270,16 +314,25 @@ func (g *group) Run(ctx context.Context) error {
 	defer g.cl.Close()
 	failures := 0
 	for {
-		fetches := g.cl.PollRecords(ctx, g.cfg.MaxPollRecords)
+		// A poll lasts until the first held partition is due again.
+		pollCtx, cancel := ctx, context.CancelFunc(func() {})
+		if at, ok := g.nextDue(); ok {
+			pollCtx, cancel = context.WithDeadline(ctx, at)
+		}
+		fetches := g.cl.PollRecords(pollCtx, g.cfg.MaxPollRecords)
+		cancel()
 		if fetches.IsClientClosed() || ctx.Err() != nil {
 			g.cl.AllowRebalance()
 			return nil
 		}
 		fetches.EachError(func(t string, p int32, err error) {
-			if !errors.Is(err, context.Canceled) {
+			if !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
 				g.log.Warn("fetch error", zap.String("group", g.cfg.Group), zap.String("topic", t), zap.Int32("partition", p), zap.Error(err))
 			}
 		})
+		// Between a poll and AllowRebalance no partition is revoked: the
+		// held partitions due again are sought and resumed here.
+		g.resumeDue()
 		recs := g.fresh(fetches.Records())
 		if len(recs) > 0 {
 			if err := g.process(context.WithoutCancel(ctx), recs); err != nil {
@@ -297,16 +350,36 @@ func (g *group) Run(ctx context.Context) error {
 	}
 }
 
-// fresh drops records before the stored offset (already applied).
+// fresh drops records before the stored offset (already applied), and
+// those of partitions paused on a hold (read before the pause; the
+// partition is read again from its held record when it resumes).
 func (g *group) fresh(recs []*kgo.Record) []*kgo.Record {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	out := recs[:0]
 	for _, r := range recs {
-		pos, ok := g.pos[store.TopicPartition{Topic: r.Topic, Partition: r.Partition}]
-		if ok && r.Offset >= pos {
+		tp := store.TopicPartition{Topic: r.Topic, Partition: r.Partition}
+		pos, ok := g.pos[tp]
+		if h := g.holds[tp]; ok && r.Offset >= pos && (h == nil || !h.paused) {
 			out = append(out, r)
 		}
+	}
+	return out
+}
+
+// pending is recs less the records applied meanwhile (below the stored
+// offset: a record written with the dead letter of the one before it) and
+// those of partitions held in this pass.
+func (g *group) pending(recs []*kgo.Record) []*kgo.Record {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	var out []*kgo.Record
+	for _, r := range recs {
+		tp := store.TopicPartition{Topic: r.Topic, Partition: r.Partition}
+		if h := g.holds[tp]; (h != nil && h.paused) || r.Offset < g.pos[tp] {
+			continue
+		}
+		out = append(out, r)
 	}
 	return out
 }
@@ -337,22 +410,47 @@ func (g *group) advances(recs []*kgo.Record) []store.OffsetAdvance {
 // process applies recs. A batch PostgreSQL refuses for any reason that
 // is not passing (store.IsTransient: the connection, a lost race, the
 // server shutting down or out of a resource) is split until the record at
-// fault is found; a record refused again on its own is dead-lettered. So
-// no error class, listed or not, can stall a partition: only a database
-// that cannot be reached or written at all holds it.
+// fault is found. A record refused alone for its data is dead-lettered; a
+// record refused alone otherwise is dead-lettered only once the record
+// after it shows the refusal was its own (refused). So no error class,
+// listed or not, can stall a partition for one record, and an error that
+// is not the records' own (a privilege revoked, a column renamed) stalls
+// the partitions instead of dead-lettering all their records.
 func (g *group) process(ctx context.Context, recs []*kgo.Record) error {
+	return g.applyRun(ctx, recs, recs)
+}
+
+// applyRun applies recs, a run of the pass all.
+func (g *group) applyRun(ctx context.Context, all, recs []*kgo.Record) error {
+	recs = g.pending(recs)
+	if len(recs) == 0 {
+		return nil
+	}
 	adv := g.advances(recs)
-	after, err := g.app.apply(ctx, recs, adv)
-	if err != nil && !errors.Is(err, store.ErrOffsetConflict) && !store.IsTransient(err) && ctx.Err() == nil {
+	after, err := g.app.apply(ctx, recs, nil, adv)
+	if refusedBy(ctx, err) {
 		if len(recs) > 1 {
 			half := len(recs) / 2
-			if err := g.process(ctx, recs[:half]); err != nil {
+			if err := g.applyRun(ctx, all, recs[:half]); err != nil {
 				return err
 			}
-			return g.process(ctx, recs[half:])
+			return g.applyRun(ctx, all, recs[half:])
 		}
-		after, err = g.poison(ctx, recs[0], adv, err)
+		return g.refused(ctx, all, recs[0], err)
 	}
+	return g.settle(ctx, recs, adv, after, err)
+}
+
+// refusedBy reports whether err is PostgreSQL refusing a write for good
+// (not a lost offset race, not passing, not a shutdown).
+func refusedBy(ctx context.Context, err error) bool {
+	return err != nil && !errors.Is(err, store.ErrOffsetConflict) && !store.IsTransient(err) && ctx.Err() == nil
+}
+
+// settle ends a write of recs with adv: on commit, it moves the stored
+// offsets and lets go of the holds passed, and marks the records for the
+// Kafka commit; on an offset conflict, it seeks to the stored offsets.
+func (g *group) settle(ctx context.Context, recs []*kgo.Record, adv []store.OffsetAdvance, after func(), err error) error {
 	if errors.Is(err, store.ErrOffsetConflict) {
 		g.log.Warn("records were already applied by another consumer; seeking to the stored offsets",
 			zap.String("group", g.cfg.Group), zap.Int("records", len(recs)))
@@ -364,10 +462,19 @@ func (g *group) process(ctx context.Context, recs []*kgo.Record) error {
 	}
 	g.hit("after-commit")
 	g.mu.Lock()
+	passed := false
 	for _, a := range adv {
-		g.pos[store.TopicPartition{Topic: a.Topic, Partition: a.Partition}] = a.To
+		tp := store.TopicPartition{Topic: a.Topic, Partition: a.Partition}
+		g.pos[tp] = a.To
+		if h := g.holds[tp]; h != nil && a.To > h.at {
+			delete(g.holds, tp)
+			passed = true
+		}
 	}
 	g.mu.Unlock()
+	if passed {
+		g.reportStalls()
+	}
 	g.cl.MarkCommitRecords(recs...)
 	if after != nil {
 		after()
@@ -375,28 +482,186 @@ func (g *group) process(ctx context.Context, recs []*kgo.Record) error {
 	return nil
 }
 
-// poison dead-letters one record PostgreSQL refused, once it is refused
-// again on its own. Should the dead letter itself be refused (it keeps the
-// record's bytes and headers), it is kept without its headers: the record's
-// coordinates, key and value (bytes PostgreSQL always takes) and why.
-func (g *group) poison(ctx context.Context, rec *kgo.Record, adv []store.OffsetAdvance, cause error) (func(), error) {
-	after, err := g.app.apply(ctx, []*kgo.Record{rec}, adv)
-	if err == nil || errors.Is(err, store.ErrOffsetConflict) || store.IsTransient(err) {
-		return after, err // it went through on its own, or the cause passed
+// refused decides for rec, refused alone with cause, within the pass all
+// (see stall.go): a refusal of its data dead-letters it; any other is
+// compared with the next record on its partition that writes more than a
+// dead letter, written in one transaction with rec's dead letter (and
+// with the records between them, dead letters all).
+func (g *group) refused(ctx context.Context, all []*kgo.Record, rec *kgo.Record, cause error) error {
+	if store.IsDataError(cause) {
+		return g.deadLetter(ctx, rec, cause)
 	}
-	g.log.Warn("record refused by PostgreSQL; dead-lettering it", append(tracing.LogFieldsOf(correlator.TraceContextOf(source(rec).Headers)),
-		zap.String("group", g.cfg.Group), zap.String("topic", rec.Topic), zap.Int32("partition", rec.Partition),
-		zap.Int64("offset", rec.Offset), zap.String("error", correlator.Clip(err.Error(), 1024)))...)
-	after, perr := g.app.poison(ctx, rec, adv, err)
-	if perr == nil || errors.Is(perr, store.ErrOffsetConflict) || store.IsTransient(perr) {
-		return after, perr
+	after := g.after(all, rec)
+	if after == nil {
+		if g.wait(rec, cause) {
+			return nil
+		}
+		return g.deadLetter(ctx, rec, cause)
 	}
-	g.log.Error("dead letter refused too; keeping it without its headers", zap.String("topic", rec.Topic),
-		zap.Int32("partition", rec.Partition), zap.Int64("offset", rec.Offset), zap.String("error", correlator.Clip(perr.Error(), 1024)))
-	bare := *rec
-	bare.Headers = nil
-	return g.app.poison(ctx, &bare, adv, fmt.Errorf("%w; its dead letter was refused with its headers: %v", err, perr))
+	recs := append([]*kgo.Record{rec}, after...)
+	adv := g.advances(recs)
+	done, err := g.app.apply(ctx, after, []refusal{{rec: rec, cause: cause}}, adv)
+	switch {
+	case err == nil:
+		g.logDeadLetter(rec, cause, "the record after it went through")
+		return g.settle(ctx, recs, adv, done, nil)
+	case !refusedBy(ctx, err):
+		return g.settle(ctx, recs, adv, done, err)
+	case store.SameRefusal(cause, err):
+		g.hold(rec, err, true)
+		return nil
+	}
+	// The record after it was refused otherwise: rec's refusal was its own.
+	return g.deadLetter(ctx, rec, cause)
 }
+
+// after is the records after rec on its partition in recs, up to the
+// first that writes more than a dead letter; nil when none does.
+func (g *group) after(recs []*kgo.Record, rec *kgo.Record) []*kgo.Record {
+	var out []*kgo.Record
+	for _, r := range recs {
+		if r.Topic == rec.Topic && r.Partition == rec.Partition && r.Offset > rec.Offset {
+			out = append(out, r)
+			if g.app.writes(r) {
+				return out
+			}
+		}
+	}
+	return nil
+}
+
+// wait decides for rec, refused alone with cause and with no record after
+// it to compare with: its partition waits (true) while another partition
+// of the group waits on a refusal of the same class (the refusal is then
+// systemic), or until rec has waited SuspectFor alone (false: rec is
+// taken to be at fault).
+func (g *group) wait(rec *kgo.Record, cause error) bool {
+	tp := store.TopicPartition{Topic: rec.Topic, Partition: rec.Partition}
+	g.mu.Lock()
+	systemic := false
+	for other, h := range g.holds {
+		if other != tp && store.SameRefusal(h.err, cause) {
+			h.systemic, systemic = true, true
+		}
+	}
+	h := g.holds[tp]
+	alone := h != nil && h.at == rec.Offset && !h.systemic && !systemic && time.Since(h.since) >= g.cfg.SuspectFor
+	if alone {
+		delete(g.holds, tp)
+	}
+	g.mu.Unlock()
+	if alone {
+		return false
+	}
+	g.hold(rec, cause, systemic)
+	return true
+}
+
+// hold makes rec's partition wait on it: paused and sought back to it,
+// until a backoff passes.
+func (g *group) hold(rec *kgo.Record, cause error, systemic bool) {
+	tp := store.TopicPartition{Topic: rec.Topic, Partition: rec.Partition}
+	now := time.Now()
+	g.mu.Lock()
+	h := g.holds[tp]
+	if h == nil || h.at != rec.Offset {
+		h = &hold{at: rec.Offset, since: now}
+		g.holds[tp] = h
+		if !systemic {
+			g.log.Warn("record refused alone; its partition waits for a record after it to tell whether the refusal is the record's own",
+				zap.String("group", g.cfg.Group), zap.String("topic", rec.Topic), zap.Int32("partition", rec.Partition),
+				zap.Int64("offset", rec.Offset), zap.String("sqlstate", reason(cause)), zap.String("error", correlator.Clip(cause.Error(), 1024)))
+		}
+	}
+	h.refused(cause, systemic, now)
+	h.paused = true
+	g.mu.Unlock()
+	g.cl.PauseFetchPartitions(map[string][]int32{rec.Topic: {rec.Partition}})
+	g.cl.SetOffsets(map[string]map[int32]kgo.EpochOffset{rec.Topic: {rec.Partition: {Epoch: -1, Offset: rec.Offset}}})
+	g.reportStalls()
+}
+
+// nextDue is when the first paused partition is due again; false: none
+// is paused.
+func (g *group) nextDue() (next time.Time, ok bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, h := range g.holds {
+		if h.paused && (!ok || h.until.Before(next)) {
+			next, ok = h.until, true
+		}
+	}
+	return next, ok
+}
+
+// resumeDue resumes the paused partitions whose hold's backoff passed,
+// from their held records.
+func (g *group) resumeDue() {
+	now := time.Now()
+	resume := map[string][]int32{}
+	seek := map[string]map[int32]kgo.EpochOffset{}
+	g.mu.Lock()
+	for tp, h := range g.holds {
+		if h.paused && !h.until.After(now) {
+			h.paused = false
+			resume[tp.Topic] = append(resume[tp.Topic], tp.Partition)
+			if seek[tp.Topic] == nil {
+				seek[tp.Topic] = map[int32]kgo.EpochOffset{}
+			}
+			seek[tp.Topic][tp.Partition] = kgo.EpochOffset{Epoch: -1, Offset: h.at}
+		}
+	}
+	g.mu.Unlock()
+	if len(resume) > 0 {
+		g.cl.SetOffsets(seek)
+		g.cl.ResumeFetchPartitions(resume)
+	}
+}
+
+// reportStalls sets hipq_consumer_stalled and readiness from the holds
+// shown to be systemic.
+func (g *group) reportStalls() {
+	var now []stalled
+	g.mu.Lock()
+	for tp, h := range g.holds {
+		if h.systemic {
+			now = append(now, stalled{where: fmt.Sprintf("%s/%d at offset %d", tp.Topic, tp.Partition, h.at), err: h.err})
+		}
+	}
+	g.mu.Unlock()
+	g.stalls.set(now)
+}
+
+// deadLetter dead-letters rec, refused alone for a fault of its own.
+// Should the dead letter itself be refused (it keeps the record's bytes
+// and headers), it is kept without its headers: the record's coordinates,
+// key and value (bytes PostgreSQL always takes) and why.
+func (g *group) deadLetter(ctx context.Context, rec *kgo.Record, cause error) error {
+	g.logDeadLetter(rec, cause, "")
+	adv := g.advances([]*kgo.Record{rec})
+	after, err := g.app.apply(ctx, nil, []refusal{{rec: rec, cause: cause}}, adv)
+	if refusedBy(ctx, err) {
+		g.log.Error("dead letter refused too; keeping it without its headers", zap.String("topic", rec.Topic),
+			zap.Int32("partition", rec.Partition), zap.Int64("offset", rec.Offset), zap.String("error", correlator.Clip(err.Error(), 1024)))
+		after, err = g.app.apply(ctx, nil, []refusal{{rec: rec, bare: true,
+			cause: fmt.Errorf("%w; its dead letter was refused with its headers: %v", cause, err)}}, adv)
+	}
+	return g.settle(ctx, []*kgo.Record{rec}, adv, after, err)
+}
+
+func (g *group) logDeadLetter(rec *kgo.Record, cause error, why string) {
+	fields := append(tracing.LogFieldsOf(correlator.TraceContextOf(source(rec).Headers)),
+		zap.String("group", g.cfg.Group), zap.String("topic", rec.Topic), zap.Int32("partition", rec.Partition),
+		zap.Int64("offset", rec.Offset), zap.String("sqlstate", reason(cause)), zap.String("error", correlator.Clip(cause.Error(), 1024)))
+	if why != "" {
+		fields = append(fields, zap.String("because", why))
+	}
+	g.log.Warn("record refused by PostgreSQL; dead-lettering it", fields...)
+}
+
+// Stalled is nil while no partition of the group waits on a refusal shown
+// to be systemic, else what waits and why.
+func (g *group) Stalled() error { return g.stalls.err() }
 
 // reload reads the stored offsets of adv's partitions and seeks there.
 func (g *group) reload(ctx context.Context, adv []store.OffsetAdvance) {

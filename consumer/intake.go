@@ -62,13 +62,17 @@ func NewIntake(log *zap.Logger, st *store.Store, cfg IntakeConfig) (*Intake, err
 // Run polls and applies job requests until ctx ends, then leaves the group.
 func (in *Intake) Run(ctx context.Context) error { return in.g.Run(ctx) }
 
+// Stalled is nil while no partition waits on a refusal that is not the
+// records' own, else what waits and why (readiness).
+func (in *Intake) Stalled() error { return in.g.Stalled() }
+
 func (in *Intake) count(result string, n int) {
 	if n > 0 {
 		in.cfg.Metrics.IntakeRecords.WithLabelValues(metrics.SourceKafka, result).Add(float64(n))
 	}
 }
 
-func (in *Intake) apply(ctx context.Context, recs []*kgo.Record, adv []store.OffsetAdvance) (func(), error) {
+func (in *Intake) apply(ctx context.Context, recs []*kgo.Record, refused []refusal, adv []store.OffsetAdvance) (func(), error) {
 	now := time.Now()
 	b := store.IntakeBatch{Group: in.cfg.Group, Offsets: adv}
 	var dups int
@@ -77,6 +81,9 @@ func (in *Intake) apply(ctx context.Context, recs []*kgo.Record, adv []store.Off
 		job, err := decodeRecord(recs[i], src, in.cfg.MaxBytes, in.cfg.Types, now)
 		return src, job, err
 	})
+	for _, r := range refused {
+		b.DeadLetters = append(b.DeadLetters, r.deadLetter(store.SourceIntake))
+	}
 	rs := in.reserve(b.Jobs)
 	b.Instance = in.cfg.Instance
 	res, err := in.g.st.IntakeApply(ctx, b)
@@ -105,6 +112,11 @@ func (in *Intake) apply(ctx context.Context, recs []*kgo.Record, adv []store.Off
 			zap.Int("duplicates", res.Duplicates+dups), zap.Int("dead_lettered", len(res.DeadLetters)))
 		in.g.copyDeadLetters(in.cfg.DeadLetterTopic, res.DeadLetters)
 	}, nil
+}
+
+func (in *Intake) writes(rec *kgo.Record) bool {
+	_, err := decodeRecord(rec, source(rec), in.cfg.MaxBytes, in.cfg.Types, time.Now())
+	return err == nil
 }
 
 // reserve asks the dispatcher for room for the batch's jobs that may be
@@ -153,18 +165,6 @@ func (in *Intake) reserve(jobs []store.IntakeJob) map[string]*dispatcher.Reserva
 		}
 	}
 	return rs
-}
-
-func (in *Intake) poison(ctx context.Context, rec *kgo.Record, adv []store.OffsetAdvance, cause error) (func(), error) {
-	dl := store.DeadLetter{Kind: store.SourceIntake, Source: source(rec), Reason: rejected(cause)}
-	res, err := in.g.st.IntakeApply(ctx, store.IntakeBatch{Group: in.cfg.Group, Offsets: adv, DeadLetters: []store.DeadLetter{dl}})
-	if err != nil {
-		return nil, err
-	}
-	return func() {
-		in.count("dead_lettered", 1)
-		in.g.copyDeadLetters(in.cfg.DeadLetterTopic, res.DeadLetters)
-	}, nil
 }
 
 // reduceIntake makes a batch's jobs and dead letters (of source kind) of n

@@ -4,9 +4,11 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"slices"
+	"sync"
 	"syscall"
 	"time"
 
@@ -34,6 +36,11 @@ type OutboxConfig struct {
 	// Tracer, when set, records each dead letter that came in a trace as
 	// a span there; nil: no tracing work.
 	Tracer trace.Tracer
+	// SuspectFor is how long a row PostgreSQL refuses alone, for a reason
+	// that is not plainly its own, waits for a row after it to be
+	// compared with before it is dead-lettered as at fault (see
+	// DefaultSuspectFor); defaults to DefaultSuspectFor.
+	SuspectFor time.Duration
 }
 
 // Outbox drains hipq_intake, the transactional outbox: applications write
@@ -48,6 +55,13 @@ type Outbox struct {
 	st   *store.Store
 	cfg  OutboxConfig
 	wake chan struct{}
+	// batchBytes bounds what one drain transaction reads of the rows
+	// (maxBatchBytes; tests lower it).
+	batchBytes int
+	stalls     *stalls
+
+	mu   sync.Mutex
+	hold *hold // the row the drainer waits on; nil: none
 }
 
 // NewOutbox builds the drainer; Run starts it.
@@ -55,27 +69,32 @@ func NewOutbox(log *zap.Logger, st *store.Store, cfg OutboxConfig) *Outbox {
 	cfg.BatchSize = cmp.Or(cfg.BatchSize, DefaultOutboxBatch)
 	cfg.Poll = cmp.Or(cfg.Poll, DefaultOutboxPoll)
 	cfg.Metrics = metrics.Or(cfg.Metrics)
-	return &Outbox{log: log.Named("outbox"), st: st, cfg: cfg, wake: make(chan struct{}, 1)}
+	cfg.SuspectFor = cmp.Or(cfg.SuspectFor, DefaultSuspectFor)
+	log = log.Named("outbox")
+	return &Outbox{log: log, st: st, cfg: cfg, wake: make(chan struct{}, 1), batchBytes: maxBatchBytes,
+		stalls: newStalls("outbox", log, cfg.Metrics)}
 }
 
 // Run drains the outbox until ctx ends. PostgreSQL being unreachable only
-// delays it: it tries again, backing off up to 5 s.
+// delays it: it tries again, backing off up to 5 s. A drain held on a row
+// PostgreSQL refused for a reason that may not be the row's own (stall.go)
+// is tried again when its hold's backoff passes.
 func (o *Outbox) Run(ctx context.Context) error {
 	go o.listen(ctx)
 	tick := time.NewTicker(o.cfg.Poll)
 	defer tick.Stop()
 	pause := 100 * time.Millisecond
 	for {
-		if _, err := o.Drain(ctx); err != nil {
-			if ctx.Err() != nil {
-				return nil
-			}
+		_, err := o.Drain(ctx)
+		switch {
+		case ctx.Err() != nil:
+			return nil
+		case errors.Is(err, errHeld):
+			sleep(ctx, time.Until(o.heldUntil()))
+			continue
+		case err != nil:
 			o.log.Warn("cannot drain the outbox; trying again", zap.Duration("in", pause), zap.Error(err))
-			select {
-			case <-ctx.Done():
-				return nil
-			case <-time.After(pause):
-			}
+			sleep(ctx, pause)
 			pause = min(2*pause, 5*time.Second)
 			continue
 		}
@@ -89,87 +108,272 @@ func (o *Outbox) Run(ctx context.Context) error {
 	}
 }
 
-// Drain applies batches until no row is left that this drainer may take,
-// and returns how many rows it took.
+// errHeld: a drain stopped at a row PostgreSQL refused alone for a reason
+// that may not be the row's own; it is tried again after a backoff.
+var errHeld = errors.New("the outbox waits on a row PostgreSQL refused")
+
+// Drain applies batches until a batch finds no more rows this drainer may
+// take (none left, or only rows other transactions hold), and returns how
+// many rows it took. A row PostgreSQL refuses alone for a reason that may
+// not be its own stops the drain there (errHeld).
 func (o *Outbox) Drain(ctx context.Context) (int, error) {
 	total := 0
 	for {
-		n, err := o.apply(ctx, nil)
+		var dups int
+		res, err := o.st.OutboxApply(ctx, o.take(nil, o.cfg.BatchSize), o.decider(&dups, nil))
+		n, more := len(res.Taken), res.More
+		switch {
+		case err == nil:
+			// PostgreSQL takes rows (or there are none): nothing to wait on.
+			o.applied(n, res.IntakeResult, dups)
+			o.release()
+		case refusedBy(ctx, err) && n > 0:
+			n, err = o.split(ctx, res.Taken, res.Taken, err)
+			more = true
+		default:
+			n = 0
+		}
 		total += n
-		if err != nil || n < o.cfg.BatchSize {
+		if err != nil || !more {
 			return total, err
 		}
 	}
 }
 
-// apply takes the rows ids names (nil: the oldest, a batch of them) and
-// applies them in one transaction. Rows PostgreSQL refuses for any reason
-// that is not passing (store.IsTransient) are split until the row at fault
-// is found, and a row refused on its own is dead-lettered, so no input,
-// however unforeseen, can stall the outbox.
-func (o *Outbox) apply(ctx context.Context, ids []int64) (int, error) {
-	var dups int
-	taken, res, err := o.st.OutboxApply(ctx, o.take(ids, o.cfg.BatchSize), func(rows []store.OutboxRow) ([]store.IntakeJob, []store.DeadLetter) {
-		var jobs []store.IntakeJob
-		var dls []store.DeadLetter
-		jobs, dls, dups = o.decide(rows)
+// split applies the rows ids names, a part of the batch all that
+// PostgreSQL refused with cause, halving them until the row at fault is
+// found (refused).
+func (o *Outbox) split(ctx context.Context, all, ids []int64, cause error) (int, error) {
+	if len(ids) == 1 {
+		return o.refused(ctx, all, ids[0], cause)
+	}
+	n := 0
+	for _, part := range [][]int64{ids[:len(ids)/2], ids[len(ids)/2:]} {
+		var dups int
+		res, err := o.st.OutboxApply(ctx, o.take(part, len(part)), o.decider(&dups, nil))
+		switch {
+		case err == nil:
+			o.applied(len(res.Taken), res.IntakeResult, dups)
+			o.passed(res.Taken)
+			n += len(res.Taken)
+			continue
+		case refusedBy(ctx, err) && len(res.Taken) > 0:
+			m, err := o.split(ctx, all, res.Taken, err)
+			n += m
+			if err == nil {
+				continue
+			}
+			return n, err
+		}
+		return n, err
+	}
+	return n, nil
+}
+
+// refused decides for row id, refused alone with cause, within the batch
+// all (see stall.go): a refusal of its data dead-letters it; any other is
+// compared with the row after it, written in one transaction with the
+// row's dead letter.
+func (o *Outbox) refused(ctx context.Context, all []int64, id int64, cause error) (int, error) {
+	if store.IsDataError(cause) {
+		return o.poison(ctx, id, cause)
+	}
+	// The rows after it are taken one more at a time until one writes a
+	// job: only such a row shows whether the write refused goes through.
+	i := slices.Index(all, id)
+compare:
+	for j := i + 1; i >= 0 && j < len(all); j++ {
+		var dups int
+		ids := append([]int64{id}, all[i+1:j+1]...)
+		t := o.take(ids, len(ids))
+		t.All = true
+		res, err := o.st.OutboxApply(ctx, t, o.decider(&dups, &rowRefusal{id: id, cause: cause, compare: true}))
+		switch {
+		case errors.Is(err, errNoWrite):
+			continue
+		case err == nil && len(res.Taken) > 0:
+			// The refusal was the row's own.
+			o.logDeadLetter(id, cause, "the row after it went through")
+			o.applied(len(res.Taken), res.IntakeResult, dups)
+			o.passed(res.Taken)
+			return len(res.Taken), nil
+		case err == nil:
+			// Nothing taken: another drainer holds one of the rows, or
+			// they are more than a batch may read. The drain waits on
+			// the row, as on a row with none after it.
+			break compare
+		case !refusedBy(ctx, err):
+			return 0, err
+		case store.SameRefusal(cause, err):
+			o.holdAt(id, err, true)
+			return 0, fmt.Errorf("outbox row %d: %w", id, errHeld)
+		default:
+			// The row after it was refused otherwise: the refusal was the
+			// row's own.
+			return o.poison(ctx, id, cause)
+		}
+	}
+	if o.wait(id, cause) {
+		return 0, fmt.Errorf("outbox row %d: %w", id, errHeld)
+	}
+	return o.poison(ctx, id, cause)
+}
+
+// errNoWrite: the rows after a refused row make dead letters only.
+var errNoWrite = errors.New("the rows after the refused row write no job")
+
+// rowRefusal is a row PostgreSQL refused on its own, to be dead-lettered.
+type rowRefusal struct {
+	id    int64
+	cause error
+	bare  bool // without its headers: its dead letter was refused with them
+	// compare: the other rows must write a job, else the decision is
+	// errNoWrite (nothing taken).
+	compare bool
+}
+
+// decider makes jobs and dead letters of a drain's rows: refused's row
+// (when set) is dead-lettered with its refusal, the others are decided.
+func (o *Outbox) decider(dups *int, refused *rowRefusal) store.OutboxDecide {
+	return func(rows []store.OutboxRow) ([]store.IntakeJob, []store.DeadLetter, error) {
+		var dead []store.DeadLetter
+		if refused != nil {
+			rows = slices.DeleteFunc(slices.Clone(rows), func(r store.OutboxRow) bool {
+				if r.ID != refused.id {
+					return false
+				}
+				src, _ := outboxSource(r)
+				if refused.bare {
+					src.Headers = nil
+				}
+				dead = append(dead, store.DeadLetter{Kind: store.SourceOutbox, Source: src, Reason: rejected(refused.cause)})
+				return true
+			})
+		}
+		jobs, dls, n := o.decide(rows)
+		*dups = n
+		if refused != nil && refused.compare && len(jobs) == 0 {
+			return nil, nil, errNoWrite
+		}
 		if o.cfg.CrashPoint == "outbox:in-transaction" {
 			// Tests: die with the rows deleted in a transaction that never commits.
 			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
 			select {}
 		}
-		return jobs, dls
-	})
-	if err == nil {
-		o.applied(len(taken), res, dups)
-		return len(taken), nil
+		return jobs, append(dls, dead...), nil
 	}
-	if store.IsTransient(err) || ctx.Err() != nil || len(taken) == 0 {
-		return 0, err
-	}
-	if len(taken) > 1 {
-		half := len(taken) / 2
-		a, err := o.apply(ctx, taken[:half])
-		if err != nil {
-			return a, err
-		}
-		b, err := o.apply(ctx, taken[half:])
-		return a + b, err
-	}
-	return o.poison(ctx, taken[0], err)
 }
 
 // poison dead-letters one row PostgreSQL refused on its own. Should the
 // dead letter be refused too (it keeps the row's headers), it is kept
 // without them.
 func (o *Outbox) poison(ctx context.Context, id int64, cause error) (int, error) {
-	o.log.Warn("outbox row refused by PostgreSQL; dead-lettering it", zap.Int64("outbox_id", id),
-		zap.String("error", correlator.Clip(cause.Error(), 1024)))
-	reason := correlator.CodeRejected + ": PostgreSQL refused it: " + correlator.Clip(cause.Error(), 1024)
-	dead := func(bare bool) store.OutboxDecide {
-		return func(rows []store.OutboxRow) ([]store.IntakeJob, []store.DeadLetter) {
-			var dls []store.DeadLetter
-			for _, r := range rows {
-				src, _ := outboxSource(r)
-				if bare {
-					src.Headers = nil
-				}
-				dls = append(dls, store.DeadLetter{Kind: store.SourceOutbox, Source: src, Reason: reason})
-			}
-			return nil, dls
-		}
-	}
-	taken, res, err := o.st.OutboxApply(ctx, o.take([]int64{id}, 1), dead(false))
-	if err != nil && !store.IsTransient(err) && ctx.Err() == nil {
+	o.logDeadLetter(id, cause, "")
+	var dups int
+	res, err := o.st.OutboxApply(ctx, o.take([]int64{id}, 1), o.decider(&dups, &rowRefusal{id: id, cause: cause}))
+	if refusedBy(ctx, err) {
 		o.log.Error("dead letter refused too; keeping it without its headers", zap.Int64("outbox_id", id), zap.Error(err))
-		taken, res, err = o.st.OutboxApply(ctx, o.take([]int64{id}, 1), dead(true))
+		res, err = o.st.OutboxApply(ctx, o.take([]int64{id}, 1), o.decider(&dups, &rowRefusal{id: id, cause: cause, bare: true}))
 	}
 	if err != nil {
 		return 0, err
 	}
-	o.applied(len(taken), res, 0)
-	return len(taken), nil
+	o.applied(len(res.Taken), res.IntakeResult, 0)
+	o.passed(res.Taken)
+	return len(res.Taken), nil
 }
+
+func (o *Outbox) logDeadLetter(id int64, cause error, why string) {
+	fields := []zap.Field{zap.Int64("outbox_id", id), zap.String("sqlstate", reason(cause)),
+		zap.String("error", correlator.Clip(cause.Error(), 1024))}
+	if why != "" {
+		fields = append(fields, zap.String("because", why))
+	}
+	o.log.Warn("outbox row refused by PostgreSQL; dead-lettering it", fields...)
+}
+
+// wait decides for row id, refused alone with cause and with no row after
+// it to compare with: the drain waits on it (true) until it has waited
+// SuspectFor alone (false: the row is taken to be at fault), or for as
+// long as it is refused once the refusal was shown to be systemic.
+func (o *Outbox) wait(id int64, cause error) bool {
+	o.mu.Lock()
+	h := o.hold
+	alone := h != nil && h.at == id && !h.systemic && time.Since(h.since) >= o.cfg.SuspectFor
+	if alone {
+		o.hold = nil
+	}
+	o.mu.Unlock()
+	if alone {
+		o.reportStalls()
+		return false
+	}
+	o.holdAt(id, cause, false)
+	return true
+}
+
+// holdAt makes the drainer wait on row id until a backoff passes.
+func (o *Outbox) holdAt(id int64, cause error, systemic bool) {
+	now := time.Now()
+	o.mu.Lock()
+	if o.hold == nil || o.hold.at != id {
+		o.hold = &hold{at: id, since: now}
+		if !systemic {
+			o.log.Warn("outbox row refused alone; the drain waits for a row after it to tell whether the refusal is the row's own",
+				zap.Int64("outbox_id", id), zap.String("sqlstate", reason(cause)), zap.String("error", correlator.Clip(cause.Error(), 1024)))
+		}
+	}
+	o.hold.refused(cause, systemic, now)
+	o.mu.Unlock()
+	o.reportStalls()
+}
+
+// heldUntil is when the row the drainer waits on is tried again.
+func (o *Outbox) heldUntil() time.Time {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.hold == nil {
+		return time.Now()
+	}
+	return o.hold.until
+}
+
+// passed lets go of the hold when its row was taken (applied or
+// dead-lettered) by a committed transaction.
+func (o *Outbox) passed(taken []int64) {
+	o.mu.Lock()
+	held := o.hold != nil && slices.Contains(taken, o.hold.at)
+	o.mu.Unlock()
+	if held {
+		o.release()
+	}
+}
+
+// release lets go of the hold: PostgreSQL takes rows again, or the row
+// waited on is gone (another drainer took it).
+func (o *Outbox) release() {
+	o.mu.Lock()
+	had := o.hold != nil
+	o.hold = nil
+	o.mu.Unlock()
+	if had {
+		o.reportStalls()
+	}
+}
+
+func (o *Outbox) reportStalls() {
+	var now []stalled
+	o.mu.Lock()
+	if h := o.hold; h != nil && h.systemic {
+		now = append(now, stalled{where: fmt.Sprintf("outbox row %d", h.at), err: h.err})
+	}
+	o.mu.Unlock()
+	o.stalls.set(now)
+}
+
+// Stalled is nil while the drainer does not wait on a refusal that is not
+// the rows' own, else what it waits on and why (readiness).
+func (o *Outbox) Stalled() error { return o.stalls.err() }
 
 // maxBatchBytes bounds what one drain transaction reads of the rows.
 const maxBatchBytes = 32 << 20
@@ -179,7 +383,7 @@ const maxBatchBytes = 32 << 20
 // large), and a batch stops at maxBatchBytes.
 func (o *Outbox) take(ids []int64, limit int) store.OutboxTake {
 	return store.OutboxTake{IDs: ids, Limit: limit, MaxValue: o.cfg.MaxBytes + 1,
-		MaxHeaders: correlator.MaxHeaderBytes + 1, MaxBytes: maxBatchBytes}
+		MaxHeaders: correlator.MaxHeaderBytes + 1, MaxBytes: o.batchBytes}
 }
 
 // decide makes jobs and dead letters of outbox rows, as intake does of

@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -324,15 +325,15 @@ func TestOutboxHugeRows(t *testing.T) {
 	}
 	// The byte budget: rows of 5 MB and 100 KB, a budget of 1 KB: one row
 	// per take (never none).
-	taken, _, err := st.OutboxApply(ctx, store.OutboxTake{Limit: 10, MaxValue: 4097, MaxHeaders: 65537, MaxBytes: 1024},
-		func(rows []store.OutboxRow) ([]store.IntakeJob, []store.DeadLetter) {
+	res, err := st.OutboxApply(ctx, store.OutboxTake{Limit: 10, MaxValue: 4097, MaxHeaders: 65537, MaxBytes: 1024},
+		func(rows []store.OutboxRow) ([]store.IntakeJob, []store.DeadLetter, error) {
 			if len(rows) != 1 || len(rows[0].Value) != 4097 || rows[0].ValueSize < 5000000 {
 				t.Errorf("read %d rows, the first of %d bytes (of %d)", len(rows), len(rows[0].Value), rows[0].ValueSize)
 			}
-			return nil, nil
+			return nil, nil, nil
 		})
-	if err != nil || len(taken) != 1 {
-		t.Fatalf("took %v: %v", taken, err)
+	if err != nil || len(res.Taken) != 1 || !res.More {
+		t.Fatalf("took %v (more: %v): %v", res.Taken, res.More, err)
 	}
 	if _, err := st.Pool().Exec(ctx, `INSERT INTO hipq_intake (value) VALUES
 		('{"job_type": "t", "job_key": "huge", "job_data": "' || repeat('x', 5000000) || '"}')`); err != nil {
@@ -352,5 +353,131 @@ func TestOutboxHugeRows(t *testing.T) {
 		if !strings.HasPrefix(d.Reason, correlator.CodeTooLarge) || len(d.Source.Value) > 4097 {
 			t.Errorf("dead letter %q with a value of %d bytes", d.Reason, len(d.Source.Value))
 		}
+	}
+}
+
+// A drain ends only when a batch found no more rows it may take: rows a
+// batch left out for its byte budget are taken by the next batch of the
+// same drain, not left for the next poll.
+func TestOutboxDrainsPastTheByteBudget(t *testing.T) {
+	t.Parallel()
+	st := pgtest.New(t)
+	o := NewOutbox(zaptest.NewLogger(t), st, OutboxConfig{MaxBytes: 64 << 10, Types: outboxTypes, BatchSize: 1000})
+	o.batchBytes = 1 << 20 // rows of 50 KiB: 20 per batch
+	ctx := context.Background()
+	if _, err := st.Pool().Exec(ctx, `INSERT INTO hipq_intake (value)
+		SELECT format('{"job_type": "t", "job_key": "k%s", "job_data": "%s"}', g, repeat('x', 50 << 10)) FROM generate_series(1, 150) g`); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := o.Drain(ctx); err != nil || n != 150 {
+		t.Fatalf("one drain took %d of 150 rows: %v", n, err)
+	}
+	if n := count(t, st, `SELECT count(*) FROM hipq_intake`); n != 0 {
+		t.Fatalf("%d rows left in the outbox after a drain", n)
+	}
+}
+
+// Issue 30.5: a refusal that is not the rows' own (a trigger failing on
+// every row) dead-letters nothing and takes no row: the drain stops,
+// hipq_consumer_stalled{group="outbox"} is 1 and the drainer says why,
+// while rows go on arriving. A row that is only a dead letter (not JSON)
+// is no row to compare with: it writes no job. Once the error stops,
+// every row becomes its job (or that dead letter) exactly once.
+func TestOutboxSystemicRefusalStalls(t *testing.T) {
+	t.Parallel()
+	st := pgtest.New(t)
+	o, m := newOutbox(t, st)
+	ctx := context.Background()
+	if _, err := st.Pool().Exec(ctx, brokenTrigger); err != nil {
+		t.Fatal(err)
+	}
+	row := func(key string) string { return fmt.Sprintf(`{"job_type": "t", "job_key": %q}`, key) }
+	inTx(t, st, true, row("a"), "not json", row("b"), row("c"), row("d"), row("e"))
+	stalled := func() float64 {
+		v, _ := m.Value("hipq_consumer_stalled", map[string]string{"group": "outbox", "reason": "XX000"})
+		return v
+	}
+	for round := range 2 {
+		if n, err := o.Drain(ctx); n != 0 || !errors.Is(err, errHeld) {
+			t.Fatalf("round %d: drained %d: %v, want a drain held on its first row", round, n, err)
+		}
+		if v := stalled(); v != 1 {
+			t.Fatalf("round %d: hipq_consumer_stalled %v, want 1", round, v)
+		}
+		if err := o.Stalled(); err == nil || !strings.Contains(err.Error(), "XX000") {
+			t.Fatalf("round %d: Stalled() = %v", round, err)
+		}
+		if n := count(t, st, `SELECT count(*) FROM hipq_dead_letter`); n != 0 {
+			t.Fatalf("round %d: %d dead letters", round, n)
+		}
+		inTx(t, st, true, row(fmt.Sprintf("late-%d", round)))
+	}
+	if n := count(t, st, `SELECT count(*) FROM hipq_intake`); n != 8 {
+		t.Fatalf("%d rows left in the outbox, want all 8", n)
+	}
+	if _, err := st.Pool().Exec(ctx, `DELETE FROM broken`); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := o.Drain(ctx); n != 8 || err != nil {
+		t.Fatalf("drained %d of 8 once the error stopped: %v", n, err)
+	}
+	if n := count(t, st, `SELECT count(DISTINCT job_key) FROM hipq_job`); n != 7 {
+		t.Fatalf("%d jobs, want 7", n)
+	}
+	if v := stalled(); v != 0 || o.Stalled() != nil {
+		t.Fatalf("after: hipq_consumer_stalled %v, Stalled() %v", v, o.Stalled())
+	}
+	if n := count(t, st, `SELECT count(*) FROM hipq_dead_letter WHERE reason LIKE 'invalid_json%'`); n != 1 || count(t, st, `SELECT count(*) FROM hipq_dead_letter`) != 1 {
+		t.Fatalf("%d dead letters, want the row that is not JSON alone", count(t, st, `SELECT count(*) FROM hipq_dead_letter`))
+	}
+}
+
+// Issue 30.5: a row refused alone (XX000) with no row after it waits for
+// one: when one comes and goes through, the refused row is
+// dead-lettered. With none coming, it is dead-lettered once it waited
+// SuspectFor.
+func TestOutboxLoneRefusedRow(t *testing.T) {
+	t.Parallel()
+	st := pgtest.New(t)
+	o, m := newOutbox(t, st)
+	ctx := context.Background()
+	if _, err := st.Pool().Exec(ctx, `
+		CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN RAISE EXCEPTION 'refused for %', NEW.job_key USING ERRCODE = 'XX000'; END $$;
+		CREATE TRIGGER refuse BEFORE INSERT ON hipq_job FOR EACH ROW WHEN (NEW.job_key LIKE 'poison%') EXECUTE FUNCTION refuse();`); err != nil {
+		t.Fatal(err)
+	}
+	inTx(t, st, true, `{"job_type": "t", "job_key": "k0"}`, `{"job_type": "t", "job_key": "poison"}`)
+	if n, err := o.Drain(ctx); n != 1 || !errors.Is(err, errHeld) {
+		t.Fatalf("drained %d: %v, want k0 and a drain held on the last row", n, err)
+	}
+	if n := count(t, st, `SELECT count(*) FROM hipq_dead_letter`); n != 0 {
+		t.Fatalf("%d dead letters before anything could be compared", n)
+	}
+	inTx(t, st, true, `{"job_type": "t", "job_key": "k2"}`)
+	if n, err := o.Drain(ctx); n != 2 || err != nil {
+		t.Fatalf("drained %d: %v, want the refused row and the one after it", n, err)
+	}
+	if n := count(t, st, `SELECT count(*) FROM hipq_dead_letter WHERE reason LIKE '%refused for poison%'`); n != 1 {
+		t.Fatalf("%d dead letters of the refused row", n)
+	}
+	// Alone: dead-lettered once it waited SuspectFor (here at once, at
+	// its second try).
+	o.cfg.SuspectFor = time.Nanosecond
+	inTx(t, st, true, `{"job_type": "t", "job_key": "poison-alone"}`)
+	if _, err := o.Drain(ctx); !errors.Is(err, errHeld) {
+		t.Fatalf("first try: %v, want a drain held", err)
+	}
+	if n, err := o.Drain(ctx); n != 1 || err != nil {
+		t.Fatalf("second try: drained %d: %v", n, err)
+	}
+	if n := count(t, st, `SELECT count(*) FROM hipq_dead_letter WHERE reason LIKE '%refused for poison-alone%'`); n != 1 {
+		t.Fatalf("%d dead letters of the lone row", n)
+	}
+	if n := count(t, st, `SELECT count(*) FROM hipq_job`); n != 2 {
+		t.Fatalf("%d jobs, want k0 and k2", n)
+	}
+	if v, _ := m.Value("hipq_consumer_stalled", map[string]string{"group": "outbox", "reason": "XX000"}); v != 0 {
+		t.Fatalf("hipq_consumer_stalled %v: a record's own refusal is no stall", v)
 	}
 }

@@ -48,25 +48,41 @@ func NewResponses(log *zap.Logger, st *store.Store, cfg ResponsesConfig) (*Respo
 // Run polls and applies replies until ctx ends, then leaves the group.
 func (rs *Responses) Run(ctx context.Context) error { return rs.g.Run(ctx) }
 
-func (rs *Responses) apply(ctx context.Context, recs []*kgo.Record, adv []store.OffsetAdvance) (func(), error) {
+// Stalled is nil while no partition waits on a refusal that is not the
+// records' own, else what waits and why (readiness).
+func (rs *Responses) Stalled() error { return rs.g.Stalled() }
+
+func (rs *Responses) writes(rec *kgo.Record) bool {
+	_, err := rs.match(rec, source(rec))
+	return err == nil
+}
+
+// match reads a reply from r.
+func (rs *Responses) match(r *kgo.Record, src store.Source) (*correlator.Reply, error) {
+	m, ok := rs.cfg.Matchers[r.Topic]
+	if !ok {
+		m = correlator.DefaultMatcher()
+	}
+	if err := correlator.CheckHeaders(src.Headers); err != nil {
+		return nil, err
+	}
+	return m.Match(&correlator.Record{Key: r.Key, Value: r.Value, Headers: src.Headers})
+}
+
+func (rs *Responses) apply(ctx context.Context, recs []*kgo.Record, refused []refusal, adv []store.OffsetAdvance) (func(), error) {
 	start := time.Now()
 	b := store.ReplyBatch{Group: rs.cfg.Group, Offsets: adv, EarlyTTL: rs.cfg.EarlyTTL, Replies: make([]store.ReplyIn, 0, len(recs))}
 	for _, r := range recs {
 		src := source(r)
-		m, ok := rs.cfg.Matchers[r.Topic]
-		if !ok {
-			m = correlator.DefaultMatcher()
-		}
-		err := correlator.CheckHeaders(src.Headers)
-		var reply *correlator.Reply
-		if err == nil {
-			reply, err = m.Match(&correlator.Record{Key: r.Key, Value: r.Value, Headers: src.Headers})
-		}
+		reply, err := rs.match(r, src)
 		if err != nil {
 			b.DeadLetters = append(b.DeadLetters, store.DeadLetter{Kind: store.SourceReply, Source: src, Reason: err.Error()})
 			continue
 		}
 		b.Replies = append(b.Replies, store.ReplyIn{Reply: reply, Kind: store.SourceReply, Source: src})
+	}
+	for _, r := range refused {
+		b.DeadLetters = append(b.DeadLetters, r.deadLetter(store.SourceReply))
 	}
 	res, err := rs.g.st.ReplyApply(ctx, b, rs.cfg.Types)
 	if err != nil {
@@ -79,18 +95,6 @@ func (rs *Responses) apply(ctx context.Context, recs []*kgo.Record, adv []store.
 			zap.Int("dead_lettered", len(res.DeadLetters)))
 		rs.g.copyDeadLetters(rs.cfg.DeadLetterTopic, res.DeadLetters)
 		rs.trace(ctx, start, b.Replies, res)
-	}, nil
-}
-
-func (rs *Responses) poison(ctx context.Context, rec *kgo.Record, adv []store.OffsetAdvance, cause error) (func(), error) {
-	dl := store.DeadLetter{Kind: store.SourceReply, Source: source(rec), Reason: rejected(cause)}
-	res, err := rs.g.st.ReplyApply(ctx, store.ReplyBatch{Group: rs.cfg.Group, Offsets: adv, DeadLetters: []store.DeadLetter{dl}}, rs.cfg.Types)
-	if err != nil {
-		return nil, err
-	}
-	return func() {
-		rs.countUnreadable(1)
-		rs.g.copyDeadLetters(rs.cfg.DeadLetterTopic, res.DeadLetters)
 	}, nil
 }
 

@@ -23,9 +23,10 @@ type OutboxRow struct {
 	CreatedAt   time.Time
 }
 
-// OutboxDecide makes jobs and dead letters of outbox rows (in id order).
-// It may not fail: what it cannot use is a dead letter.
-type OutboxDecide func(rows []OutboxRow) (jobs []IntakeJob, dls []DeadLetter)
+// OutboxDecide makes jobs and dead letters of outbox rows (in id order):
+// what it cannot use is a dead letter. An error rolls the transaction
+// back, so nothing is taken, and OutboxApply returns it.
+type OutboxDecide func(rows []OutboxRow) (jobs []IntakeJob, dls []DeadLetter, err error)
 
 // OutboxTake bounds what one drain transaction takes and reads.
 type OutboxTake struct {
@@ -34,6 +35,22 @@ type OutboxTake struct {
 	MaxValue   int     // read at most this many bytes of a value (the limit plus one)
 	MaxHeaders int     // and of the headers' JSON text
 	MaxBytes   int     // stop adding rows past this many bytes read (one row at least)
+	// All takes IDs all together or none of them: when another
+	// transaction holds one of them, nothing is taken (and nothing
+	// applied).
+	All bool
+}
+
+// OutboxResult is what one drain transaction did.
+type OutboxResult struct {
+	IntakeResult
+	// Taken are the ids of the rows it took, also when it failed: the
+	// transaction rolled back, so the rows are there still, for the
+	// caller to try apart.
+	Taken []int64
+	// More: it left rows it could have taken (it took Limit rows, or
+	// stopped at MaxBytes): a drain goes on until a batch finds no more.
+	More bool
 }
 
 // OutboxApply takes rows of hipq_intake and applies what decide makes of
@@ -41,13 +58,14 @@ type OutboxTake struct {
 // the oldest), skipping any row another transaction holds (a drainer
 // elsewhere, or an application's transaction still writing it), deletes
 // them, and writes the jobs under IntakeApply's duplicate and conflict
-// rules, and the dead letters. It returns the ids it took (also when it
-// fails: the transaction rolled back, so the rows are there still, for the
-// caller to try apart). So a row becomes a job, or a dead letter, exactly
-// once: its delete commits with its effect or not at all.
-func (s *Store) OutboxApply(ctx context.Context, t OutboxTake, decide OutboxDecide) (taken []int64, res IntakeResult, err error) {
-	err = s.inTx(ctx, func(tx pgx.Tx) error {
-		taken, res = nil, IntakeResult{}
+// rules, and the dead letters. So a row becomes a job, or a dead letter,
+// exactly once: its delete commits with its effect or not at all.
+func (s *Store) OutboxApply(ctx context.Context, t OutboxTake, decide OutboxDecide) (OutboxResult, error) {
+	var taken []int64
+	var res IntakeResult
+	var more bool
+	err := s.inTx(ctx, func(tx pgx.Tx) error {
+		taken, res, more = nil, IntakeResult{}, false
 		// Lock first, reading sizes only, to take no more bytes than the
 		// budget allows; rows locked and not taken are free again at commit.
 		var rows pgx.Rows
@@ -64,8 +82,11 @@ func (s *Store) OutboxApply(ctx context.Context, t OutboxTake, decide OutboxDeci
 		}
 		var id, size int64
 		budget := int64(t.MaxBytes)
+		locked := 0
 		if _, err := pgx.ForEachRow(rows, []any{&id, &size}, func() error {
+			locked++
 			if len(taken) > 0 && budget < min(size, int64(t.MaxValue+t.MaxHeaders)) {
+				more = true
 				return nil
 			}
 			budget -= min(size, int64(t.MaxValue+t.MaxHeaders))
@@ -73,6 +94,10 @@ func (s *Store) OutboxApply(ctx context.Context, t OutboxTake, decide OutboxDeci
 			return nil
 		}); err != nil {
 			return fmt.Errorf("take outbox rows: %w", err)
+		}
+		more = more || locked == t.Limit
+		if t.All && len(taken) < len(t.IDs) {
+			taken = nil
 		}
 		if len(taken) == 0 {
 			return nil
@@ -99,9 +124,12 @@ func (s *Store) OutboxApply(ctx context.Context, t OutboxTake, decide OutboxDeci
 			return fmt.Errorf("take outbox rows: %w", err)
 		}
 		slices.SortFunc(got, func(a, b OutboxRow) int { return cmp.Compare(a.ID, b.ID) })
-		jobs, dls := decide(got)
+		jobs, dls, err := decide(got)
+		if err != nil {
+			return err
+		}
 		res, err = intakeWrite(ctx, tx, jobs, dls, "")
 		return err
 	})
-	return taken, res, err
+	return OutboxResult{IntakeResult: res, Taken: taken, More: more}, err
 }

@@ -56,6 +56,54 @@ func IsTransient(err error) bool {
 		errors.Is(err, puddle.ErrClosedPool) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
 }
 
+// IsDataError reports whether err is the fault of the data written, so
+// that the same write of other data would not fail this way: PostgreSQL
+// refused a value (class 22, data exception), a constraint (class 23) or a
+// limit a value ran into (class 54, such as an index row too large), or
+// hipq refused the input itself (a correlator.InputError). Such input is
+// set aside at once. Anything else PostgreSQL refuses may be the system's
+// fault rather than the input's (a privilege revoked, a column renamed by
+// a rollout, a trigger failing on every row): callers compare it with how
+// the next input fares before they blame the input (SameRefusal).
+func IsDataError(err error) bool {
+	var ie *correlator.InputError
+	if errors.As(err, &ie) {
+		return true
+	}
+	c := SQLState(err)
+	if len(c) != 5 {
+		return false
+	}
+	switch c[:2] {
+	case "22", "23", "54":
+		return true
+	}
+	return false
+}
+
+// SQLState is the SQLSTATE of PostgreSQL's answer in err; "" when err
+// holds none (PostgreSQL was never asked, or never answered).
+func SQLState(err error) string {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		return pe.Code
+	}
+	return ""
+}
+
+// SameRefusal reports whether two writes, of different input, were
+// refused the same way: neither for its data (IsDataError) and both with
+// the same SQLSTATE class (the first two characters), or both without a
+// SQLSTATE. Two inputs refused the same way in a row point at the system,
+// not at either input.
+func SameRefusal(a, b error) bool {
+	if a == nil || b == nil || IsDataError(a) || IsDataError(b) {
+		return false
+	}
+	ca, cb := SQLState(a), SQLState(b)
+	return ca[:min(2, len(ca))] == cb[:min(2, len(cb))]
+}
+
 // errRaced: a statement kept losing a race with other writers (rows
 // committed under it); the same write will go through later.
 var errRaced = errors.New("kept losing a race with other writers")

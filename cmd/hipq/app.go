@@ -369,7 +369,7 @@ func (a *app) buildAPI(ctx context.Context) error {
 	}
 	a.api = api.New(a.log, a.apiStore, api.Config{Listen: c.Listen, Tokens: c.Tokens, ReadTokens: c.ReadTokens, HotPath: a.st, UI: ui,
 		RequestTimeout: c.RequestTimeout.D(), CallbackSecret: []byte(c.CallbackSecret), MaxBodyBytes: a.cfg.Intake.MaxBytes,
-		Queues: a.queues, Types: a.types, Schedules: a.cfg.PeriodicJobs(), Matchers: a.matchers, EarlyTTL: a.cfg.Responses.EarlyTTL.D(), Ready: a.kafkaPing.Ping,
+		Queues: a.queues, Types: a.types, Schedules: a.cfg.PeriodicJobs(), Matchers: a.matchers, EarlyTTL: a.cfg.Responses.EarlyTTL.D(), Ready: a.kafkaPing.Ping, Stalled: a.stalled,
 		Metrics: a.metrics, DeadLetters: a.replyCopies, Tracer: a.tracing.Tracer, TracerProvider: a.tracing.Provider})
 	return nil
 }
@@ -396,6 +396,22 @@ func (a *app) buildProbes(context.Context) error {
 	}
 	a.probes = l
 	return nil
+}
+
+// stalled is nil while no consumer of this process waits on a refusal
+// that is not its records' own, else what waits and why.
+func (a *app) stalled() error {
+	var errs []error
+	if a.intake != nil {
+		errs = append(errs, a.intake.Stalled())
+	}
+	if a.responses != nil {
+		errs = append(errs, a.responses.Stalled())
+	}
+	if a.outbox != nil {
+		errs = append(errs, a.outbox.Stalled())
+	}
+	return errors.Join(errs...)
 }
 
 // requestShapes describe each job type's requests for the dashboard,
@@ -479,7 +495,7 @@ func (a *app) run(ctx context.Context) error {
 	if a.probes != nil {
 		a.log.Info("metrics listening", zap.String("addr", a.probes.Addr().String()))
 		g.Go(func() error {
-			return api.ServeProbes(ctx, a.log, a.probes, api.ProbeConfig{Store: a.st, Ready: a.kafkaPing.Ping, Metrics: a.metrics})
+			return api.ServeProbes(ctx, a.log, a.probes, api.ProbeConfig{Store: a.st, Ready: a.kafkaPing.Ping, Stalled: a.stalled, Metrics: a.metrics})
 		})
 	}
 	a.activity = activity.New(a.log, a.st, a.metrics, a.instance, a.types, 0)

@@ -54,6 +54,11 @@ type Metrics struct {
 	// ScheduleFires counts schedule ticks by schedule and result
 	// (enqueued, duplicate, skipped, missed, failed).
 	ScheduleFires *prometheus.CounterVec
+	// Stalled is 1 while a consumer (a consumer group, or the outbox
+	// drainer as group "outbox") waits because PostgreSQL refuses its
+	// records for a reason that is not theirs, by the SQLSTATE of the
+	// refusal (reason); 0 once it flows again.
+	Stalled *prometheus.GaugeVec
 
 	lag *lagCollector
 }
@@ -92,13 +97,16 @@ func New() *Metrics {
 		ScheduleFires: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hipq_schedule_fires_total",
 			Help: "Schedule ticks by schedule and result (enqueued, duplicate: a non-final job had the key, skipped: overlap, missed: left out by catch_up, failed)."},
 			[]string{"schedule", "result"}),
+		Stalled: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "hipq_consumer_stalled",
+			Help: "1 while a consumer group (or the outbox drainer, group outbox) waits because PostgreSQL refuses its records for a reason not theirs, by SQLSTATE (reason); 0 once it flows again."},
+			[]string{"group", "reason"}),
 		lag: &lagCollector{groups: map[string]func(context.Context) ([]PartitionLag, error){},
 			desc: prometheus.NewDesc("hipq_consumer_lag_records",
 				"Records between a partition's end offset and the next offset this instance applies, by consumer group; partitions assigned here only.",
 				[]string{"group", "topic", "partition"}, nil)},
 	}
 	m.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		m.IntakeRecords, m.Claimed, m.ClaimRounds, m.Dispatches, m.Deferred, m.Replies, m.RoundTrip, m.Sweeper, m.Waits, m.ScheduleFires, m.lag)
+		m.IntakeRecords, m.Claimed, m.ClaimRounds, m.Dispatches, m.Deferred, m.Replies, m.RoundTrip, m.Sweeper, m.Waits, m.ScheduleFires, m.Stalled, m.lag)
 	return m
 }
 

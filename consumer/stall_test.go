@@ -1,0 +1,274 @@
+package consumer
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/hipq/hipq/internal/kafkaconn"
+	"github.com/hipq/hipq/internal/kafkatest"
+	"github.com/hipq/hipq/internal/metrics"
+	"github.com/hipq/hipq/internal/pgtest"
+	"github.com/hipq/hipq/store"
+)
+
+// intakeRig is an intake consumer on its own topic (two partitions) and
+// database, run until the test ends.
+type intakeRig struct {
+	t     *testing.T
+	st    *store.Store
+	k     *kafkatest.Cluster
+	topic string
+	group string
+	in    *Intake
+	m     *metrics.Metrics
+}
+
+func newIntakeRig(t *testing.T, suspectFor time.Duration, setup string) *intakeRig {
+	t.Helper()
+	r := &intakeRig{t: t, st: pgtest.New(t), k: kafkatest.New(t), m: metrics.New()}
+	if _, err := r.st.Pool().Exec(context.Background(), setup); err != nil {
+		t.Fatal(err)
+	}
+	r.topic = r.k.Topic("jobs")
+	r.group = r.topic + "-g"
+	r.k.CreateTopics(2, r.topic)
+	in, err := NewIntake(zaptest.NewLogger(t), r.st, IntakeConfig{GroupConfig: GroupConfig{Kafka: kafkaconn.Config{Brokers: r.k.Brokers},
+		Group: r.group, Topics: []string{r.topic}, Metrics: r.m, SuspectFor: suspectFor, SessionTimeout: 6 * time.Second},
+		MaxBytes: 4096, Types: outboxTypes})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.in = in
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); _ = in.Run(ctx) }()
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	return r
+}
+
+// produce writes job requests for keys to partition p, in order; a key
+// "!" is a record that is not JSON.
+func (r *intakeRig) produce(p int32, keys ...string) {
+	r.t.Helper()
+	var recs []*kgo.Record
+	for _, k := range keys {
+		v := fmt.Appendf(nil, `{"job_type": "t", "job_key": %q}`, k)
+		if k == "!" {
+			v = []byte("not json")
+		}
+		recs = append(recs, &kgo.Record{Topic: r.topic, Partition: p, Value: v})
+	}
+	cl := r.k.Client(kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	defer cl.Close()
+	if err := cl.ProduceSync(context.Background(), recs...).FirstErr(); err != nil {
+		r.t.Fatal(err)
+	}
+}
+
+func (r *intakeRig) count(q string) int { r.t.Helper(); return count(r.t, r.st, q) }
+
+func (r *intakeRig) stalled(reason string) (float64, bool) {
+	return r.m.Value("hipq_consumer_stalled", map[string]string{"group": r.group, "reason": reason})
+}
+
+// holds is how many partitions wait on a hold, and how many of them on
+// one shown to be systemic.
+func (r *intakeRig) holds() (all, systemic int) {
+	g := r.in.g
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, h := range g.holds {
+		all++
+		if h.systemic {
+			systemic++
+		}
+	}
+	return all, systemic
+}
+
+// tries is how often each partition's held record was tried.
+func (r *intakeRig) tries() [2]int {
+	g := r.in.g
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	var out [2]int
+	for tp, h := range g.holds {
+		out[tp.Partition] = h.tries
+	}
+	return out
+}
+
+func waitUntil(t *testing.T, within time.Duration, what string, cond func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		ok, last := cond()
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %v (last: %s)", what, within, last)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// brokenTrigger makes every insert into hipq_job fail with SQLSTATE XX000
+// while the table broken has a row: a trigger bug, not the records'.
+const brokenTrigger = `
+	CREATE TABLE broken (on_purpose bool);
+	INSERT INTO broken VALUES (true);
+	CREATE FUNCTION refuse_all() RETURNS trigger LANGUAGE plpgsql AS $$
+	BEGIN
+	  IF EXISTS (SELECT 1 FROM broken) THEN RAISE EXCEPTION 'trigger bug on %', NEW.job_key USING ERRCODE = 'XX000'; END IF;
+	  RETURN NEW;
+	END $$;
+	CREATE TRIGGER refuse_all BEFORE INSERT ON hipq_job FOR EACH ROW EXECUTE FUNCTION refuse_all();`
+
+// Issue 30.5: a refusal that is not the records' own (here a trigger
+// failing on every row) dead-letters nothing and moves no offset: the
+// partitions wait, hipq_consumer_stalled{group,reason} is 1 and the
+// consumer says why (readiness), while records go on arriving. A
+// partition with a single record waiting counts the other partition's
+// refusal as the record after it, and a record that is only a dead letter
+// (not JSON) is no record to compare with: it writes no job. Once the
+// error stops, every record becomes its job exactly once and the stall is
+// over.
+func TestSystemicRefusalStallsInsteadOfDeadLettering(t *testing.T) {
+	t.Parallel()
+	r := newIntakeRig(t, time.Hour, brokenTrigger)
+	r.produce(0, "a0", "!", "a1", "a2", "a3", "a4")
+	r.produce(1, "b0")
+	waitUntil(t, 30*time.Second, "both partitions stalled", func() (bool, string) {
+		all, sys := r.holds()
+		v, _ := r.stalled("XX000")
+		return sys == 2 && v == 1, fmt.Sprintf("%d holds, %d systemic, gauge %v", all, sys, v)
+	})
+	if err := r.in.Stalled(); err == nil || !strings.Contains(err.Error(), "XX000") || !strings.Contains(err.Error(), r.group) {
+		t.Fatalf("Stalled() = %v, want the group and the SQLSTATE named", err)
+	}
+	// Records go on arriving while it stalls, and are tried (each try
+	// reads the partition again from its held record); none is
+	// dead-lettered.
+	before := r.tries()
+	r.produce(0, "a5", "a6")
+	r.produce(1, "b1")
+	waitUntil(t, 30*time.Second, "two more tries of each partition", func() (bool, string) {
+		now := r.tries()
+		return now[0] >= before[0]+2 && now[1] >= before[1]+2, fmt.Sprintf("tries %v, then %v", before, now)
+	})
+	if n := r.count(`SELECT count(*) FROM hipq_dead_letter`); n != 0 {
+		t.Fatalf("%d dead letters while the trigger refused every record", n)
+	}
+	if n := r.count(`SELECT count(*) FROM hipq_offset`); n != 0 {
+		t.Fatalf("%d offsets stored while nothing was applied", n)
+	}
+	if _, err := r.st.Pool().Exec(context.Background(), `DELETE FROM broken`); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, 60*time.Second, "every record a job once the error stops", func() (bool, string) {
+		n := r.count(`SELECT count(*) FROM hipq_job`)
+		return n == 9, fmt.Sprintf("%d of 9 jobs", n)
+	})
+	if n := r.count(`SELECT count(DISTINCT job_key) FROM hipq_job`); n != 9 {
+		t.Fatalf("%d distinct keys among 9 jobs", n)
+	}
+	if n := r.count(`SELECT count(*) FROM hipq_dead_letter`); n != 1 || r.count(`SELECT count(*) FROM hipq_dead_letter
+		WHERE kafka_partition = 0 AND kafka_offset = 1 AND reason LIKE 'invalid_json%'`) != 1 {
+		t.Fatalf("%d dead letters, want the record that is not JSON alone", n)
+	}
+	waitUntil(t, 10*time.Second, "the stall over", func() (bool, string) {
+		v, _ := r.stalled("XX000")
+		all, _ := r.holds()
+		return v == 0 && all == 0 && r.in.Stalled() == nil, fmt.Sprintf("gauge %v, %d holds, %v", v, all, r.in.Stalled())
+	})
+	if n := r.count(`SELECT coalesce(sum(next_offset), 0) FROM hipq_offset`); n != 10 {
+		t.Fatalf("stored offsets sum to %d, want 8 + 2", n)
+	}
+}
+
+// Issue 30.5: a trigger raising XX000 on one record alone dead-letters
+// that record, and its partition moves on: the record after it shows the
+// refusal was the record's own. Nothing stalls.
+func TestOneRecordsRefusalDeadLettersItAlone(t *testing.T) {
+	t.Parallel()
+	r := newIntakeRig(t, time.Hour, `
+		CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN RAISE EXCEPTION 'refused for %', NEW.job_key USING ERRCODE = 'XX000'; END $$;
+		CREATE TRIGGER refuse BEFORE INSERT ON hipq_job FOR EACH ROW WHEN (NEW.job_key = 'poison') EXECUTE FUNCTION refuse();`)
+	r.produce(0, "k0", "k1", "poison", "k3", "k4")
+	r.produce(1, "m0", "m1")
+	waitUntil(t, 30*time.Second, "the records around the refused one stored", func() (bool, string) {
+		n := r.count(`SELECT count(*) FROM hipq_job`)
+		return n == 6, fmt.Sprintf("%d of 6 jobs", n)
+	})
+	waitUntil(t, 10*time.Second, "the refused record dead-lettered", func() (bool, string) {
+		n := r.count(`SELECT count(*) FROM hipq_dead_letter WHERE kafka_partition = 0 AND kafka_offset = 2
+			AND reason LIKE 'rejected: PostgreSQL refused it: %refused for poison%'`)
+		return n == 1, fmt.Sprintf("%d dead letters", n)
+	})
+	if n := r.count(`SELECT count(*) FROM hipq_dead_letter`); n != 1 {
+		t.Fatalf("%d dead letters, want the refused record's alone", n)
+	}
+	if v, _ := r.stalled("XX000"); v != 0 || r.in.Stalled() != nil {
+		t.Fatalf("stalled: gauge %v, %v", v, r.in.Stalled())
+	}
+}
+
+// Issue 30.5: a record refused alone (XX000) with no record after it to
+// compare with waits for one; when one comes and goes through, the
+// refused record is dead-lettered at once. With none coming, it is
+// dead-lettered once it waited SuspectFor: a partition never waits long on
+// one record with nothing behind it.
+func TestLoneRefusedRecord(t *testing.T) {
+	t.Parallel()
+	const refuse = `
+		CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN RAISE EXCEPTION 'refused for %', NEW.job_key USING ERRCODE = 'XX000'; END $$;
+		CREATE TRIGGER refuse BEFORE INSERT ON hipq_job FOR EACH ROW WHEN (NEW.job_key LIKE 'poison%') EXECUTE FUNCTION refuse();`
+	t.Run("a record after it comes", func(t *testing.T) {
+		t.Parallel()
+		r := newIntakeRig(t, time.Hour, refuse)
+		r.produce(0, "k0", "poison")
+		waitUntil(t, 30*time.Second, "the partition waiting on the last record", func() (bool, string) {
+			all, sys := r.holds()
+			return all == 1 && sys == 0 && r.count(`SELECT count(*) FROM hipq_job`) == 1, fmt.Sprintf("%d holds, %d systemic", all, sys)
+		})
+		if n := r.count(`SELECT count(*) FROM hipq_dead_letter`); n != 0 {
+			t.Fatalf("%d dead letters before anything could be compared", n)
+		}
+		r.produce(0, "k2")
+		waitUntil(t, 30*time.Second, "the record after it a job, the refused one dead-lettered", func() (bool, string) {
+			j := r.count(`SELECT count(*) FROM hipq_job WHERE job_key = 'k2'`)
+			d := r.count(`SELECT count(*) FROM hipq_dead_letter WHERE kafka_offset = 1`)
+			return j == 1 && d == 1, fmt.Sprintf("%d jobs k2, %d dead letters", j, d)
+		})
+		if v, _ := r.stalled("XX000"); v != 0 {
+			t.Fatalf("stalled gauge %v", v)
+		}
+	})
+	t.Run("none comes", func(t *testing.T) {
+		t.Parallel()
+		r := newIntakeRig(t, 500*time.Millisecond, refuse)
+		r.produce(1, "poison-alone")
+		waitUntil(t, 30*time.Second, "the lone refused record dead-lettered", func() (bool, string) {
+			n := r.count(`SELECT count(*) FROM hipq_dead_letter WHERE reason LIKE '%refused for poison-alone%'`)
+			return n == 1, fmt.Sprintf("%d dead letters", n)
+		})
+		waitUntil(t, 10*time.Second, "its offset stored", func() (bool, string) {
+			n := r.count(`SELECT coalesce(sum(next_offset), 0) FROM hipq_offset`)
+			return n == 1, fmt.Sprintf("next offset %d", n)
+		})
+		if v, _ := r.stalled("XX000"); v != 0 || r.in.Stalled() != nil {
+			t.Fatalf("stalled: gauge %v, %v", v, r.in.Stalled())
+		}
+	})
+}
