@@ -39,7 +39,7 @@ func TestIntakeClaimsForItsDispatcher(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	intake.ClaimFor(d, "me")
+	intake.ClaimFor(claimsOf(d), "me")
 	const n = 20
 	for i := range n {
 		k.Produce(&kgo.Record{Topic: in, Value: fmt.Appendf(nil, `{"job_type":"t","job_key":"k%d","job_data":{"i":%d}}`, i, i)})
@@ -84,7 +84,7 @@ func TestIntakeRoomGoesInQueueOrder(t *testing.T) {
 		Queues: []dispatcher.QueueConfig{{Name: "default", Order: store.OrderPriorityFirst}}, Types: types,
 		Senders: map[string]dispatcher.Sender{"t": nowhere{}}})
 	in := &Intake{}
-	in.ClaimFor(d, "me")
+	in.ClaimFor(claimsOf(d), "me")
 	past := time.Now().Add(-time.Minute)
 	mk := func(key string, prio int, f func(*correlator.Job)) store.IntakeJob {
 		j := &correlator.Job{Queue: "default", JobType: "t", JobKey: key, Priority: prio}
@@ -112,4 +112,14 @@ func TestIntakeRoomGoesInQueueOrder(t *testing.T) {
 		t.Fatalf("claimed %v, want the two first in priority order of those due", claimed)
 	}
 	rs["default"].Release()
+}
+
+// claimsOf hands d's reservations to the intake, as cmd/hipq wires them.
+func claimsOf(d *dispatcher.Dispatcher) Claimer {
+	return ClaimerFunc(func(queue string, jobTypes []string) Reservation {
+		if r := d.Reserve(queue, jobTypes); r != nil {
+			return r
+		}
+		return nil // (never a nil *dispatcher.Reservation in the interface)
+	})
 }

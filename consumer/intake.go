@@ -13,7 +13,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/hipq/hipq/correlator"
-	"github.com/hipq/hipq/dispatcher"
 	"github.com/hipq/hipq/internal/metrics"
 	"github.com/hipq/hipq/store"
 )
@@ -36,9 +35,35 @@ type Intake struct {
 
 // Claimer is this instance's dispatcher, seen by the intake: it reserves
 // room for due jobs the intake claims as it stores them (a write of the
-// row instead of an insert and a claim), and sends them once stored.
+// row instead of an insert and a claim), and sends them once stored. The
+// intake and the dispatcher never call each other: cmd wires one to the
+// other through this seam (ClaimerFunc).
 type Claimer interface {
-	Reserve(queue string, jobTypes []string) *dispatcher.Reservation
+	// Reserve holds room for new jobs of queue (jobTypes: one entry per
+	// job), or returns nil when the queue takes none at intake now.
+	Reserve(queue string, jobTypes []string) Reservation
+}
+
+// ClaimerFunc is a Claimer made of a function.
+type ClaimerFunc func(queue string, jobTypes []string) Reservation
+
+// Reserve calls f.
+func (f ClaimerFunc) Reserve(queue string, jobTypes []string) Reservation { return f(queue, jobTypes) }
+
+// Reservation is room held for the jobs of one queue claimed as they are
+// stored. It ends in Deliver (the batch committed) or Release (it failed).
+type Reservation interface {
+	// Room is how many jobs it holds room for.
+	Room() int
+	// Takes says whether a job of this type may be claimed under it.
+	Takes(jobType string) bool
+	// Order is the queue's order: the room goes to the jobs claimed first.
+	Order() store.Order
+	// Deliver sends the jobs claimed under it and gives back the room
+	// they did not use.
+	Deliver(ctx context.Context, jobs []store.Claimed)
+	// Release gives the room back; after Deliver it does nothing.
+	Release()
 }
 
 // ClaimFor lets the intake claim the due jobs it stores for c to send
@@ -94,7 +119,7 @@ func (in *Intake) apply(ctx context.Context, recs []*kgo.Record, refused []refus
 		return nil, err
 	}
 	return func() {
-		claimed := make(map[*dispatcher.Reservation][]store.Claimed, len(rs))
+		claimed := make(map[Reservation][]store.Claimed, len(rs))
 		for _, c := range res.Claimed {
 			r := rs[c.Queue]
 			if claimed[r] == nil && r != nil {
@@ -124,7 +149,7 @@ func (in *Intake) writes(rec *kgo.Record) bool {
 // this clock; the store decides by PostgreSQL's, and whether their queue
 // is open), queue by queue, and marks those it may claim as they are
 // stored.
-func (in *Intake) reserve(jobs []store.IntakeJob) map[string]*dispatcher.Reservation {
+func (in *Intake) reserve(jobs []store.IntakeJob) map[string]Reservation {
 	if in.claimer == nil {
 		return nil
 	}
@@ -137,7 +162,7 @@ func (in *Intake) reserve(jobs []store.IntakeJob) map[string]*dispatcher.Reserva
 			by[j.Queue] = append(by[j.Queue], i)
 		}
 	}
-	rs := map[string]*dispatcher.Reservation{}
+	rs := map[string]Reservation{}
 	for q, idx := range by {
 		types := make([]string, len(idx))
 		for k, i := range idx {

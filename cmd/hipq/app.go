@@ -175,7 +175,7 @@ func newApp(ctx context.Context, cfg *config.Config, log *zap.Logger, opts appOp
 		// (A claim must be sent within grace/2 of its start, as HTTP
 		// sends must: with less grace than a second, the dispatcher
 		// claims them.)
-		a.intake.ClaimFor(a.dispatcher, a.instance)
+		a.intake.ClaimFor(intakeClaims(a.dispatcher), a.instance)
 	}
 	if a.api == nil && slices.Equal(opts.roles, []string{"api"}) {
 		a.close()
@@ -577,4 +577,15 @@ func parseRoles(s string) ([]string, error) {
 		out = append(out, r)
 	}
 	return out, nil
+}
+
+// intakeClaims is the seam between the intake and this instance's
+// dispatcher: the roles never call each other, cmd wires one to the other.
+func intakeClaims(d *dispatcher.Dispatcher) consumer.Claimer {
+	return consumer.ClaimerFunc(func(queue string, jobTypes []string) consumer.Reservation {
+		if r := d.Reserve(queue, jobTypes); r != nil {
+			return r
+		}
+		return nil // (never a nil *dispatcher.Reservation in the interface)
+	})
 }
