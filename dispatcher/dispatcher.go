@@ -95,6 +95,9 @@ type Result struct {
 	// Answered, with Failed: the request reached the service (an HTTP
 	// answer of any status), so the attempt records sent_at.
 	Answered bool
+	// Unwritten, with Failed: the request surely never left (a record the
+	// broker refused to write): it gives its rate units back.
+	Unwritten bool
 	// Reply, with Sent: the reply came with the send (HTTP sync mode).
 	Reply *correlator.Reply
 	// RetryAfter, with Failed: the downstream's Retry-After (429, 503):
@@ -635,6 +638,7 @@ func (d *Dispatcher) deliver(ctx context.Context, q QueueConfig, s Sender, jobs 
 		rec      store.Delivery
 		byStatus [Failed + 1]int
 		undone   = map[string]int{} // by neighbour
+		resent   = map[string]int{} // by neighbour: sends in doubt, to be sent again
 		reached  = map[string]bool{}
 		refused  = map[string]error{} // by neighbour: one of its refusals
 		notSent  = map[string]error{}
@@ -670,7 +674,9 @@ func (d *Dispatcher) deliver(ctx context.Context, q QueueConfig, s Sender, jobs 
 			if age := ages[route.Neighbour]; route.Timeout > 0 && age >= route.Timeout {
 				err := fmt.Errorf("%s has refused every send for %s, longer than the send timeout (%s): %w",
 					route.Neighbour, age.Round(time.Second), route.Timeout, r.Err)
-				rec.Resolves = append(rec.Resolves, dispatchError(c, jt, Result{Err: err}, true, false))
+				r := dispatchError(c, jt, Result{Err: err}, true, false)
+				r.NeverLeft = true // every send was refused: none left
+				rec.Resolves = append(rec.Resolves, r)
 			} else {
 				rec.Undo = append(rec.Undo, ref)
 				undone[route.Neighbour]++
@@ -680,13 +686,15 @@ func (d *Dispatcher) deliver(ctx context.Context, q QueueConfig, s Sender, jobs 
 				rec.Resolves = append(rec.Resolves, store.Resolve{Queue: c.Queue, JobID: c.ID, Attempt: c.Attempt, Claim: c.StartedAt, Res: res})
 			} else {
 				rec.Resend = append(rec.Resend, ref) // it may have left: its rate units keep counting
-				undone[route.Neighbour]++
+				resent[route.Neighbour]++
 			}
 		case Failed:
 			if r.Answered {
 				reached[route.Neighbour] = true
 			}
-			rec.Resolves = append(rec.Resolves, dispatchError(c, jt, r, !r.Final, r.Answered))
+			res := dispatchError(c, jt, r, !r.Final, r.Answered)
+			res.NeverLeft = r.Unwritten && !r.Answered
+			rec.Resolves = append(rec.Resolves, res)
 		}
 	}
 	for n := range reached {
@@ -708,7 +716,11 @@ func (d *Dispatcher) deliver(ctx context.Context, q QueueConfig, s Sender, jobs 
 	}
 	for n, k := range undone {
 		d.log.Warn("claims undone: their requests never left", zap.String("queue", q.Name), zap.String("to", n),
-			zap.Int("jobs", k), zap.Int("undone", res.Undone))
+			zap.Int("jobs", k))
+	}
+	for n, k := range resent {
+		d.log.Warn("claims undone to be sent again: their sends ended in doubt, and they count in their rate windows",
+			zap.String("queue", q.Name), zap.String("to", n), zap.Int("jobs", k))
 	}
 	if len(rec.Replies) > 0 {
 		d.m.ObserveReplies(metrics.SourceSync, res.Replies.Counts, res.Replies.RoundTrips)

@@ -121,7 +121,7 @@ func classifyProduce(topic string, err error) Result {
 		return Result{Status: Sent}
 	case errors.Is(err, kerr.MessageTooLarge), errors.Is(err, kerr.RecordListTooLarge),
 		errors.Is(err, kerr.InvalidRecord), errors.Is(err, kerr.CorruptMessage):
-		return Result{Status: Failed, Final: true, Err: fmt.Errorf("the request cannot be written to topic %s: %w", topic, err)}
+		return Result{Status: Failed, Final: true, Unwritten: true, Err: fmt.Errorf("the request cannot be written to topic %s: %w", topic, err)}
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded), errors.Is(err, kgo.ErrClientClosed):
 		return Result{Status: Unknown, Err: fmt.Errorf("produce to %s: %w", topic, err)}
 	}

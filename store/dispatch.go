@@ -477,6 +477,44 @@ func jobsUndoClaim(ctx context.Context, tx pgx.Tx, refs []AttemptRef, giveBack b
 	return total, nil
 }
 
+// neverLeft lists the claims of the resolutions that took effect (done)
+// whose requests surely never left.
+func neverLeft(rs []Resolve, done []resolved) []AttemptRef {
+	var out []AttemptRef
+	for _, r := range rs {
+		if !r.NeverLeft || r.Claim.IsZero() {
+			continue
+		}
+		for _, d := range done {
+			if d.Queue == r.Queue && d.JobID == r.JobID && d.Attempt == r.Attempt {
+				out = append(out, r.Ref())
+				break
+			}
+		}
+	}
+	return out
+}
+
+// rateGiveBack gives back the requests of claims that surely never left
+// and ended without an undo: a row in hipq_rate_giveback for each whose
+// claim has a rate unit still counting (the next claim of the queue takes
+// it out of the unit, under the queue's lock).
+func rateGiveBack(ctx context.Context, tx pgx.Tx, refs []AttemptRef) error {
+	err := perQueue(refs, refQueue, func(q string, refs []AttemptRef) error {
+		ids, atts := refArrays(refs)
+		_, err := tx.Exec(ctx, `
+		INSERT INTO hipq_rate_giveback (queue, job_id, attempt, claimed_at)
+		SELECT $1, u.id, u.att, u.claim FROM unnest($2::bigint[], $3::int[], $4::timestamptz[]) AS u(id, att, claim)
+		WHERE EXISTS (SELECT 1 FROM hipq_rate_unit r WHERE r.queue = $1 AND r.claimed_at = u.claim AND r.at IS NULL)
+		ON CONFLICT DO NOTHING`, q, ids, atts, claimsOf(refs, refClaim))
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("give back rate units: %w", err)
+	}
+	return nil
+}
+
 // notKnownSent is the condition on an attempt row (a) whose request is not
 // known to have left: no sent_at, no news, no outcome. The search for
 // unsent claims, the rescue's undo and end, and the timeouts (which leave
@@ -633,7 +671,11 @@ func (s *Store) DeliveryRecord(ctx context.Context, d Delivery, types correlator
 		res.Undone += resent
 		// A resolution whose guard does not match was overtaken by another
 		// writer (a reply, the sweeper): the guard keeps both from applying.
-		if _, err := jobResolveMany(ctx, tx, d.Resolves); err != nil {
+		done, err := jobResolveMany(ctx, tx, d.Resolves)
+		if err != nil {
+			return err
+		}
+		if err := rateGiveBack(ctx, tx, neverLeft(d.Resolves, done)); err != nil {
 			return err
 		}
 		if len(d.Replies) > 0 {

@@ -80,3 +80,31 @@ func TestDueReadsSkipOtherTypesBacklog(t *testing.T) {
 		t.Errorf("the claim of types t and u took %d of 5 and read %d blocks, want at most %d", claimed, n, most)
 	}
 }
+
+// A type whose own rate window is full is not read at all: beside its
+// 200,000 due jobs, a claim of it and another type reads the other's.
+func TestClaimSkipsTypesWithFullWindows(t *testing.T) {
+	t.Parallel()
+	_, st := planStore(t)
+	ctx := context.Background()
+	if _, err := st.pool.Exec(ctx, `
+		INSERT INTO hipq_job (queue, job_type, job_key, scheduled_run_time)
+		SELECT 'q', 'stuck', 'stuck' || i, now() - interval '1 hour' FROM generate_series(1, 200000) i;
+		INSERT INTO hipq_job (queue, job_type, job_key, scheduled_run_time)
+		SELECT 'q', 't', 'due' || i, now() - interval '1 minute' FROM generate_series(1, 10) i;
+		INSERT INTO hipq_rate_count (rate, part, n) VALUES ('t:stuck#0', '', 5);
+		`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.pool.Exec(ctx, "VACUUM ANALYZE hipq_job"); err != nil {
+		t.Fatal(err)
+	}
+	const rates = `[{"key": "t:stuck#0", "limit": 5, "secs": 3600, "type": "stuck", "path": null}]`
+	var claimed int
+	if n := blocksRead(t, st, func(tx pgx.Tx) error {
+		return tx.QueryRow(ctx, `SELECT count(*) FROM hipq_claim('q', 'scheduled_first', 100, 'i', '{stuck,t}', NULL, 0, NULL, NULL, NULL, NULL, NULL, $1)`,
+			rates).Scan(&claimed)
+	}); n > 300 || claimed != 10 {
+		t.Errorf("the claim took %d of 10 and read %d blocks, want at most 300", claimed, n)
+	}
+}

@@ -328,3 +328,100 @@ func TestRateWindowsThatNoLongerCountGo(t *testing.T) {
 	}
 	countsAgree(t, st)
 }
+
+// A send that surely never left and ended the attempt (every send refused
+// past the send timeout, a record the broker would not write) gives its
+// request back, as an undo of a send that never left does.
+func TestRateNeverLeftResolvesGiveBack(t *testing.T) {
+	t.Parallel()
+	st := pgtest.New(t)
+	insert(t, st, job("a"), job("b"))
+	th := correlator.Throttle{Rates: []correlator.Rate{rate(t, "q:default#0", 1, time.Hour, "", "")}}
+	c := claimWith(t, st, store.JobClaimParams{Throttle: th})
+	j := c.Jobs[0]
+	fail := store.Resolve{Queue: j.Queue, JobID: j.ID, Attempt: j.Attempt, Claim: j.StartedAt, NeverLeft: true,
+		Res: correlator.DispatchFailed(types["t"], j.Running(), "refused", false, correlator.RetryAfter{}, time.Now())}
+	if _, err := st.DeliveryRecord(ctx, store.Delivery{Resolves: []store.Resolve{fail}}, types); err != nil {
+		t.Fatal(err)
+	}
+	if again := claimWith(t, st, store.JobClaimParams{Throttle: th}); len(again.Jobs) != 1 {
+		t.Fatalf("after a send that never left the next claim took %d jobs, want 1", len(again.Jobs))
+	}
+	countsAgree(t, st)
+}
+
+// A request whose claim is settled after the claim waited for the queue's
+// lock counts from the moment it was settled, never from the start of the
+// claim's transaction: an undo for a re-send that commits while the claim
+// waits is not dated before it happened.
+func TestRateSettlesOnTheClockAfterTheLock(t *testing.T) {
+	t.Parallel()
+	st := pgtest.New(t)
+	insert(t, st, job("a"), job("b"))
+	th := correlator.Throttle{Rates: []correlator.Rate{rate(t, "q:default#0", 1, time.Hour, "", "")}}
+	first := claimWith(t, st, store.JobClaimParams{Throttle: th})
+	holder, err := st.Pool().Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Rollback(ctx)
+	if _, err := holder.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('hipq_claim/' || current_schema() || '/default', 0))`); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan store.Claim, 1)
+	go func() {
+		c, _ := st.JobClaim(ctx, store.JobClaimParams{Queue: "default", Instance: "test", Limit: 100, Throttle: th})
+		done <- c
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for count(t, st, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%hipq_claim%'`) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the claim never waited for the queue's lock")
+		}
+		time.Sleep(10 * time.Millisecond) // (a poll with a deadline)
+	}
+	if n, err := st.JobUndoForResend(ctx, refsOf(first.Jobs)); err != nil || n != 1 {
+		t.Fatalf("undo: %d %v", n, err)
+	}
+	var undone time.Time
+	if err := st.Pool().QueryRow(ctx, "SELECT clock_timestamp()").Scan(&undone); err != nil {
+		t.Fatal(err)
+	}
+	if err := holder.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if c := <-done; len(c.Jobs) != 0 {
+		t.Fatalf("the waiting claim took %v within the hour (limit 1)", keys(c.Jobs))
+	}
+	var at time.Time
+	if err := st.Pool().QueryRow(ctx, "SELECT at FROM hipq_rate_unit WHERE at IS NOT NULL").Scan(&at); err != nil {
+		t.Fatal(err)
+	}
+	if at.Before(undone) {
+		t.Errorf("the request in doubt counts from %v, before its undo ended (%v)", at, undone)
+	}
+}
+
+// A unit written before version 17 (no claim named) never counts more
+// than it did: a member given back then stays given back.
+func TestRateLegacyUnitsNeverGrow(t *testing.T) {
+	t.Parallel()
+	st := pgtest.New(t)
+	insert(t, st, job("a"), job("b"), job("c"))
+	th := correlator.Throttle{Rates: []correlator.Rate{rate(t, "q:default#0", 3, time.Hour, "", "")}}
+	c := claimWith(t, st, store.JobClaimParams{Throttle: th, Limit: 2})
+	if _, err := st.JobUndoClaim(ctx, refsOf(c.Jobs[:1])); err != nil {
+		t.Fatal(err)
+	}
+	// As version 16 left it: the member given back is still in the
+	// arrays, n already lowered, no claim named, no give-back row.
+	if _, err := st.Pool().Exec(ctx, `UPDATE hipq_rate_unit SET claimed_at = NULL, queue = NULL, n = 1;
+		UPDATE hipq_rate_count SET n = 1; DELETE FROM hipq_rate_giveback`); err != nil {
+		t.Fatal(err)
+	}
+	claimWith(t, st, store.JobClaimParams{Throttle: th, Limit: 1})
+	if n := count(t, st, "SELECT coalesce(sum(n), 0) FROM hipq_rate_unit WHERE claimed_at IS NULL"); n > 1 {
+		t.Errorf("the legacy unit counts %d, more than the 1 it counted", n)
+	}
+	countsAgree(t, st)
+}

@@ -28,6 +28,9 @@ type Resolve struct {
 	// (see AttemptRef.Claim): the send's own outcomes name it, replies
 	// do not.
 	Claim time.Time
+	// NeverLeft: the request surely never reached the service (refused):
+	// the rate units of its claim give it back. It needs Claim.
+	NeverLeft bool
 }
 
 // Ref names the attempt r ends.

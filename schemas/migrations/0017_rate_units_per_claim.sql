@@ -109,6 +109,7 @@ DECLARE
     v_ctids    tid[];
     v_want     int;
     v_skip     bigint[] := '{}';
+    v_rate_out text[];   -- types whose whole rate window is full
 BEGIN
     IF EXISTS (SELECT 1 FROM hipq_queue q WHERE q.name = p_queue AND q.paused) THEN
         RETURN;
@@ -188,9 +189,10 @@ BEGIN
                   FROM (SELECT j.ctid AS tid, j.state, j.attempt, c.ord,
                                CASE WHEN j.time_windows IS NULL AND NOT v_windows ? j.job_type THEN true
                                     ELSE hipq_window_open(coalesce(j.time_windows, v_windows -> j.job_type), now()) END AS open
-                        FROM unnest(v_ctids) WITH ORDINALITY AS c(tid, ord)
+                        FROM unnest(v_ctids, c_id) WITH ORDINALITY AS c(tid, id, ord)
                         JOIN hipq_job j ON j.ctid = c.tid
-                        WHERE j.queue = p_queue AND j.state IN ('initial', 'retry')
+                        WHERE j.queue = p_queue AND j.id = c.id AND j.state IN ('initial', 'retry')
+                          AND j.scheduled_run_time <= now() AND (j.expires_at IS NULL OR j.expires_at > now())
                         FOR UPDATE OF j SKIP LOCKED) l;
                 v_skip := v_skip || c_id;
                 EXIT WHEN cardinality(v_tids) >= p_batch OR cardinality(c_id) < v_want;
@@ -300,32 +302,42 @@ BEGIN
         -- A unit left with no request goes at once, and so does a window
         -- whose count falls to 0: what the claim reads is bounded by the
         -- windows that count.
-        WITH m AS (
-            SELECT u.id, u.n, x.id AS job_id, x.att, g.job_id IS NOT NULL AS back,
+        -- (Times are taken when the statement runs, after the lock was
+        -- waited for: later than any end or undo it sees, never the
+        -- transaction's start. A unit written before version 17 has no
+        -- claim; its count is never raised.)
+        WITH t AS (
+            SELECT clock_timestamp() AS now
+        ), m AS (
+            SELECT u.id, u.n, u.claimed_at, x.id AS job_id, x.att, g.job_id IS NOT NULL AS back,
                    g.job_id IS NULL AND a.job_id IS NOT NULL AND a.sent_at IS NULL AND a.outcome IS NULL AS flying,
                    CASE WHEN g.job_id IS NOT NULL THEN NULL
-                        WHEN a.job_id IS NULL THEN now()
-                        ELSE coalesce(a.sent_at, CASE WHEN a.outcome IS NOT NULL THEN now() END) END AS at
-            FROM hipq_rate_unit u
+                        WHEN a.job_id IS NULL THEN t.now
+                        ELSE coalesce(a.sent_at, CASE WHEN a.outcome IS NOT NULL THEN t.now END) END AS at
+            FROM t, hipq_rate_unit u
             CROSS JOIN LATERAL unnest(u.job_ids, u.attempts) AS x(id, att)
             LEFT JOIN hipq_attempt a ON a.queue = p_queue AND a.job_id = x.id AND a.attempt = x.att
                                      AND (u.claimed_at IS NULL OR a.dispatched_at = u.claimed_at)
             LEFT JOIN hipq_rate_giveback g ON g.queue = p_queue AND g.job_id = x.id AND g.attempt = x.att
                                            AND g.claimed_at = u.claimed_at
             WHERE u.rate = ANY(v_rkey) AND u.at IS NULL
-        ), open AS (
-            SELECT m.id, m.n, (count(*) FILTER (WHERE NOT m.back))::int AS present, bool_or(m.flying) AS flying,
+        ), counted_m AS (
+            SELECT m.id, m.n, m.claimed_at, (count(*) FILTER (WHERE NOT m.back))::int AS left_n, bool_or(m.flying) AS flying,
                    max(m.at) AS at,
                    coalesce(array_agg(m.job_id) FILTER (WHERE NOT m.back), '{}') AS ids,
                    coalesce(array_agg(m.att) FILTER (WHERE NOT m.back), '{}') AS atts
-            FROM m GROUP BY m.id, m.n
+            FROM m GROUP BY m.id, m.n, m.claimed_at
+        ), open AS (
+            SELECT c.id, c.n, c.flying, c.at, c.ids, c.atts,
+                   CASE WHEN c.claimed_at IS NULL THEN least(c.n, c.left_n) ELSE c.left_n END AS present
+            FROM counted_m c
         ), taken AS (
             DELETE FROM hipq_rate_giveback g USING m
-            WHERE m.back AND g.queue = p_queue AND g.job_id = m.job_id AND g.attempt = m.att
+            WHERE m.back AND g.queue = p_queue AND g.job_id = m.job_id AND g.attempt = m.att AND g.claimed_at = m.claimed_at
         ), fixed AS (
             UPDATE hipq_rate_unit u
             SET n = o.present, job_ids = o.ids, attempts = o.atts,
-                at = CASE WHEN o.present = 0 THEN '-infinity' WHEN o.flying THEN NULL ELSE coalesce(o.at, now()) END
+                at = CASE WHEN o.present = 0 THEN '-infinity' WHEN o.flying THEN NULL ELSE coalesce(o.at, clock_timestamp()) END
             FROM open o
             WHERE u.id = o.id AND (o.present <> o.n OR NOT o.flying)
             RETURNING u.rate, u.part, o.n - o.present AS gone
@@ -411,6 +423,7 @@ BEGIN
     LOOP
     v_pass := v_pass + 1;
     v_rate_sql := '';
+    v_rate_out := '{}';
     FOR k IN 1 .. v_nr LOOP
         -- (a key is k, chr(31), then the part, which may hold any character)
         v_full := ARRAY(SELECT substr(u, strpos(u, chr(31)) + 1) FROM unnest(v_ukey, v_uused) AS x(u, n)
@@ -419,9 +432,9 @@ BEGIN
             CONTINUE;
         END IF;
         IF v_rpath[k] IS NULL AND v_rtype[k] IS NULL THEN
-            v_rate_sql := ' AND false';  -- the queue's own window is full
+            v_rate_out := v_types;  -- the queue's own window is full: no type is read
         ELSIF v_rpath[k] IS NULL THEN
-            v_rate_sql := v_rate_sql || format(' AND j.job_type <> %L', v_rtype[k]);
+            v_rate_out := v_rate_out || v_rtype[k];  -- the type's window is full: the type is not read
         ELSE
             v_rate_sql := v_rate_sql || format(' AND NOT (%s coalesce(j.job_data #>> %L::text[], '''') = ANY(%L::text[]))',
                 CASE WHEN v_rtype[k] IS NULL THEN '' ELSE format('j.job_type = %L AND', v_rtype[k]) END,
@@ -452,7 +465,7 @@ BEGIN
             LIMIT $11
             %s) b$b$, v_parts_sql, t.t, v_rate_sql, v_order, CASE WHEN v_bounded THEN '' ELSE 'FOR UPDATE SKIP LOCKED' END),
             ' UNION ALL ')
-        FROM unnest(v_types) AS t(t) WHERE NOT t.t = ANY(v_full_type));
+        FROM unnest(v_types) AS t(t) WHERE NOT t.t = ANY(v_full_type) AND NOT t.t = ANY(v_rate_out));
     IF v_sql IS NOT NULL THEN
         EXECUTE format($q$
             SELECT coalesce(array_agg(c.id), '{}'), array_agg(c.state), array_agg(c.attempt), array_agg(c.throttle_factor),
