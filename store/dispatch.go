@@ -125,9 +125,9 @@ const dueProbeSQL = `/* due probe */ SELECT NOT EXISTS (SELECT 1 FROM hipq_queue
 // types: waiting (initial or retry), its time come, not expired, whatever
 // the queue's limits and the job's windows. Without one a claim of those
 // types would claim nothing; with one it may or may not. It costs a tenth
-// of a claim that finds nothing (hipq_claim, 0.28 ms a call: 15% of
-// PostgreSQL's statement time at --rate 12000, where dispatchers were woken
-// three times for each batch the intake had claimed already).
+// of a claim that finds nothing, and most wake-ups find nothing: the
+// dispatchers are woken several times for each batch the intake claimed
+// as it stored it.
 //
 // One probe of the due index per type, in one round trip: each reads the
 // type's range of the index up to now, so a backlog of another type is
@@ -360,15 +360,15 @@ func (s *Store) AttemptMarkSent(ctx context.Context, refs []AttemptRef) error {
 // markSentSQL marks attempts sent. Each is looked up by its key in a
 // subquery the planner cannot flatten (OFFSET 0), so the lookup is a
 // primary-key probe whatever the statistics say, and the row is updated
-// by the very version looked at (its ctid). A plain join let the planner
-// scan hipq_attempt for "sent_at IS NULL" when statistics said no row had
-// it: quadratic in the batch beside a few hundred thousand final attempts
-// (700 us per job at 200k). The versions found are collected first (an
-// array the statement computes once) and updated by tuple id (or, on a
-// stale plan, found by one scan comparing each row with the array):
-// joined to the update instead, a table never analyzed (its queue's rows
-// estimated at one) was scanned with every probe of the batch run again
-// for each of its rows, 300 ms a batch at the start of a burst
+// by the very version looked at (its ctid). A plain join would let the
+// planner scan hipq_attempt for "sent_at IS NULL" when statistics say no
+// row has it: quadratic in the batch beside many final attempts. The
+// versions found are collected first (an array the statement computes
+// once) and updated by tuple id (or, on a stale plan, found by one scan
+// comparing each row with the array): joined to the update instead, a
+// table never analyzed (its queue's rows estimated at one) would be
+// scanned with every probe of the batch run again for each of its rows,
+// as at the start of a burst into an empty table
 // (TestPlansOfEmptyTablesStayLinear). The versions found stay current:
 // every writer of attempt rows takes their jobs' locks first, as the
 // caller has. (A row changed by a writer that did not would be left

@@ -104,8 +104,8 @@ func TestLateRecordMovesItsOwnClaimOnly(t *testing.T) {
 // The rescue's end of an at_most_once claim is guarded as its undo is: a
 // send recorded (or news come) between the rescue's read and its write
 // proves the request left, and its reply is on its way, so the claim is
-// not ended "may have been delivered". (Noticed in review: the rescue's
-// resolve checked the claim, not that it was still unsent.)
+// not ended "may have been delivered": the rescue's resolve checks that
+// the attempt is still unsent, not only that its claim is the one read.
 func TestRescueLeavesAClaimSentSinceItsRead(t *testing.T) {
 	t.Parallel()
 	st := pgtest.New(t)

@@ -140,10 +140,10 @@ func TestListsUseAnIndexForEachFilter(t *testing.T) {
 		}
 		return out
 	}
-	// The control: the statement lists used to run, every filter in one
-	// text with ($n = '' OR col = $n), walks the primary key once
-	// PostgreSQL runs its generic plan, whatever the value (the defect seen
-	// on 405k rows); the API's connections never run a generic plan.
+	// The control: a list statement with every filter in one text
+	// ($n = '' OR col = $n) walks the primary key once PostgreSQL runs its
+	// generic plan, whatever the value; the API's connections never run a
+	// generic plan.
 	old := c{name: "the former list statement", q: `SELECT ` + jobColumns + ` FROM hipq_job
 		WHERE ($1 = '' OR job_type = $1) AND ($2 = '' OR state = $2) AND ($3 = '' OR queue = $3) AND ($4 = 0 OR id < $4)
 		ORDER BY id DESC LIMIT $5`, args: []any{"", "retry", "", 0, 100}}

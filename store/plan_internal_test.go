@@ -90,9 +90,8 @@ func TestSentMarksProbeByKey(t *testing.T) {
 // beside 200k final jobs analyzed when none ran, with 5,000 running, the
 // reply lookup probes each (type, key) and the resolve reaches each job by
 // its key and tuple id, as custom and as generic plans: no walk of every
-// running or non-final job per batch (the former statements, the
-// controls, read all 5,000 for each batch: the defect seen beside 10M
-// final rows, where replies fell behind).
+// running or non-final job per batch (the controls, statements that join
+// the batch to the table, read all 5,000 for each batch).
 func TestRepliesProbeByKey(t *testing.T) {
 	t.Parallel()
 	_, st := planStore(t)
@@ -206,11 +205,11 @@ func explainAnalyze(t *testing.T, st *Store, q string, generic bool, args ...any
 // the table, never a sort of the due jobs (which costs the whole due
 // range at every claim), never JIT. Statistics are taken at moments that
 // mislead: when nothing was due (100k jobs a day ahead); through a burst
-// by StatsRefresh (which left job_type without statistics: the planner
-// then sorted every due job found through the unique index of non-final
-// jobs, 25 ms a claim in hipq bench --instances 2; and a throttled claim,
-// whose filters it underestimates, sorted the due range with them); final
-// jobs of other types. The plans are read from auto_explain (nested
+// by StatsRefresh with job_type left without statistics (on which a
+// planner free to choose sorts every due job found through the unique
+// index of non-final jobs, and a throttled claim, whose filters it
+// underestimates, sorts the due range with them); final jobs of other
+// types. The plans are read from auto_explain (nested
 // statements) on the claiming connection. (A sort of the picked rows for
 // the aggregates, over the subquery s, is no sort of the due jobs j.)
 func TestClaimFastPathPlans(t *testing.T) {
@@ -490,8 +489,8 @@ func TestStatsRefreshLeavesOthersTables(t *testing.T) {
 // bigger table, but never quadratic: a statement over a batch does each
 // probe once per row of the batch and reads the table at most once
 // (a sent mark's plan that scanned hipq_attempt and probed the whole batch
-// for each of its rows took 260 ms in hipq bench --rate 9500, the jobs
-// behind it waiting on the locks it held).
+// for each of its rows would keep the jobs behind it waiting on the locks
+// it holds).
 func TestPlansOfEmptyTablesStayLinear(t *testing.T) {
 	t.Parallel()
 	_, conn, notices, seed := seededPlanStore(t, true, `null`)
@@ -756,9 +755,9 @@ func runningSeeder(t *testing.T, st *Store, data string) func(n int) []AttemptRe
 // claimed longer ago than the least send bound, by index, whatever the
 // statistics: beside a burst of 50,000 jobs claimed just now and 100,000
 // final ones, on statistics taken when the table was empty, it reads and
-// probes the 50 old claims only, 40 of them each of its own timeout (it
-// scanned the whole table, 167 ms a call in hipq bench, and probed every
-// running job; read as one range of the index by timeout, 350 pages).
+// probes the 50 old claims only, 40 of them each of its own timeout: no
+// scan of the table, no probe of a new claim's attempt, and at most 250
+// pages of hipq_job (the new claims' index entries are not walked).
 func TestUnsentFinderReadsOldClaimsOnly(t *testing.T) {
 	t.Parallel()
 	st, plain, plans := sweepPlanStore(t, false)
@@ -989,10 +988,10 @@ func TestIntakeClaimProbesTheDueIndex(t *testing.T) {
 // and 2 whose requests never left (the rescue's: invariant 8) are not timed
 // out; past the 32 smallest timeouts, read one by one, the jobs of the
 // others (200 here, none reached one probe per value) are read together, and
-// the 2 of them past their time are timed out. It read every running job of
-// the queue (1.3 s a sweep beside a million of them), or, ordered by id,
-// every row of the table; and it read every attempt once a job had timed
-// out, looking for deadlines that news moved.
+// the 2 of them past their time are timed out. A sweep reads neither
+// every running job of the queue (nor, ordered by id, every row of the
+// table) nor, once a job has timed out, every attempt in search of
+// deadlines that news moved.
 func TestTimeoutsReadExpiredJobsOnly(t *testing.T) {
 	t.Parallel()
 	for _, generic := range []bool{false, true} {

@@ -193,8 +193,8 @@ func applyReplies(ctx context.Context, tx pgx.Tx, ins []ReplyIn, types correlato
 // id order. The ids are collected first (an array the statement computes
 // once), and the jobs read by that array: by primary key, or, on a stale
 // plan, by one scan comparing each row with it. Joined instead, a table
-// never analyzed was scanned and matched against a materialized batch
-// for each of its rows (TestPlansOfEmptyTablesStayLinear).
+// never analyzed would be scanned and matched against a materialized
+// batch for each of its rows (TestPlansOfEmptyTablesStayLinear).
 const lockTargetsSQL = `
 		SELECT id, job_type, job_key, state, attempt, max_attempts, expires_at, time_windows,
 		       coalesce(started_at, 'epoch'), timeout_seconds

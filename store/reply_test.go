@@ -256,7 +256,7 @@ func TestExpireAndPrune(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A final job with attempts (retention deletes them with it: no
-	// foreign key does it any more).
+	// foreign key does it).
 	insert(t, st, job("ran"))
 	claim(t, st, 2)
 	if _, err := st.Pool().Exec(ctx, `UPDATE hipq_job SET state = 'final', outcome = 'succeeded' WHERE job_key = 'ran'`); err != nil {

@@ -12,9 +12,10 @@ import (
 const statsSmallPages = 320
 
 // statsColumns are the columns StatsRefresh analyzes, by table: those the
-// hot statements filter on (job_type: every claim names its types; left
-// out, job_type = ANY(types) looked selective to the planner, which sorted
-// the due range, before the claim's plans were fixed by its settings).
+// hot statements filter on (job_type: every claim and due probe names its
+// types; without statistics on it, job_type = ANY(types) looks selective
+// to the planner, which would rather sort the due range than walk it in
+// order, where its settings leave it the choice).
 var statsColumns = map[string]string{"hipq_job": " (queue, state, job_type)", "hipq_attempt": " (queue, job_id)"}
 
 // StatsRefresh analyzes hipq_job and hipq_attempt when either has rows
@@ -28,8 +29,7 @@ var statsColumns = map[string]string{"hipq_job": " (queue, state, job_type)", "h
 // for a hundred thousand, and it is kept until the table's statistics
 // change. Autovacuum looks at a table at most once per
 // autovacuum_naptime (a minute by default): a burst that fills an empty
-// table within that minute ran on such plans (two instances: one claim
-// took 12 s, before the claim's plans stopped depending on statistics).
+// table within that minute would run on such plans.
 // A table never analyzed is worse: without statistics the planner takes
 // `queue = $1` to keep 0.5% of the rows, so a few hundred attempts look
 // like one, and a join to a batch could scan them once per row of the
@@ -48,8 +48,7 @@ var statsColumns = map[string]string{"hipq_job": " (queue, state, job_type)", "h
 // and left to autovacuum after (again after a TRUNCATE or a vacuum that
 // shrinks it); and only the columns the hot statements filter on are
 // analyzed (the sample still gives the table's size): a handful of quick
-// analyzes as a table grows from empty (10 for both in a burst of
-// 100,000 jobs). SKIP_LOCKED: a table being
+// analyzes as a table grows from empty. SKIP_LOCKED: a table being
 // vacuumed or analyzed is left to that. Only tables whose owner's
 // privileges this role has are analyzed (ANALYZE skips the others, with a
 // warning).

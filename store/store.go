@@ -68,9 +68,9 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	}
 	// No JIT compilation unless someone chose it for these sessions:
 	// hipq's statements reach rows by key and run in milliseconds, and JIT
-	// compiled the few whose estimated cost passed jit_above_cost (the
+	// would compile the few whose estimated cost passes jit_above_cost (the
 	// sweeper's walks of running jobs, say) at every call, for longer
-	// than they ran (183 ms of 244 for the unsent claims in a burst).
+	// than they run.
 	// Only a jit from the server's configuration (postgresql.conf, ALTER
 	// SYSTEM) or its default is overridden, each connection once: one set
 	// for the role or the database (ALTER ROLE/DATABASE ... SET), on the

@@ -174,8 +174,8 @@ var timingOutSQL = `
 
 // timeOutQueue is JobTimeOutStuck in one queue. Its statements reach rows
 // by index only (sequential scans off for its transaction: on statistics
-// that say the tables are small, a probe of each job's attempt was a scan
-// of every attempt).
+// that say the tables are small, a probe of each job's attempt could be a
+// scan of every attempt).
 func (s *Store) timeOutQueue(ctx context.Context, queue string, limit int, types correlator.Types) ([]AttemptRef, error) {
 	var done []AttemptRef
 	err := s.inTx(ctx, func(tx pgx.Tx) error {
