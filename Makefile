@@ -3,7 +3,7 @@
 
 GO ?= go
 
-.PHONY: test vet fmt-check postgres-check build bench demo fuzz screenshot
+.PHONY: test vet fmt-check postgres-check build bench demo fuzz screenshot schema
 
 test: vet fmt-check postgres-check
 	$(GO) test -race -count=1 -timeout 15m ./...
@@ -31,6 +31,13 @@ postgres-check:
 
 build:
 	$(GO) build -o hipq ./cmd/hipq
+
+# Write schemas/schema.sql from a freshly migrated database (a private
+# PostgreSQL, as the tests start): the schema the migrations make, which
+# TestSchemaSnapshot (store) holds them to. Run it after changing a
+# migration, and commit the file with it.
+schema: postgres-check
+	$(GO) test -count=1 -run '^TestSchemaSnapshot$$' ./store -update
 
 demo:
 	$(GO) run ./cmd/hipq demo

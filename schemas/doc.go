@@ -9,6 +9,14 @@ import "embed"
 //go:embed migrations/*.sql
 var Migrations embed.FS
 
+// Repeatable holds repeatable/NAME.sql: each defines SQL functions with
+// CREATE OR REPLACE, and is applied by the store after the versioned
+// migrations whenever its text changes. A function lives in one such
+// file only; the versioned migrations hold no copies.
+//
+//go:embed repeatable/*.sql
+var Repeatable embed.FS
+
 // JSON holds the JSON Schemas of intake requests, envelopes and replies.
 //
 //go:embed json/*.json

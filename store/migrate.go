@@ -2,6 +2,8 @@ package store
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -25,12 +27,35 @@ const migrationLock = 0x68697071_6d696772 // "hipqmigr"
 // another holds it.
 const migrationPoll = 250 * time.Millisecond
 
-// Migration is one embedded schema change.
+// Migration is one embedded schema change: a versioned migration
+// (schemas/migrations/NNNN_name.sql, Version > 0), applied once, in order,
+// or a repeatable one (schemas/repeatable/NAME.sql, Version 0), which
+// defines SQL functions with CREATE OR REPLACE and is applied again
+// whenever its text changes.
 type Migration struct {
 	Version   int
 	Name      string
 	SQL       string
 	AppliedAt *time.Time
+}
+
+// Repeatable reports whether m is a repeatable migration.
+func (m Migration) Repeatable() bool { return m.Version == 0 }
+
+// Checksum is the hex SHA-256 of the migration's text: a repeatable one is
+// applied again when it differs from the one recorded.
+func (m Migration) Checksum() string {
+	sum := sha256.Sum256([]byte(m.SQL))
+	return hex.EncodeToString(sum[:])
+}
+
+// String names the migration as its file does: 0001_init, or repeatable
+// hipq_claim.
+func (m Migration) String() string {
+	if m.Repeatable() {
+		return "repeatable " + m.Name
+	}
+	return fmt.Sprintf("%04d_%s", m.Version, m.Name)
 }
 
 // Migrations lists the embedded migrations in order.
@@ -54,6 +79,29 @@ func Migrations() ([]Migration, error) {
 	}
 	sort.Slice(ms, func(i, j int) bool { return ms[i].Version < ms[j].Version })
 	return ms, nil
+}
+
+// Repeatables lists the embedded repeatable migrations in name order, the
+// order they are applied in.
+func Repeatables() ([]Migration, error) {
+	entries, err := fs.ReadDir(schemas.Repeatable, "repeatable")
+	if err != nil {
+		return nil, err
+	}
+	var rs []Migration
+	for _, e := range entries {
+		name, ok := strings.CutSuffix(e.Name(), ".sql")
+		if !ok || name == "" || strings.Trim(name, "abcdefghijklmnopqrstuvwxyz0123456789_") != "" {
+			return nil, fmt.Errorf("repeatable migration file %q is not name.sql (lower case letters, digits and _)", e.Name())
+		}
+		b, err := fs.ReadFile(schemas.Repeatable, path.Join("repeatable", e.Name()))
+		if err != nil {
+			return nil, err
+		}
+		rs = append(rs, Migration{Name: name, SQL: string(b)})
+	}
+	sort.Slice(rs, func(i, j int) bool { return rs[i].Name < rs[j].Name })
+	return rs, nil
 }
 
 // noTransaction, as a migration's first line, runs it statement by
@@ -151,10 +199,27 @@ func (e *ErrSchemaTooNew) Error() string {
 	return fmt.Sprintf("database schema is at version %d, newer than this hipq knows (%d): upgrade hipq", e.Database, e.Binary)
 }
 
-// Migrate applies every pending migration under an advisory lock. It is
+// Migrate applies every pending migration under an advisory lock, the
+// versioned ones in order, then the repeatable ones whose text is not the
+// one recorded, in name order; it returns those it applied. It is
 // idempotent, and refuses a schema newer than this binary.
+//
+// A repeatable migration runs only once the database is at this binary's
+// latest version, so it never meets an older table layout, each in a
+// transaction of its own, recorded in hipq_schema_repeatable with its
+// checksum. Instances migrating at once take turns on the lock: the next
+// finds the checksums recorded and applies nothing. When any versioned
+// migration is to run, the recorded checksums are deleted first, so every
+// repeatable one is applied again after it: older versioned migrations
+// define the same functions (their history), and a versioned migration
+// may change what a function reads. A run cut short in between still
+// applies them at the next start.
 func (s *Store) Migrate(ctx context.Context) (applied []Migration, err error) {
 	ms, err := Migrations()
+	if err != nil {
+		return nil, err
+	}
+	rs, err := Repeatables()
 	if err != nil {
 		return nil, err
 	}
@@ -197,12 +262,22 @@ func (s *Store) Migrate(ctx context.Context) (applied []Migration, err error) {
 		version int PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
 		return nil, fmt.Errorf("migrate: %w", err)
 	}
+	if _, err := conn.Exec(ctx, `CREATE TABLE IF NOT EXISTS hipq_schema_repeatable (
+		name text PRIMARY KEY, checksum text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
+		return nil, fmt.Errorf("migrate: %w", err)
+	}
 	var current int
 	if err := conn.QueryRow(ctx, "SELECT coalesce(max(version), 0) FROM hipq_schema_migration").Scan(&current); err != nil {
 		return nil, fmt.Errorf("migrate: read version: %w", err)
 	}
-	if latest := LatestVersion(); current > latest {
+	latest := LatestVersion()
+	if current > latest {
 		return nil, &ErrSchemaTooNew{Database: current, Binary: latest}
+	}
+	if current < latest {
+		if _, err := conn.Exec(ctx, "DELETE FROM hipq_schema_repeatable"); err != nil {
+			return nil, fmt.Errorf("migrate: %w", err)
+		}
 	}
 	for _, m := range ms {
 		if m.Version <= current {
@@ -242,14 +317,65 @@ func (s *Store) Migrate(ctx context.Context) (applied []Migration, err error) {
 			})
 		}
 		if err != nil {
-			return applied, fmt.Errorf("migrate: apply %04d_%s: %w", m.Version, m.Name, err)
+			return applied, fmt.Errorf("migrate: apply %s: %w", m, err)
 		}
 		applied = append(applied, m)
+	}
+	recorded, err := recordedChecksums(ctx, conn)
+	if err != nil {
+		return applied, fmt.Errorf("migrate: %w", err)
+	}
+	for _, r := range rs {
+		if recorded[r.Name] == r.Checksum() {
+			continue
+		}
+		err = lockBounded(ctx, func() error {
+			return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+				if _, err := tx.Exec(ctx, "SELECT set_config('lock_timeout', $1, true)", lockTimeoutFor(true)); err != nil {
+					return err
+				}
+				if _, err := tx.Exec(ctx, r.SQL); err != nil {
+					return err
+				}
+				_, err := tx.Exec(ctx, `INSERT INTO hipq_schema_repeatable (name, checksum) VALUES ($1, $2)
+					ON CONFLICT (name) DO UPDATE SET checksum = EXCLUDED.checksum, applied_at = now()`, r.Name, r.Checksum())
+				return err
+			})
+		})
+		if err != nil {
+			return applied, fmt.Errorf("migrate: apply %s: %w", r, err)
+		}
+		applied = append(applied, r)
 	}
 	return applied, nil
 }
 
-// MigrationStatus lists every known migration with when it was applied.
+// querier is a connection or a pool.
+type querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// recordedChecksums reads hipq_schema_repeatable: the checksum each
+// repeatable migration was last applied with (none when the table is not
+// there).
+func recordedChecksums(ctx context.Context, q querier) (map[string]string, error) {
+	out := map[string]string{}
+	var exists bool
+	if err := q.QueryRow(ctx, "SELECT to_regclass('hipq_schema_repeatable') IS NOT NULL").Scan(&exists); err != nil || !exists {
+		return out, err
+	}
+	rows, err := q.Query(ctx, "SELECT name, checksum FROM hipq_schema_repeatable")
+	if err != nil {
+		return nil, err
+	}
+	var name, sum string
+	_, err = pgx.ForEachRow(rows, []any{&name, &sum}, func() error { out[name] = sum; return nil })
+	return out, err
+}
+
+// MigrationStatus lists every known versioned migration with when it was
+// applied, and the database's version.
 func (s *Store) MigrationStatus(ctx context.Context) ([]Migration, int, error) {
 	ms, err := Migrations()
 	if err != nil {
@@ -280,8 +406,46 @@ func (s *Store) MigrationStatus(ctx context.Context) ([]Migration, int, error) {
 	return ms, current, nil
 }
 
+// RepeatableStatus lists every known repeatable migration, with when it
+// was applied when the database holds this binary's text of it (AppliedAt
+// is nil for one never applied, or applied from another text: pending).
+func (s *Store) RepeatableStatus(ctx context.Context) ([]Migration, error) {
+	rs, err := Repeatables()
+	if err != nil {
+		return nil, err
+	}
+	var exists bool
+	if err := s.pool.QueryRow(ctx, "SELECT to_regclass('hipq_schema_repeatable') IS NOT NULL").Scan(&exists); err != nil {
+		return nil, fmt.Errorf("repeatable migration status: %w", err)
+	}
+	if !exists {
+		return rs, nil
+	}
+	rows, err := s.pool.Query(ctx, "SELECT name, checksum, applied_at FROM hipq_schema_repeatable")
+	if err != nil {
+		return nil, fmt.Errorf("repeatable migration status: %w", err)
+	}
+	type rec struct {
+		sum string
+		at  time.Time
+	}
+	got := map[string]rec{}
+	var name, sum string
+	var at time.Time
+	if _, err := pgx.ForEachRow(rows, []any{&name, &sum, &at}, func() error { got[name] = rec{sum, at}; return nil }); err != nil {
+		return nil, fmt.Errorf("repeatable migration status: %w", err)
+	}
+	for i := range rs {
+		if r, ok := got[rs[i].Name]; ok && r.sum == rs[i].Checksum() {
+			rs[i].AppliedAt = &r.at
+		}
+	}
+	return rs, nil
+}
+
 // CheckSchema returns an error unless the database is at exactly this
-// binary's schema version.
+// binary's schema: its version, and every repeatable migration applied
+// from this binary's text.
 func (s *Store) CheckSchema(ctx context.Context) error {
 	_, current, err := s.MigrationStatus(ctx)
 	if err != nil {
@@ -293,6 +457,20 @@ func (s *Store) CheckSchema(ctx context.Context) error {
 		return &ErrSchemaTooNew{Database: current, Binary: latest}
 	case current < latest:
 		return fmt.Errorf("database schema is at version %d, this hipq needs %d: run `hipq migrate`", current, latest)
+	}
+	rs, err := s.RepeatableStatus(ctx)
+	if err != nil {
+		return err
+	}
+	var pending []string
+	for _, r := range rs {
+		if r.AppliedAt == nil {
+			pending = append(pending, r.Name)
+		}
+	}
+	if len(pending) > 0 {
+		return fmt.Errorf("database schema is at version %d, but its repeatable migrations %s are not applied from this hipq's text (never, or from another build's): run `hipq migrate` with this build",
+			current, strings.Join(pending, ", "))
 	}
 	return nil
 }

@@ -192,6 +192,10 @@ func (a *app) migrate(ctx context.Context) error {
 	}
 	applied, err := a.st.Migrate(ctx)
 	for _, m := range applied {
+		if m.Repeatable() {
+			a.log.Info("repeatable migration applied", zap.String("name", m.Name), zap.String("checksum", m.Checksum()))
+			continue
+		}
 		a.log.Info("migration applied", zap.Int("version", m.Version), zap.String("name", m.Name))
 	}
 	return err

@@ -48,14 +48,18 @@ func TestMigrateCommand(t *testing.T) {
 	cfgPath := filepath.Join(t.TempDir(), "hipq.yaml")
 	os.WriteFile(cfgPath, []byte(e.configText(`{database: {url: "{{DB}}", schema: other}, kafka: {brokers: [x:1]}}`)), 0o600)
 	var out, errOut bytes.Buffer
-	for i, want := range []string{"applied 0001_init", "schema is up to date"} {
+	for i, want := range []string{"applied 0001_init\n", "schema is up to date"} {
 		out.Reset()
 		if code := runMain([]string{"migrate", "--config", cfgPath}, &out, &errOut); code != 0 || !strings.Contains(out.String(), want) {
 			t.Fatalf("migrate #%d: exit %d, out %q, err %q", i+1, code, out.String(), errOut.String())
 		}
+		if i == 0 && !strings.HasSuffix(out.String(), "applied repeatable hipq_window_open\n") {
+			t.Fatalf("migrate does not end with the repeatable migrations: %q", out.String())
+		}
 	}
 	out.Reset()
-	if code := runMain([]string{"migrate", "status", "--config", cfgPath}, &out, &errOut); code != 0 || !strings.Contains(out.String(), "0001_init  applied") {
+	if code := runMain([]string{"migrate", "status", "--config", cfgPath}, &out, &errOut); code != 0 ||
+		!strings.Contains(out.String(), "0001_init  applied") || !strings.Contains(out.String(), "repeatable hipq_claim  applied") {
 		t.Fatalf("status: exit %d, out %q", code, out.String())
 	}
 	if code := runMain([]string{"run", "--config", cfgPath, "--only", "bogus"}, &out, &errOut); code != 2 {

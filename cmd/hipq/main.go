@@ -225,7 +225,7 @@ func cmdMigrate(args []string, stdout io.Writer) error {
 			fmt.Fprintln(stdout, "schema is up to date")
 		}
 		for _, m := range applied {
-			fmt.Fprintf(stdout, "applied %04d_%s\n", m.Version, m.Name)
+			fmt.Fprintf(stdout, "applied %s\n", m)
 		}
 		return nil
 	}
@@ -233,13 +233,17 @@ func cmdMigrate(args []string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
+	rs, err := st.RepeatableStatus(ctx)
+	if err != nil {
+		return err
+	}
 	fmt.Fprintf(stdout, "schema version %d (this hipq knows %d)\n", current, len(ms))
-	for _, m := range ms {
+	for _, m := range append(ms, rs...) {
 		at := "pending"
 		if m.AppliedAt != nil {
 			at = "applied " + m.AppliedAt.UTC().Format(time.RFC3339)
 		}
-		fmt.Fprintf(stdout, "  %04d_%s  %s\n", m.Version, m.Name, at)
+		fmt.Fprintf(stdout, "  %s  %s\n", m, at)
 	}
 	return nil
 }
