@@ -150,7 +150,7 @@ func (r *rig) run(t testing.TB) {
 	t.Cleanup(func() {
 		cancel()
 		r.slow.free()
-		<-done
+		_ = <-done
 	})
 }
 

@@ -83,7 +83,7 @@ func TestReserveBoundsTheIntakeClaims(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- d.Run(stopped) }()
 	select {
-	case <-done:
+	case _ = <-done:
 	case <-time.After(time.Minute):
 		t.Fatal("Run did not stop")
 	}

@@ -3,6 +3,7 @@ package store_test
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -60,7 +61,7 @@ func TestRateWindow(t *testing.T) {
 	if len(again.Jobs) != 1 {
 		t.Fatalf("after an undo: %d jobs, want 1", len(again.Jobs))
 	}
-	sent := append(first.Jobs[1:], again.Jobs...)
+	sent := slices.Concat(first.Jobs[1:], again.Jobs)
 	if err := st.AttemptMarkSent(ctx, refsOf(sent)); err != nil {
 		t.Fatal(err)
 	}

@@ -195,7 +195,7 @@ func TestShortSessionTimeoutKeepsTheGroup(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- a.run(ctx) }()
-	defer func() { cancel(); <-done; a.close() }()
+	defer func() { cancel(); _ = <-done; a.close() }()
 	e.produce("jobs", jobReq("first"))
 	eventually(t, 20*time.Second, "the first job", func() (bool, string) { return e.countJobs(a, "job_key = 'first'") == 1, "" })
 	// Three session timeouts: a member heartbeating every 3s would have

@@ -22,8 +22,6 @@ import (
 	"github.com/hipq/hipq/store"
 )
 
-const template = "hipq_test_template"
-
 var (
 	once     sync.Once
 	cluster  *localpg.Cluster
