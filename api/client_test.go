@@ -123,7 +123,7 @@ func TestGoClientWaitAcrossRestart(t *testing.T) {
 			t.Fatal(err)
 		}
 		srv := &http.Server{Handler: h}
-		go srv.Serve(l) //nolint:errcheck
+		go srv.Serve(l) //nolint:errcheck // it ends with ErrServerClosed when the test closes it
 		return srv, l.Addr().String()
 	}
 	srv, addr := serve("127.0.0.1:0")

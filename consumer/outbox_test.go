@@ -38,7 +38,7 @@ func inTx(t *testing.T, st *store.Store, commit bool, values ...string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer tx.Rollback(ctx) //nolint:errcheck
+	defer tx.Rollback(ctx)
 	for _, v := range values {
 		if _, err := tx.Exec(ctx, `INSERT INTO hipq_intake (value) VALUES ($1)`, v); err != nil {
 			t.Fatal(err)

@@ -324,7 +324,7 @@ func TestRepliesLockInQueueOrder(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer holder.Rollback(ctx) //nolint:errcheck
+	defer holder.Rollback(ctx)
 	if _, err := holder.Exec(ctx, "SELECT 1 FROM hipq_job WHERE id = $1 FOR UPDATE", y); err != nil {
 		t.Fatal(err)
 	}

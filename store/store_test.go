@@ -454,7 +454,7 @@ func TestAttemptWritersLockJobsFirst(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer holder.Rollback(ctx) //nolint:errcheck // (a failed check leaves it open)
+		defer holder.Rollback(ctx) // (a failed check leaves it open)
 		if _, err := holder.Exec(ctx, "SELECT 1 FROM hipq_job WHERE id = $1 FOR UPDATE", y.ID); err != nil {
 			t.Fatal(err)
 		}
@@ -523,7 +523,7 @@ func TestMigrationGivesWayToLongTransactions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer reader.Rollback(ctx) //nolint:errcheck // (first: the migration then ends, and its store closes)
+	defer reader.Rollback(ctx) // (first: the migration then ends, and its store closes)
 	if _, err := reader.Exec(ctx, "SELECT count(*) FROM hipq_attempt"); err != nil {
 		t.Fatal(err)
 	}
@@ -541,7 +541,7 @@ func TestMigrationGivesWayToLongTransactions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer tx.Rollback(ctx) //nolint:errcheck
+	defer tx.Rollback(ctx)
 	if _, err := tx.Exec(ctx, "SET LOCAL statement_timeout = '8s'"); err != nil {
 		t.Fatal(err)
 	}

@@ -32,7 +32,7 @@ func TestAPIConnectionsApartFromTheHotPath(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer tx.Rollback(context.Background()) //nolint:errcheck
+	defer tx.Rollback(context.Background())
 	if _, err := tx.Exec(context.Background(), `SELECT 1 FROM hipq_job WHERE job_key = 'locked' FOR UPDATE`); err != nil {
 		t.Fatal(err)
 	}
