@@ -161,8 +161,13 @@ job_types:
 `, `, public_url: "http://PUBLIC"`)
 	a := e.start(e.config(text))
 	waitAPI(t, api)
-	if resp, err := http.DefaultClient.Do(mustReq(t, http.MethodPut, api+"/v1/jobs/work/w1", `{"job_data":{}}`)); err != nil || resp.StatusCode != http.StatusCreated {
-		t.Fatalf("enqueue: %v %v", resp, err)
+	resp, err := http.DefaultClient.Do(mustReq(t, http.MethodPut, api+"/v1/jobs/work/w1", `{"job_data":{}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close() // (an unread, unclosed body keeps its connection and two goroutines)
+	if resp.StatusCode != http.StatusCreated {
+		t.Fatalf("enqueue: %d", resp.StatusCode)
 	}
 	eventually(t, 10*time.Second, "the request", func() (bool, string) {
 		mu.Lock()
@@ -197,7 +202,7 @@ job_types:
 	if err := e.pool().QueryRow(context.Background(), "SELECT state FROM hipq_job WHERE job_key = 'w1'").Scan(&state); err != nil || state != "running" {
 		t.Fatalf("after 4 s of heartbeats under a 2 s timeout: %s %v", state, err)
 	}
-	resp, err := http.Get(api + "/v1/jobs/work/w1")
+	resp, err = http.Get(api + "/v1/jobs/work/w1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -219,8 +224,13 @@ job_types:
 		t.Errorf("a body that is not JSON: %d, want 400", code)
 	}
 	// Cancelled: the next beat says so.
-	if resp, err := http.Post(api+"/v1/jobs/work/w1/cancel", "", nil); err != nil || resp.StatusCode != http.StatusOK {
-		t.Fatalf("cancel: %v %v", resp, err)
+	resp, err = http.Post(api+"/v1/jobs/work/w1/cancel", "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("cancel: %d", resp.StatusCode)
 	}
 	code, out := post(hb, ``)
 	if code != http.StatusOK || out["accepted"] != false || out["cancelled"] != true || out["state"] != "final" {
