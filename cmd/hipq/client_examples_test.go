@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/hipq/hipq/internal/testutil"
 )
 
 // Issue 12: the client module's examples (client, pgxoutbox, sqloutbox,
@@ -64,8 +66,8 @@ job_types:
 			t.Fatalf("examples of %s did not run:\n%s", pkg, out)
 		}
 	}
-	eventually(t, 30*time.Second, "the examples' jobs", func() (bool, string) {
+	testutil.Eventually(t, 30*time.Second, func() (bool, string) {
 		n := e.countJobs(a, "job_key IN ('shp_enqueue', 'shp_wait', 'shp_pgx', 'shp_sql', 'shp_kafka', 'shp_list_1', 'shp_list_2', 'shp_list_3')")
 		return n == 8, fmt.Sprintf("%d of 8 jobs", n)
-	})
+	}, "the examples' jobs")
 }

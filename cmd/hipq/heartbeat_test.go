@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/hipq/hipq/internal/testutil"
 )
 
 const heartbeatConfig = `
@@ -108,14 +110,14 @@ func TestProgressExtendsTheDeadline(t *testing.T) {
 		return x, true
 	}
 	ends := map[string]end{}
-	eventually(t, 30*time.Second, "the three jobs final", func() (bool, string) {
+	testutil.Eventually(t, 30*time.Second, func() (bool, string) {
 		for _, k := range []string{"steady", "stops", "endless"} {
 			if x, ok := read(k); ok {
 				ends[k] = x
 			}
 		}
 		return len(ends) == 3, fmt.Sprint(ends)
-	})
+	}, "the three jobs final")
 	if s := ends["steady"]; s.outcome != "succeeded" || s.attempt != 1 || s.ended.Sub(s.started) < 6*time.Second {
 		t.Errorf("steady: %+v, want succeeded@1 after 6 s of progress", s)
 	}
@@ -169,11 +171,11 @@ job_types:
 	if resp.StatusCode != http.StatusCreated {
 		t.Fatalf("enqueue: %d", resp.StatusCode)
 	}
-	eventually(t, 10*time.Second, "the request", func() (bool, string) {
+	testutil.Eventually(t, 10*time.Second, func() (bool, string) {
 		mu.Lock()
 		defer mu.Unlock()
 		return heartbeatURL != "", ""
-	})
+	}, "the request")
 	mu.Lock()
 	hb := strings.Replace(heartbeatURL, "http://PUBLIC", api, 1)
 	cb := strings.Replace(callbackURL, "http://PUBLIC", api, 1)
