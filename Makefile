@@ -1,11 +1,11 @@
-# hipq — `make test` runs everything CI runs: vet, format check, and the
-# tests with the race detector against real PostgreSQL and Kafka (kfake).
+# hipq — `make test` runs everything CI runs: vet, format check, lint, and
+# the tests with the race detector against real PostgreSQL and Kafka (kfake).
 
 GO ?= go
 
-.PHONY: test vet fmt-check postgres-check build bench demo fuzz screenshot schema
+.PHONY: test vet fmt-check lint postgres-check build bench demo fuzz screenshot schema
 
-test: vet fmt-check postgres-check
+test: vet fmt-check lint postgres-check
 	$(GO) test -race -count=1 -timeout 15m ./...
 	cd client && $(GO) test -race -count=1 -timeout 5m ./...
 
@@ -13,6 +13,21 @@ test: vet fmt-check postgres-check
 vet:
 	$(GO) vet ./...
 	cd client && $(GO) vet ./...
+
+# golangci-lint is a tool, not a dependency of either module: `make lint`
+# installs this exact version into $(go env GOPATH)/bin when the one there
+# is missing or another version (.ci/run installs the same one).
+GOLANGCI_LINT_VERSION := v2.15.0
+GOLANGCI_LINT := $(firstword $(subst :, ,$(shell $(GO) env GOPATH)))/bin/golangci-lint
+
+# Both modules, with the one .golangci.yml at the root.
+lint:
+	@if [ "$$($(GOLANGCI_LINT) version --short 2>/dev/null)" != "$(GOLANGCI_LINT_VERSION:v%=%)" ]; then \
+	  echo "== installing golangci-lint $(GOLANGCI_LINT_VERSION) into $(dir $(GOLANGCI_LINT))"; \
+	  GOBIN=$(dir $(GOLANGCI_LINT)) $(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION); \
+	fi
+	$(GOLANGCI_LINT) run ./...
+	cd client && $(GOLANGCI_LINT) run ./...
 
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \

@@ -19,6 +19,7 @@ import (
 	"github.com/hipq/hipq/internal/deadletter"
 	"github.com/hipq/hipq/internal/metrics"
 	"github.com/hipq/hipq/internal/pgtest"
+	"github.com/hipq/hipq/internal/testutil"
 	"github.com/hipq/hipq/store"
 )
 
@@ -411,17 +412,13 @@ func TestReadyWhileWritesStall(t *testing.T) {
 	go func() { _, err := e.st.JobCancel(ctx, "t", "locked"); done <- err }()
 	waitFor := func(want int, what string) string {
 		t.Helper()
-		deadline := time.Now().Add(10 * time.Second)
-		for {
-			code, body := ready()
-			if code == want {
-				return body
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: readyz %d %s", what, code, body)
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
+		var body string
+		testutil.Eventually(t, 10*time.Second, func() (bool, string) {
+			var code int
+			code, body = ready()
+			return code == want, fmt.Sprintf("readyz %d %s", code, body)
+		}, "%s", what)
+		return body
 	}
 	if body := waitFor(503, "a stalled write"); !strings.Contains(body, "a PostgreSQL write has been running") {
 		t.Fatalf("503 without the reason: %s", body)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/hipq/hipq/client"
 	"github.com/hipq/hipq/correlator"
+	"github.com/hipq/hipq/internal/testutil"
 )
 
 // Issue 12 (the Go client): every call against the real API, with its
@@ -123,7 +124,7 @@ func TestGoClientWaitAcrossRestart(t *testing.T) {
 			t.Fatal(err)
 		}
 		srv := &http.Server{Handler: h}
-		go srv.Serve(l) //nolint:errcheck
+		go srv.Serve(l) //nolint:errcheck // it ends with ErrServerClosed when the test closes it
 		return srv, l.Addr().String()
 	}
 	srv, addr := serve("127.0.0.1:0")
@@ -199,14 +200,9 @@ func TestGoClientManyWaits(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	deadline := time.Now().Add(20 * time.Second)
 	for i := 0; i < n; i += 2 {
-		for _, ok := returned.Load(i); !ok; _, ok = returned.Load(i) {
-			if time.Now().After(deadline) {
-				t.Fatalf("wait %d did not return after its job ended", i)
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
+		testutil.Eventually(t, 20*time.Second, func() bool { _, ok := returned.Load(i); return ok },
+			"wait %d to return after its job ended", i)
 	}
 	for i := 1; i < n; i += 2 {
 		if _, ok := returned.Load(i); ok {

@@ -187,7 +187,7 @@ func TestDashboardSessions(t *testing.T) {
 	// The token removed from the config (here: a server of the same
 	// deployment with other tokens), or given another role: its sessions
 	// end, and stay ended when it comes back.
-	_, id = b.signIn(token)
+	b.signIn(token)
 	serve := func(tokens, reads []string) string {
 		s := New(zaptest.NewLogger(t), e.st, Config{Tokens: tokens, ReadTokens: reads, CallbackSecret: secret, Queues: []string{"default"},
 			UI: &UIConfig{}})
@@ -210,7 +210,7 @@ func TestDashboardSessions(t *testing.T) {
 	if left := expiresIn(readID); left != -time.Second {
 		t.Fatalf("the read session of a token no longer read is still stored (left %v)", left)
 	}
-	_, id = b.signIn(token)
+	b.signIn(token)
 	b.url = serve([]string{strings.Repeat("n", 32)}, []string{token})
 	if b.signedIn() {
 		t.Fatal("an admin session was taken with its token moved to api.read_tokens")

@@ -20,7 +20,7 @@ func TestCallbackSpan(t *testing.T) {
 	t.Parallel()
 	rec := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
-	defer tp.Shutdown(ctx) //nolint:errcheck
+	defer tp.Shutdown(ctx) //nolint:errcheck // a span recorder has nothing to flush
 	e := newAPIConfig(t, func(c *Config) { c.Tracer = tp.Tracer("test") })
 	const (
 		sendTrace = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -74,7 +74,7 @@ func TestAPIServerSpans(t *testing.T) {
 	t.Parallel()
 	rec := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
-	defer tp.Shutdown(ctx) //nolint:errcheck
+	defer tp.Shutdown(ctx) //nolint:errcheck // a span recorder has nothing to flush
 	e := newAPIConfig(t, func(c *Config) { c.Tracer, c.TracerProvider = tp.Tracer("test"), tp })
 	const caller = "0af7651916cd43dd8448eb211c80319c"
 	e.enqueueTraced("served", "00-"+caller+"-b7ad6b7169203331-01")

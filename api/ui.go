@@ -140,7 +140,7 @@ func (s *Server) mountUI(cfg UIConfig) {
 		"ago":      ago,
 		"when":     when,
 		"pretty":   pretty,
-		"deref":    func(s *string) string { return deref(s) },
+		"deref":    deref,
 		"add":      func(a, b int) int { return a + b },
 		"pct":      func(a, b int64) int64 { return a * 100 / max(b, 1) },
 		"contains": slices.Contains[[]string],

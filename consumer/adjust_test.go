@@ -15,6 +15,7 @@ import (
 	"github.com/hipq/hipq/internal/kafkaconn"
 	"github.com/hipq/hipq/internal/kafkatest"
 	"github.com/hipq/hipq/internal/localpg"
+	"github.com/hipq/hipq/internal/testutil"
 	"github.com/hipq/hipq/store"
 )
 
@@ -67,25 +68,14 @@ func TestAdjustIsBoundedAndRetriedByRejoining(t *testing.T) {
 			}
 		}
 	}()
-	waitFor(t, time.Minute, "the offsets hook to give up while PostgreSQL is down", func() bool {
+	testutil.Eventually(t, time.Minute, func() bool {
 		return logs.FilterMessage("cannot load stored offsets; rejoining the group to try again").Len() > 0
-	})
+	}, "the offsets hook to give up while PostgreSQL is down")
 	if err := pg.Up(ctx); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, time.Minute, "the record to be applied once PostgreSQL is back", func() bool {
+	testutil.Eventually(t, time.Minute, func() bool {
 		j, err := st.JobGet(ctx, "t", "a")
 		return err == nil && j != nil
-	})
-}
-
-func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("waited %s for %s", within, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	}, "the record to be applied once PostgreSQL is back")
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/hipq/hipq/internal/kafkaconn"
 	"github.com/hipq/hipq/internal/kafkatest"
 	"github.com/hipq/hipq/internal/pgtest"
+	"github.com/hipq/hipq/internal/testutil"
 	"github.com/hipq/hipq/store"
 )
 
@@ -48,12 +49,12 @@ func TestIntakeClaimsForItsDispatcher(t *testing.T) {
 	done := make(chan struct{})
 	go func() { defer close(done); _ = intake.Run(runCtx) }()
 	defer func() { stop(); <-done }()
-	waitFor(t, time.Minute, "every job sent and recorded", func() bool {
+	testutil.Eventually(t, time.Minute, func() bool {
 		var sent int
 		err := st.Pool().QueryRow(ctx, `SELECT count(*) FROM hipq_job j JOIN hipq_attempt a ON a.job_id = j.id AND a.attempt = j.attempt
 			WHERE j.state = 'running' AND a.instance = 'me' AND a.sent_at IS NOT NULL`).Scan(&sent)
 		return err == nil && sent == n
-	})
+	}, "every job sent and recorded")
 	cl := k.Client(kgo.ConsumeTopics(out), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
 	defer cl.Close()
 	got := 0

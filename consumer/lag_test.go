@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus/testutil"
+	promtestutil "github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap/zaptest"
 
@@ -13,6 +13,7 @@ import (
 	"github.com/hipq/hipq/internal/kafkatest"
 	"github.com/hipq/hipq/internal/metrics"
 	"github.com/hipq/hipq/internal/pgtest"
+	"github.com/hipq/hipq/internal/testutil"
 	"github.com/hipq/hipq/store"
 )
 
@@ -55,19 +56,11 @@ func TestLagMetric(t *testing.T) {
 	}
 	// Once both partitions are assigned (nothing stored: counted from the
 	// start), partition 1 is taken as applied up to offset 1.
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	testutil.Eventually(t, 20*time.Second, func() bool {
 		g.mu.Lock()
-		n := len(g.pos)
-		g.mu.Unlock()
-		if n == 2 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("partitions not assigned within 20s")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		defer g.mu.Unlock()
+		return len(g.pos) == 2
+	}, "both partitions to be assigned")
 	g.mu.Lock()
 	g.pos[store.TopicPartition{Topic: topic, Partition: 1}] = 1
 	g.mu.Unlock()
@@ -83,7 +76,7 @@ func TestLagMetric(t *testing.T) {
 	}
 	// A partition taken away is no longer reported here.
 	g.forget(context.Background(), nil, map[string][]int32{topic: {1}})
-	if n := testutil.CollectAndCount(m.Registry(), "hipq_consumer_lag_records"); n != 1 {
+	if n := promtestutil.CollectAndCount(m.Registry(), "hipq_consumer_lag_records"); n != 1 {
 		t.Fatalf("%d lag series after a revocation, want 1", n)
 	}
 }

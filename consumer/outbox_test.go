@@ -16,6 +16,7 @@ import (
 	"github.com/hipq/hipq/correlator"
 	"github.com/hipq/hipq/internal/metrics"
 	"github.com/hipq/hipq/internal/pgtest"
+	"github.com/hipq/hipq/internal/testutil"
 	"github.com/hipq/hipq/store"
 )
 
@@ -38,7 +39,7 @@ func inTx(t *testing.T, st *store.Store, commit bool, values ...string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer tx.Rollback(ctx) //nolint:errcheck
+	defer tx.Rollback(ctx)
 	for _, v := range values {
 		if _, err := tx.Exec(ctx, `INSERT INTO hipq_intake (value) VALUES ($1)`, v); err != nil {
 			t.Fatal(err)
@@ -227,13 +228,10 @@ func TestOutboxTwoInstances(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	deadline := time.Now().Add(60 * time.Second)
-	for count(t, a, `SELECT count(*) FROM hipq_job`) < n || count(t, a, `SELECT count(*) FROM hipq_intake`) > 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d jobs, %d rows left after 60s", count(t, a, `SELECT count(*) FROM hipq_job`), count(t, a, `SELECT count(*) FROM hipq_intake`))
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testutil.Eventually(t, 60*time.Second, func() (bool, string) {
+		jobs, left := count(t, a, `SELECT count(*) FROM hipq_job`), count(t, a, `SELECT count(*) FROM hipq_intake`)
+		return jobs >= n && left == 0, fmt.Sprintf("%d jobs, %d rows left", jobs, left)
+	}, "%d jobs and an empty outbox", n)
 	cancel()
 	wg.Wait()
 	if jobs, keys := count(t, a, `SELECT count(*) FROM hipq_job`), count(t, a, `SELECT count(DISTINCT job_key) FROM hipq_job`); jobs != n || keys != n {
@@ -259,13 +257,9 @@ func TestOutboxWakesOnNotify(t *testing.T) {
 	for i := range 3 {
 		key := fmt.Sprintf("n%d", i)
 		inTx(t, st, true, fmt.Sprintf(`{"job_type": "t", "job_key": %q}`, key))
-		deadline := time.Now().Add(20 * time.Second)
-		for count(t, st, `SELECT count(*) FROM hipq_job WHERE job_key = $1`, key) == 0 {
-			if time.Now().After(deadline) {
-				t.Fatalf("row %d did not become a job without a poll", i)
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
+		testutil.Eventually(t, 20*time.Second, func() bool {
+			return count(t, st, `SELECT count(*) FROM hipq_job WHERE job_key = $1`, key) > 0
+		}, "row %d to become a job without a poll", i)
 	}
 	cancel()
 	<-done

@@ -15,6 +15,7 @@ import (
 	"github.com/hipq/hipq/internal/kafkatest"
 	"github.com/hipq/hipq/internal/metrics"
 	"github.com/hipq/hipq/internal/pgtest"
+	"github.com/hipq/hipq/internal/testutil"
 	"github.com/hipq/hipq/store"
 )
 
@@ -106,21 +107,6 @@ func (r *intakeRig) tries() [2]int {
 	return out
 }
 
-func waitUntil(t *testing.T, within time.Duration, what string, cond func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for {
-		ok, last := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %v (last: %s)", what, within, last)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // brokenTrigger makes every insert into hipq_job fail with SQLSTATE XX000
 // while the table broken has a row: a trigger bug, not the records'.
 const brokenTrigger = `
@@ -147,11 +133,11 @@ func TestSystemicRefusalStallsInsteadOfDeadLettering(t *testing.T) {
 	r := newIntakeRig(t, time.Hour, brokenTrigger)
 	r.produce(0, "a0", "!", "a1", "a2", "a3", "a4")
 	r.produce(1, "b0")
-	waitUntil(t, 30*time.Second, "both partitions stalled", func() (bool, string) {
+	testutil.Eventually(t, 30*time.Second, func() (bool, string) {
 		all, sys := r.holds()
 		v, _ := r.stalled("XX000")
 		return sys == 2 && v == 1, fmt.Sprintf("%d holds, %d systemic, gauge %v", all, sys, v)
-	})
+	}, "both partitions stalled")
 	if err := r.in.Stalled(); err == nil || !strings.Contains(err.Error(), "XX000") || !strings.Contains(err.Error(), r.group) {
 		t.Fatalf("Stalled() = %v, want the group and the SQLSTATE named", err)
 	}
@@ -161,10 +147,10 @@ func TestSystemicRefusalStallsInsteadOfDeadLettering(t *testing.T) {
 	before := r.tries()
 	r.produce(0, "a5", "a6")
 	r.produce(1, "b1")
-	waitUntil(t, 30*time.Second, "two more tries of each partition", func() (bool, string) {
+	testutil.Eventually(t, 30*time.Second, func() (bool, string) {
 		now := r.tries()
 		return now[0] >= before[0]+2 && now[1] >= before[1]+2, fmt.Sprintf("tries %v, then %v", before, now)
-	})
+	}, "two more tries of each partition")
 	if n := r.count(`SELECT count(*) FROM hipq_dead_letter`); n != 0 {
 		t.Fatalf("%d dead letters while the trigger refused every record", n)
 	}
@@ -174,10 +160,10 @@ func TestSystemicRefusalStallsInsteadOfDeadLettering(t *testing.T) {
 	if _, err := r.st.Pool().Exec(context.Background(), `DELETE FROM broken`); err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, 60*time.Second, "every record a job once the error stops", func() (bool, string) {
+	testutil.Eventually(t, 60*time.Second, func() (bool, string) {
 		n := r.count(`SELECT count(*) FROM hipq_job`)
 		return n == 9, fmt.Sprintf("%d of 9 jobs", n)
-	})
+	}, "every record a job once the error stops")
 	if n := r.count(`SELECT count(DISTINCT job_key) FROM hipq_job`); n != 9 {
 		t.Fatalf("%d distinct keys among 9 jobs", n)
 	}
@@ -185,11 +171,11 @@ func TestSystemicRefusalStallsInsteadOfDeadLettering(t *testing.T) {
 		WHERE kafka_partition = 0 AND kafka_offset = 1 AND reason LIKE 'invalid_json%'`) != 1 {
 		t.Fatalf("%d dead letters, want the record that is not JSON alone", n)
 	}
-	waitUntil(t, 10*time.Second, "the stall over", func() (bool, string) {
+	testutil.Eventually(t, 10*time.Second, func() (bool, string) {
 		v, _ := r.stalled("XX000")
 		all, _ := r.holds()
 		return v == 0 && all == 0 && r.in.Stalled() == nil, fmt.Sprintf("gauge %v, %d holds, %v", v, all, r.in.Stalled())
-	})
+	}, "the stall over")
 	if n := r.count(`SELECT coalesce(sum(next_offset), 0) FROM hipq_offset`); n != 10 {
 		t.Fatalf("stored offsets sum to %d, want 8 + 2", n)
 	}
@@ -206,15 +192,15 @@ func TestOneRecordsRefusalDeadLettersItAlone(t *testing.T) {
 		CREATE TRIGGER refuse BEFORE INSERT ON hipq_job FOR EACH ROW WHEN (NEW.job_key = 'poison') EXECUTE FUNCTION refuse();`)
 	r.produce(0, "k0", "k1", "poison", "k3", "k4")
 	r.produce(1, "m0", "m1")
-	waitUntil(t, 30*time.Second, "the records around the refused one stored", func() (bool, string) {
+	testutil.Eventually(t, 30*time.Second, func() (bool, string) {
 		n := r.count(`SELECT count(*) FROM hipq_job`)
 		return n == 6, fmt.Sprintf("%d of 6 jobs", n)
-	})
-	waitUntil(t, 10*time.Second, "the refused record dead-lettered", func() (bool, string) {
+	}, "the records around the refused one stored")
+	testutil.Eventually(t, 10*time.Second, func() (bool, string) {
 		n := r.count(`SELECT count(*) FROM hipq_dead_letter WHERE kafka_partition = 0 AND kafka_offset = 2
 			AND reason LIKE 'rejected: PostgreSQL refused it: %refused for poison%'`)
 		return n == 1, fmt.Sprintf("%d dead letters", n)
-	})
+	}, "the refused record dead-lettered")
 	if n := r.count(`SELECT count(*) FROM hipq_dead_letter`); n != 1 {
 		t.Fatalf("%d dead letters, want the refused record's alone", n)
 	}
@@ -238,19 +224,19 @@ func TestLoneRefusedRecord(t *testing.T) {
 		t.Parallel()
 		r := newIntakeRig(t, time.Hour, refuse)
 		r.produce(0, "k0", "poison")
-		waitUntil(t, 30*time.Second, "the partition waiting on the last record", func() (bool, string) {
+		testutil.Eventually(t, 30*time.Second, func() (bool, string) {
 			all, sys := r.holds()
 			return all == 1 && sys == 0 && r.count(`SELECT count(*) FROM hipq_job`) == 1, fmt.Sprintf("%d holds, %d systemic", all, sys)
-		})
+		}, "the partition waiting on the last record")
 		if n := r.count(`SELECT count(*) FROM hipq_dead_letter`); n != 0 {
 			t.Fatalf("%d dead letters before anything could be compared", n)
 		}
 		r.produce(0, "k2")
-		waitUntil(t, 30*time.Second, "the record after it a job, the refused one dead-lettered", func() (bool, string) {
+		testutil.Eventually(t, 30*time.Second, func() (bool, string) {
 			j := r.count(`SELECT count(*) FROM hipq_job WHERE job_key = 'k2'`)
 			d := r.count(`SELECT count(*) FROM hipq_dead_letter WHERE kafka_offset = 1`)
 			return j == 1 && d == 1, fmt.Sprintf("%d jobs k2, %d dead letters", j, d)
-		})
+		}, "the record after it a job, the refused one dead-lettered")
 		if v, _ := r.stalled("XX000"); v != 0 {
 			t.Fatalf("stalled gauge %v", v)
 		}
@@ -259,14 +245,14 @@ func TestLoneRefusedRecord(t *testing.T) {
 		t.Parallel()
 		r := newIntakeRig(t, 500*time.Millisecond, refuse)
 		r.produce(1, "poison-alone")
-		waitUntil(t, 30*time.Second, "the lone refused record dead-lettered", func() (bool, string) {
+		testutil.Eventually(t, 30*time.Second, func() (bool, string) {
 			n := r.count(`SELECT count(*) FROM hipq_dead_letter WHERE reason LIKE '%refused for poison-alone%'`)
 			return n == 1, fmt.Sprintf("%d dead letters", n)
-		})
-		waitUntil(t, 10*time.Second, "its offset stored", func() (bool, string) {
+		}, "the lone refused record dead-lettered")
+		testutil.Eventually(t, 10*time.Second, func() (bool, string) {
 			n := r.count(`SELECT coalesce(sum(next_offset), 0) FROM hipq_offset`)
 			return n == 1, fmt.Sprintf("next offset %d", n)
-		})
+		}, "its offset stored")
 		if v, _ := r.stalled("XX000"); v != 0 || r.in.Stalled() != nil {
 			t.Fatalf("stalled: gauge %v, %v", v, r.in.Stalled())
 		}

@@ -20,6 +20,7 @@ import (
 	"github.com/hipq/hipq/dispatcher"
 	"github.com/hipq/hipq/internal/metrics"
 	"github.com/hipq/hipq/internal/pgtest"
+	"github.com/hipq/hipq/internal/testutil"
 	"github.com/hipq/hipq/store"
 )
 
@@ -74,17 +75,6 @@ func insertIn(t testing.TB, st *store.Store, queue, typ, prefix string, n int) {
 	}
 	if _, err := st.JobsInsert(ctx, jobs); err != nil {
 		t.Fatal(err)
-	}
-}
-
-func waitFor(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
 	}
 }
 
@@ -150,7 +140,7 @@ func (r *rig) run(t testing.TB) {
 	t.Cleanup(func() {
 		cancel()
 		r.slow.free()
-		<-done
+		_ = <-done
 	})
 }
 
@@ -176,17 +166,17 @@ func TestOneNeighbourHoldsOnlyItsOwn(t *testing.T) {
 	insertIn(t, st, "others", "slow", "s", 10)
 	insertIn(t, st, "healthy", "good", "a", 20)
 	r.run(t)
-	waitFor(t, "the first healthy jobs", func() bool { return r.sentGood(t) == 20 })
+	testutil.Eventually(t, 30*time.Second, func() bool { return r.sentGood(t) == 20 }, "the first healthy jobs")
 	// Both refusing neighbours refuse: their claims are undone and their
 	// attempts not counted while the refusal is young.
-	waitFor(t, "refusals", func() bool {
+	testutil.Eventually(t, 30*time.Second, func() bool {
 		v, _ := m.Value("hipq_dispatches_total", map[string]string{"queue": "others", "transport": "http", "result": "refused"})
 		w, _ := m.Value("hipq_dispatches_total", map[string]string{"queue": "others", "transport": "kafka", "result": "refused"})
 		return v > 0 && w > 0
-	})
+	}, "refusals")
 	insertIn(t, st, "healthy", "good", "b", 20)
 	d.Wake()
-	waitFor(t, "the healthy jobs enqueued during the outages", func() bool { return r.sentGood(t) == 40 })
+	testutil.Eventually(t, 30*time.Second, func() bool { return r.sentGood(t) == 40 }, "the healthy jobs enqueued during the outages")
 	for _, res := range []string{"refused", "not_sent", "unknown", "failed"} {
 		if v, _ := m.Value("hipq_dispatches_total", map[string]string{"queue": "healthy", "result": res}); v != 0 {
 			t.Fatalf("%v healthy sends %s", v, res)
@@ -198,11 +188,11 @@ func TestOneNeighbourHoldsOnlyItsOwn(t *testing.T) {
 	// Outlasting the send timeout, the refusals become dispatch errors
 	// that name where the requests were to go.
 	for typ, where := range map[string]string{"lost": "kafka topic missing", "gone": "http " + r.gone} {
-		waitFor(t, typ+"'s dispatch errors", func() bool {
+		testutil.Eventually(t, 30*time.Second, func() bool {
 			return scalar(t, st, fmt.Sprintf(`SELECT count(*) FROM hipq_attempt a JOIN hipq_job j ON j.id = a.job_id
 				WHERE j.job_type = '%s' AND a.outcome = 'dispatch_error' AND a.error LIKE '%s has refused every send for %%'
 				AND a.sent_at IS NULL`, typ, where)) > 0
-		})
+		}, "%s's dispatch errors", typ)
 	}
 	if p := r.slow.peakCalls(); p != 2 {
 		t.Fatalf("the slow host had %d calls at once, want its type's max_in_flight 2", p)

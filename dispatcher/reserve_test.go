@@ -6,13 +6,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus/testutil"
+	promtestutil "github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/zap/zaptest"
 
 	"github.com/hipq/hipq/correlator"
 	"github.com/hipq/hipq/dispatcher"
 	"github.com/hipq/hipq/internal/metrics"
 	"github.com/hipq/hipq/internal/pgtest"
+	"github.com/hipq/hipq/internal/testutil"
 	"github.com/hipq/hipq/store"
 )
 
@@ -83,7 +84,7 @@ func TestReserveBoundsTheIntakeClaims(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- d.Run(stopped) }()
 	select {
-	case <-done:
+	case _ = <-done:
 	case <-time.After(time.Minute):
 		t.Fatal("Run did not stop")
 	}
@@ -129,10 +130,10 @@ func TestReservationsAreBoundedAndFresh(t *testing.T) {
 	r.Deliver(ctx, res.Claimed)
 	// The stale claim is undone, the fresh one sent (no claim round runs
 	// here: the undone job stays waiting).
-	waitFor(t, "the fresh claim sent and the stale one undone", func() bool {
+	testutil.Eventually(t, 30*time.Second, func() bool {
 		return scalar(t, st, `SELECT count(*) FROM hipq_attempt WHERE sent_at IS NOT NULL`) == 1 &&
 			scalar(t, st, `SELECT count(*) FROM hipq_job WHERE job_key = 'stale' AND state = 'initial'`) == 1
-	})
+	}, "the fresh claim sent and the stale one undone")
 	if j, err := st.JobGet(ctx, "alo", "fresh"); err != nil || j.State != correlator.StateRunning || !j.StartedAt.Equal(claims["fresh"]) {
 		t.Fatalf("fresh: %+v %v, want the intake's claim running", j, err)
 	}
@@ -142,7 +143,7 @@ func TestReservationsAreBoundedAndFresh(t *testing.T) {
 	if n := scalar(t, st, `SELECT count(*) FROM hipq_attempt WHERE sent_at IS NOT NULL`); n != 1 {
 		t.Fatalf("%d attempts sent, want the fresh one", n)
 	}
-	if n := testutil.ToFloat64(m.Dispatches.WithLabelValues("default", "kafka", "not_sent")); n != 1 {
+	if n := promtestutil.ToFloat64(m.Dispatches.WithLabelValues("default", "kafka", "not_sent")); n != 1 {
 		t.Fatalf("hipq_dispatches_total{status=not_sent} = %v, want the stale claim", n)
 	}
 }

@@ -315,10 +315,8 @@ func TestClaimWindowsAndDefer(t *testing.T) {
 	if got := keys(c.Jobs); !slices.Equal(sorted(got), []string{"own-open", "own-open-over-type"}) {
 		t.Fatalf("claimed %v", got)
 	}
-	var closedKeys []string
 	var ds []store.Deferral
 	for _, x := range c.Closed {
-		closedKeys = append(closedKeys, fmt.Sprint(x.ID))
 		ws := x.TimeWindows
 		if ws == nil {
 			ws = closed

@@ -128,8 +128,6 @@ func jobsAccept(ctx context.Context, tx pgx.Tx, jobs []IntakeJob, instance strin
 	return inserted, duplicates, conflicts, claimed, nil
 }
 
-type typeKey struct{ Type, Key string }
-
 // JobsInsert inserts jobs outside a consumer batch (tests, tools): those
 // whose (type, key) has a non-final job are left out. It returns how many
 // were inserted.

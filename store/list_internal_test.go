@@ -115,7 +115,7 @@ func TestListsUseAnIndexForEachFilter(t *testing.T) {
 			if _, err := conn.Exec(ctx, set); err != nil {
 				t.Fatal(err)
 			}
-			defer conn.Exec(ctx, "RESET ALL") //nolint:errcheck
+			defer conn.Exec(ctx, "RESET ALL") //nolint:errcheck // only a broken connection fails it, and its settings went with it
 		}
 		var lits []string
 		for _, a := range tc.args {

@@ -246,15 +246,17 @@ func (s *Store) Migrate(ctx context.Context) (applied []Migration, err error) {
 		case <-time.After(migrationPoll):
 		}
 	}
-	defer conn.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock($1)", int64(migrationLock)) //nolint:errcheck
+	// The deferred unlock and resets fail only on a broken connection, whose
+	// session ended and took the lock and the settings with it.
+	defer conn.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock($1)", int64(migrationLock)) //nolint:errcheck // see above
 	// A migration is not bounded by a statement timeout of the role, the
 	// database or the URL: a batched fill or a concurrent index build cut
 	// short would only start over at the next start, and never end.
 	if _, err := conn.Exec(ctx, "SET statement_timeout = 0"); err != nil {
 		return nil, fmt.Errorf("migrate: %w", err)
 	}
-	defer conn.Exec(context.WithoutCancel(ctx), "RESET statement_timeout") //nolint:errcheck
-	defer conn.Exec(context.WithoutCancel(ctx), "RESET lock_timeout")      //nolint:errcheck
+	defer conn.Exec(context.WithoutCancel(ctx), "RESET statement_timeout") //nolint:errcheck // a broken connection only
+	defer conn.Exec(context.WithoutCancel(ctx), "RESET lock_timeout")      //nolint:errcheck // a broken connection only
 	if _, err := conn.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{s.schema}.Sanitize()); err != nil {
 		return nil, fmt.Errorf("migrate: create schema %q: %w", s.schema, err)
 	}

@@ -46,7 +46,7 @@ func (s *Store) listen(ctx context.Context, channel string, wake func(), failed 
 			if _, err := conn.Exec(ctx, "LISTEN "+channel); err != nil {
 				return err
 			}
-			defer conn.Exec(context.WithoutCancel(ctx), "UNLISTEN *") //nolint:errcheck
+			defer conn.Exec(context.WithoutCancel(ctx), "UNLISTEN *") //nolint:errcheck // only a broken connection fails it, and its LISTEN went with it
 			wake()
 			for {
 				if _, err := conn.Conn().WaitForNotification(ctx); err != nil {

@@ -158,7 +158,7 @@ func TestRepliesProbeByKey(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer tx.Rollback(ctx) //nolint:errcheck
+	defer tx.Rollback(ctx)
 	var refs []AttemptRef
 	for _, id := range ids {
 		refs = append(refs, AttemptRef{Queue: "q", JobID: id, Attempt: 1})
@@ -189,7 +189,7 @@ func explainAnalyze(t *testing.T, st *Store, q string, generic bool, args ...any
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer tx.Rollback(ctx) //nolint:errcheck
+	defer tx.Rollback(ctx)
 	if generic {
 		if _, err := tx.Exec(ctx, "SET LOCAL plan_cache_mode = force_generic_plan"); err != nil {
 			t.Fatal(err)

@@ -3,11 +3,13 @@ package store_test
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/hipq/hipq/correlator"
 	"github.com/hipq/hipq/internal/pgtest"
+	"github.com/hipq/hipq/internal/testutil"
 	"github.com/hipq/hipq/store"
 )
 
@@ -60,7 +62,7 @@ func TestRateWindow(t *testing.T) {
 	if len(again.Jobs) != 1 {
 		t.Fatalf("after an undo: %d jobs, want 1", len(again.Jobs))
 	}
-	sent := append(first.Jobs[1:], again.Jobs...)
+	sent := slices.Concat(first.Jobs[1:], again.Jobs)
 	if err := st.AttemptMarkSent(ctx, refsOf(sent)); err != nil {
 		t.Fatal(err)
 	}
@@ -74,12 +76,11 @@ func TestRateWindow(t *testing.T) {
 	for time.Now().Before(full.Local.Add(full.RateFreeAt.Sub(full.DBNow))) {
 		time.Sleep(20 * time.Millisecond)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	later := claimWith(t, st, store.JobClaimParams{Throttle: th})
-	for len(later.Jobs) == 0 && time.Now().Before(deadline) {
-		time.Sleep(20 * time.Millisecond)
+	var later store.Claim
+	testutil.Eventually(t, 10*time.Second, func() bool {
 		later = claimWith(t, st, store.JobClaimParams{Throttle: th})
-	}
+		return len(later.Jobs) > 0
+	}, "a claim once the window frees")
 	if len(later.Jobs) != 3 {
 		t.Fatalf("once the window frees: %d jobs, want 3", len(later.Jobs))
 	}
@@ -309,17 +310,13 @@ func TestRateWindowsThatNoLongerCountGo(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The job of t0 left is due a second later, its window by then past.
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	testutil.Eventually(t, 20*time.Second, func() bool {
 		c := claimWith(t, st, store.JobClaimParams{Throttle: th, Limit: 1000})
-		if len(c.Jobs) == 1 {
-			break
+		if len(c.Jobs) > 1 {
+			t.Fatalf("claimed %v, want the second job of t0 alone", keys(c.Jobs))
 		}
-		if len(c.Jobs) > 1 || time.Now().After(deadline) {
-			t.Fatalf("claimed %v, want the second job of t0 alone, once due", keys(c.Jobs))
-		}
-		time.Sleep(50 * time.Millisecond) // (a poll with a deadline)
-	}
+		return len(c.Jobs) == 1
+	}, "the second job of t0, once due")
 	if n := count(t, st, "SELECT count(*) FROM hipq_rate_count"); n != 1 {
 		t.Errorf("%d windows kept, want the one that counts", n)
 	}

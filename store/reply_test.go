@@ -8,6 +8,7 @@ import (
 
 	"github.com/hipq/hipq/correlator"
 	"github.com/hipq/hipq/internal/pgtest"
+	"github.com/hipq/hipq/internal/testutil"
 	"github.com/hipq/hipq/store"
 )
 
@@ -324,7 +325,7 @@ func TestRepliesLockInQueueOrder(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer holder.Rollback(ctx) //nolint:errcheck
+	defer holder.Rollback(ctx)
 	if _, err := holder.Exec(ctx, "SELECT 1 FROM hipq_job WHERE id = $1 FOR UPDATE", y); err != nil {
 		t.Fatal(err)
 	}
@@ -335,13 +336,8 @@ func TestRepliesLockInQueueOrder(t *testing.T) {
 		_, err := st.ReplyApply(ctx, store.ReplyBatch{Replies: []store.ReplyIn{reply("x", 0, true), byID}, EarlyTTL: time.Minute}, typeInfo)
 		done <- err
 	}()
-	deadline := time.Now().Add(10 * time.Second)
-	for count(t, st, waiting) == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("the replies never waited for the held job")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testutil.Eventually(t, 10*time.Second, func() bool { return count(t, st, waiting) > 0 },
+		"the replies to wait for the held job")
 	if _, err := holder.Exec(ctx, "SELECT 1 FROM hipq_job WHERE id = $1 FOR UPDATE NOWAIT", x); err != nil {
 		t.Fatalf("the replies hold job x (queue default) while waiting for job y (queue a): %v", err)
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/hipq/hipq/correlator"
 	"github.com/hipq/hipq/internal/pgtest"
+	"github.com/hipq/hipq/internal/testutil"
 	"github.com/hipq/hipq/store"
 )
 
@@ -454,19 +455,23 @@ func TestAttemptWritersLockJobsFirst(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer holder.Rollback(ctx) //nolint:errcheck // (a failed check leaves it open)
+		defer holder.Rollback(ctx) // (a failed check leaves it open)
 		if _, err := holder.Exec(ctx, "SELECT 1 FROM hipq_job WHERE id = $1 FOR UPDATE", y.ID); err != nil {
 			t.Fatal(err)
 		}
 		done := make(chan error, 1)
 		go func() { done <- write(x, y) }()
-		deadline := time.Now().Add(10 * time.Second)
-		for count(t, st, waiting) == 0 {
-			if time.Now().After(deadline) {
-				t.Fatalf("writer %d never waited for the held job (%v)", i, <-done)
+		testutil.Eventually(t, 10*time.Second, func() (bool, string) {
+			if count(t, st, waiting) > 0 {
+				return true, ""
 			}
-			time.Sleep(10 * time.Millisecond)
-		}
+			select {
+			case err := <-done:
+				t.Fatalf("writer %d ended without waiting for the held job: %v", i, err)
+			default:
+			}
+			return false, "not waiting"
+		}, "writer %d to wait for the held job", i)
 		if _, err := holder.Exec(ctx, "SELECT 1 FROM hipq_attempt WHERE job_id = $1 FOR UPDATE NOWAIT", x.ID); err != nil {
 			t.Errorf("writer %d holds job %d's attempt while it waits for job %d: %v", i, x.ID, y.ID, err)
 		}
@@ -523,25 +528,21 @@ func TestMigrationGivesWayToLongTransactions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer reader.Rollback(ctx) //nolint:errcheck // (first: the migration then ends, and its store closes)
+	defer reader.Rollback(ctx) // (first: the migration then ends, and its store closes)
 	if _, err := reader.Exec(ctx, "SELECT count(*) FROM hipq_attempt"); err != nil {
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)
 	go func() { _, err := migrator.Migrate(ctx); done <- err }()
-	deadline := time.Now().Add(10 * time.Second)
-	for count(t, st, waiting+" AND query LIKE 'ALTER TABLE hipq_attempt%'") == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("the migration never waited for the long transaction")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		return count(t, st, waiting+" AND query LIKE 'ALTER TABLE hipq_attempt%'") > 0
+	}, "the migration to wait for the long transaction")
 	// Traffic on the table goes on: at most one lock wait behind the ALTER.
 	tx, err := st.Pool().Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer tx.Rollback(ctx) //nolint:errcheck
+	defer tx.Rollback(ctx)
 	if _, err := tx.Exec(ctx, "SET LOCAL statement_timeout = '8s'"); err != nil {
 		t.Fatal(err)
 	}

@@ -49,7 +49,7 @@ func (p *Periodic) Run(ctx context.Context) error {
 		wait, err := p.look(ctx, &since, &synced)
 		if err != nil {
 			if ctx.Err() != nil {
-				return nil
+				return nil //nolint:nilerr // a stopped Run ends without an error, as on the select below
 			}
 			p.log.Warn("cannot fire schedules; retrying", zap.Error(err), zap.Duration("in", pause))
 			wait, pause = pause, min(2*pause, 10*time.Second)

@@ -30,7 +30,7 @@ func ExampleEnqueueTx() {
 		fmt.Println(err)
 		return
 	}
-	defer tx.Rollback(ctx) //nolint:errcheck // after Commit, a no-op
+	defer tx.Rollback(ctx) // after Commit, a no-op
 	// ... the application's own writes: the order, its lines ...
 	job := client.Job{Type: "invoice.ship", Key: "shp_pgx", Data: json.RawMessage(`{"order": 42}`)}
 	err = pgxoutbox.EnqueueTx(ctx, tx, job, client.OutboxOptions{

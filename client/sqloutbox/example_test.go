@@ -31,7 +31,7 @@ func ExampleEnqueueTx() {
 		fmt.Println(err)
 		return
 	}
-	defer tx.Rollback() //nolint:errcheck // after Commit, a no-op
+	defer tx.Rollback() // after Commit, a no-op
 	// ... the application's own writes ...
 	job := client.Job{Type: "invoice.ship", Key: "shp_sql", Data: json.RawMessage(`{"order": 43}`)}
 	if err := sqloutbox.EnqueueTx(ctx, tx, job); err != nil {

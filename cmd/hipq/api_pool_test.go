@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/hipq/hipq/internal/testutil"
 )
 
 // Issue 9.17: the API never starves the hot path. Its connections are its
@@ -24,7 +26,7 @@ func TestAPIConnectionsApartFromTheHotPath(t *testing.T) {
 	}
 	waitAPI(t, url)
 	e.produce("jobs", jobReq("locked"))
-	eventually(t, 20*time.Second, "the first job", func() (bool, string) { return e.countJobs(a, "job_key = 'locked'") == 1, "" })
+	testutil.Eventually(t, 20*time.Second, func() (bool, string) { return e.countJobs(a, "job_key = 'locked'") == 1, "" }, "the first job")
 
 	// A row lock held elsewhere: the API's cancel waits on it, and gives up
 	// at the request timeout.
@@ -32,7 +34,7 @@ func TestAPIConnectionsApartFromTheHotPath(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer tx.Rollback(context.Background()) //nolint:errcheck
+	defer tx.Rollback(context.Background())
 	if _, err := tx.Exec(context.Background(), `SELECT 1 FROM hipq_job WHERE job_key = 'locked' FOR UPDATE`); err != nil {
 		t.Fatal(err)
 	}
@@ -67,7 +69,7 @@ func TestAPIConnectionsApartFromTheHotPath(t *testing.T) {
 		t.Fatalf("API pool of %d connections, want api.max_conns 2", n)
 	}
 	e.produce("jobs", jobReq("while-api-busy"))
-	eventually(t, 20*time.Second, "intake while the API's connections are all taken", func() (bool, string) {
+	testutil.Eventually(t, 20*time.Second, func() (bool, string) {
 		return e.countJobs(a, "job_key = 'while-api-busy'") == 1, ""
-	})
+	}, "intake while the API's connections are all taken")
 }

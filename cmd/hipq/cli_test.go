@@ -14,10 +14,10 @@ import (
 func TestCheckConfig(t *testing.T) {
 	dir := t.TempDir()
 	good := filepath.Join(dir, "good.yaml")
-	os.WriteFile(good, []byte(`
+	writeFile(t, good, `
 database: {url: "postgres://hipq:hunter2hunter2@db/hipq"}
 kafka: {brokers: [k:9092], sasl: {mechanism: PLAIN, username: u, password: "${KPASS}"}}
-`), 0o600)
+`)
 	t.Setenv("KPASS", "kafka-secret-pw")
 	var out, errOut bytes.Buffer
 	if code := runMain([]string{"check-config", "--config", good}, &out, &errOut); code != 0 {
@@ -32,7 +32,7 @@ kafka: {brokers: [k:9092], sasl: {mechanism: PLAIN, username: u, password: "${KP
 		t.Errorf("effective config lacks defaults:\n%s", out.String())
 	}
 	bad := filepath.Join(dir, "bad.yaml")
-	os.WriteFile(bad, []byte("database: {}\nkafka: {brokers: []}\nbogus: 1\n"), 0o600)
+	writeFile(t, bad, "database: {}\nkafka: {brokers: []}\nbogus: 1\n")
 	out.Reset()
 	errOut.Reset()
 	if code := runMain([]string{"check-config", "--config", bad}, &out, &errOut); code != 2 {
@@ -46,7 +46,7 @@ kafka: {brokers: [k:9092], sasl: {mechanism: PLAIN, username: u, password: "${KP
 func TestMigrateCommand(t *testing.T) {
 	e := newEnv(t)
 	cfgPath := filepath.Join(t.TempDir(), "hipq.yaml")
-	os.WriteFile(cfgPath, []byte(e.configText(`{database: {url: "{{DB}}", schema: other}, kafka: {brokers: [x:1]}}`)), 0o600)
+	writeFile(t, cfgPath, e.configText(`{database: {url: "{{DB}}", schema: other}, kafka: {brokers: [x:1]}}`))
 	var out, errOut bytes.Buffer
 	for i, want := range []string{"applied 0001_init\n", "schema is up to date"} {
 		out.Reset()

@@ -7,10 +7,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/hipq/hipq/internal/testutil"
 )
 
 // Issue 12: the client module's examples (client, pgxoutbox, sqloutbox,
@@ -19,9 +20,9 @@ import (
 // Kafka. Then every job they enqueued, by every path, is a job.
 func TestClientExamples(t *testing.T) {
 	t.Parallel()
-	goBin, err := exec.LookPath("go")
+	goBin, err := exec.LookPath("go") // go test puts its own GOROOT/bin first on PATH
 	if err != nil {
-		goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
+		t.Fatal(err)
 	}
 	e := newEnv(t, "jobs", "requests")
 	l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -65,8 +66,8 @@ job_types:
 			t.Fatalf("examples of %s did not run:\n%s", pkg, out)
 		}
 	}
-	eventually(t, 30*time.Second, "the examples' jobs", func() (bool, string) {
+	testutil.Eventually(t, 30*time.Second, func() (bool, string) {
 		n := e.countJobs(a, "job_key IN ('shp_enqueue', 'shp_wait', 'shp_pgx', 'shp_sql', 'shp_kafka', 'shp_list_1', 'shp_list_2', 'shp_list_3')")
 		return n == 8, fmt.Sprintf("%d of 8 jobs", n)
-	})
+	}, "the examples' jobs")
 }

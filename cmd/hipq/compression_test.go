@@ -10,6 +10,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/hipq/hipq/config"
+	"github.com/hipq/hipq/internal/testutil"
 )
 
 // Issue 16: hipq writes what any Kafka client can read: no compression by
@@ -28,10 +29,10 @@ func TestCompressionKafkasWay(t *testing.T) {
 	data := `"` + strings.Repeat("a", 1500) + `"`
 	e.produce("jobs", `{"job_type":"e2e","job_key":"plain","job_data":`+data+`}`, `{"job_type":"zipped","job_key":"z","job_data":`+data+`}`,
 		`not json `+strings.Repeat("b", 1500))
-	eventually(t, 20*time.Second, "both jobs sent", func() (bool, string) {
+	testutil.Eventually(t, 20*time.Second, func() (bool, string) {
 		n := e.countJobs(a, "state = 'running'")
 		return n == 2, fmt.Sprintf("%d running", n)
-	})
+	}, "both jobs sent")
 	codec := func(topic string) int8 {
 		cl := e.kafka.Client(kgo.ConsumeTopics(e.kafka.Topic(topic)), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
 		defer cl.Close()

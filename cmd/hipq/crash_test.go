@@ -18,6 +18,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/hipq/hipq/internal/testutil"
 )
 
 // proc is `hipq run` in a real subprocess: this test binary, re-executed.
@@ -90,17 +92,22 @@ func finalizeAll(t *testing.T, db *pgxpool.Pool) {
 	}
 }
 
+// logOnFailure logs what hipq said when the test has failed; deferred, it
+// runs after a t.Fatal too.
+func (p *proc) logOnFailure(t *testing.T) {
+	if t.Failed() {
+		t.Logf("hipq said:\n%s", p.output())
+	}
+}
+
 // waitApplied waits until the stored intake offsets cover n records.
 func waitApplied(t *testing.T, db *pgxpool.Pool, n int, p *proc) {
 	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for time.Now().Before(deadline) {
-		if scalarInt(t, db, "SELECT coalesce(sum(next_offset), 0) FROM hipq_offset WHERE consumer_group = 'crash-intake'") >= n {
-			return
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	t.Fatalf("intake did not reach %d records; hipq said:\n%s", n, p.output())
+	defer p.logOnFailure(t)
+	testutil.Eventually(t, 60*time.Second, func() (bool, string) {
+		got := scalarInt(t, db, "SELECT coalesce(sum(next_offset), 0) FROM hipq_offset WHERE consumer_group = 'crash-intake'")
+		return got >= n, fmt.Sprintf("%d records", got)
+	}, "intake to reach %d records", n)
 }
 
 func produceJobs(t *testing.T, e *env, from, to int) {

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/hipq/hipq/internal/testutil"
 )
 
 // A job type's data_schema holds on every intake path: a Kafka record, an
@@ -54,15 +56,15 @@ func TestDataSchemaOnEveryIntakePath(t *testing.T) {
 		t.Fatalf("invalid API enqueue: %d %s, want 400 schema_violation naming the keyword", code, body)
 	}
 
-	eventually(t, 30*time.Second, "the valid jobs", func() (bool, string) {
+	testutil.Eventually(t, 30*time.Second, func() (bool, string) {
 		n := e.countJobs(a, "job_key IN ('kafka-ok', 'outbox-ok', 'api-ok')")
 		return n == 3, fmt.Sprintf("%d of 3", n)
-	})
+	}, "the valid jobs")
 	if n := e.countJobs(a, "job_key LIKE '%-bad'"); n != 0 {
 		t.Fatalf("%d invalid jobs accepted", n)
 	}
 	want := map[string]string{"intake": `"/amount" fails minimum`, "outbox": `"/amount" fails type`}
-	eventually(t, 30*time.Second, "the dead letters", func() (bool, string) {
+	testutil.Eventually(t, 30*time.Second, func() (bool, string) {
 		rows, err := a.st.Pool().Query(context.Background(), `SELECT source, reason FROM hipq_dead_letter`)
 		if err != nil {
 			return false, err.Error()
@@ -82,7 +84,7 @@ func TestDataSchemaOnEveryIntakePath(t *testing.T) {
 			}
 		}
 		return len(got) == 2, fmt.Sprintf("%v", got)
-	})
+	}, "the dead letters")
 }
 
 // check-config compiles every data_schema and names the field of a broken

@@ -10,6 +10,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/hipq/hipq/correlator"
+	"github.com/hipq/hipq/internal/testutil"
 	"github.com/hipq/hipq/store"
 )
 
@@ -57,10 +58,10 @@ func TestRoundTrip(t *testing.T) {
 	}
 	reqs = append(reqs, jobReq("fail-once"), jobReq("silent-once"), jobReq("always-fail"))
 	e.produce("jobs", reqs...)
-	eventually(t, 30*time.Second, "all jobs final", func() (bool, string) {
+	testutil.Eventually(t, 30*time.Second, func() (bool, string) {
 		n := e.countJobs(a, "state = 'final'")
 		return n == 23, fmt.Sprintf("%d final", n)
-	})
+	}, "all jobs final")
 	check := func(key string, outcome correlator.Outcome, attempt int) {
 		j, err := a.st.JobGet(ctx, "e2e", key)
 		if err != nil {
@@ -136,16 +137,16 @@ func TestIntakeBadInputIsDeadLettered(t *testing.T) {
 	}
 	vals = append(vals, jobReq("good-1"), `{"job_type":"e2e","job_key":"good-1","job_data":{"other":1}}`, jobReq("good-1"), jobReq("good-2"))
 	e.produce("jobs", vals...)
-	eventually(t, 20*time.Second, "good jobs stored", func() (bool, string) {
+	testutil.Eventually(t, 20*time.Second, func() (bool, string) {
 		n := e.countJobs(a, "true")
 		return n == 2, fmt.Sprintf("%d jobs", n)
-	})
+	}, "good jobs stored")
 	wantDead := len(bad) + 1 // plus the conflict
-	eventually(t, 10*time.Second, "dead letters stored", func() (bool, string) {
+	testutil.Eventually(t, 10*time.Second, func() (bool, string) {
 		var n int
 		_ = a.st.Pool().QueryRow(context.Background(), "SELECT count(*) FROM hipq_dead_letter WHERE source = 'intake'").Scan(&n)
 		return n == wantDead, fmt.Sprintf("%d dead letters", n)
-	})
+	}, "dead letters stored")
 	dls, err := a.st.DeadLetterList(context.Background(), store.DeadLetterListParams{Kind: store.SourceIntake})
 	if err != nil {
 		t.Fatal(err)
@@ -210,10 +211,10 @@ func TestIntakeSeeksToStoredOffsets(t *testing.T) {
 		t.Fatal(err)
 	}
 	a := e.start(cfg, "intake")
-	eventually(t, 20*time.Second, "records after the stored offset applied", func() (bool, string) {
+	testutil.Eventually(t, 20*time.Second, func() (bool, string) {
 		n := e.countJobs(a, "true")
 		return n == 4, fmt.Sprintf("%d jobs", n)
-	})
+	}, "records after the stored offset applied")
 	if n := e.countJobs(a, "job_key IN ('k0','k5')"); n != 0 {
 		t.Fatalf("records before the stored offset were applied again")
 	}
@@ -228,20 +229,20 @@ func TestEarlyReplyAppliedAfterDispatch(t *testing.T) {
 	a := e.start(cfg, "responses", "sweeper")
 	e.kafka.Produce(&kgo.Record{Topic: e.kafka.Topic("replies"), Value: []byte(`{"status":"succeeded","v":42}`),
 		Headers: []kgo.RecordHeader{{Key: "hipq-job-type", Value: []byte("e2e")}, {Key: "hipq-job-key", Value: []byte("eager")}}})
-	eventually(t, 15*time.Second, "early reply kept", func() (bool, string) {
+	testutil.Eventually(t, 15*time.Second, func() (bool, string) {
 		var n int
 		_ = a.st.Pool().QueryRow(context.Background(), "SELECT count(*) FROM hipq_early_reply").Scan(&n)
 		return n == 1, fmt.Sprintf("%d early replies", n)
-	})
+	}, "early reply kept")
 	b := e.start(cfg, "intake", "dispatcher") // no responder: only the early reply can finish it
 	e.produce("jobs", jobReq("eager"))
-	eventually(t, 20*time.Second, "job finalized by its early reply", func() (bool, string) {
+	testutil.Eventually(t, 20*time.Second, func() (bool, string) {
 		j, err := b.st.JobGet(context.Background(), "e2e", "eager")
 		if err != nil {
 			return false, err.Error()
 		}
 		return j.Outcome == correlator.OutcomeSucceeded && string(j.Result) == `{"v": 42, "status": "succeeded"}`, fmt.Sprintf("%s %s %s", j.State, j.Outcome, j.Result)
-	})
+	}, "job finalized by its early reply")
 	// Counted once as early when read, once as applied when used (by b's
 	// dispatcher after the send, or a's sweeper).
 	kept, _ := a.metrics.Value("hipq_replies_total", map[string]string{"source": "kafka", "result": "early"})
@@ -274,10 +275,10 @@ func TestPoisonRecordIsSplitOut(t *testing.T) {
 	if err := cl.ProduceSync(context.Background(), rs...).FirstErr(); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 20*time.Second, "good records stored around the poison", func() (bool, string) {
+	testutil.Eventually(t, 20*time.Second, func() (bool, string) {
 		n := e.countJobs(a, "true")
 		return n == 8, fmt.Sprintf("%d jobs", n)
-	})
+	}, "good records stored around the poison")
 	var reason string
 	if err := a.st.Pool().QueryRow(context.Background(), "SELECT reason FROM hipq_dead_letter WHERE kafka_offset = 4").Scan(&reason); err != nil {
 		t.Fatal(err)

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/hipq/hipq/internal/testutil"
 )
 
 // runResponder starts a responder process from examples/ against e's
@@ -45,10 +47,10 @@ func foreignRoundTrip(t *testing.T, start func(e *env)) {
 		jobs = append(jobs, jobReq(fmt.Sprintf("foreign-%d", i)))
 	}
 	e.produce("jobs", jobs...)
-	eventually(t, 90*time.Second, "jobs answered by the responder", func() (bool, string) {
+	testutil.Eventually(t, 90*time.Second, func() (bool, string) {
 		n := e.countJobs(a, "state = 'final' AND outcome = 'succeeded' AND result ? 'echo'")
 		return n == 5, fmt.Sprintf("%d of 5 succeeded", n)
-	})
+	}, "jobs answered by the responder")
 }
 
 // Issue 16: a stock kafkajs 2.2.4 consumer with no extra codec reads

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/hipq/hipq/internal/testutil"
 )
 
 const heartbeatConfig = `
@@ -108,14 +110,14 @@ func TestProgressExtendsTheDeadline(t *testing.T) {
 		return x, true
 	}
 	ends := map[string]end{}
-	eventually(t, 30*time.Second, "the three jobs final", func() (bool, string) {
+	testutil.Eventually(t, 30*time.Second, func() (bool, string) {
 		for _, k := range []string{"steady", "stops", "endless"} {
 			if x, ok := read(k); ok {
 				ends[k] = x
 			}
 		}
 		return len(ends) == 3, fmt.Sprint(ends)
-	})
+	}, "the three jobs final")
 	if s := ends["steady"]; s.outcome != "succeeded" || s.attempt != 1 || s.ended.Sub(s.started) < 6*time.Second {
 		t.Errorf("steady: %+v, want succeeded@1 after 6 s of progress", s)
 	}
@@ -161,14 +163,19 @@ job_types:
 `, `, public_url: "http://PUBLIC"`)
 	a := e.start(e.config(text))
 	waitAPI(t, api)
-	if resp, err := http.DefaultClient.Do(mustReq(t, http.MethodPut, api+"/v1/jobs/work/w1", `{"job_data":{}}`)); err != nil || resp.StatusCode != http.StatusCreated {
-		t.Fatalf("enqueue: %v %v", resp, err)
+	resp, err := http.DefaultClient.Do(mustReq(t, http.MethodPut, api+"/v1/jobs/work/w1", `{"job_data":{}}`))
+	if err != nil {
+		t.Fatal(err)
 	}
-	eventually(t, 10*time.Second, "the request", func() (bool, string) {
+	resp.Body.Close() // (an unread, unclosed body keeps its connection and two goroutines)
+	if resp.StatusCode != http.StatusCreated {
+		t.Fatalf("enqueue: %d", resp.StatusCode)
+	}
+	testutil.Eventually(t, 10*time.Second, func() (bool, string) {
 		mu.Lock()
 		defer mu.Unlock()
 		return heartbeatURL != "", ""
-	})
+	}, "the request")
 	mu.Lock()
 	hb := strings.Replace(heartbeatURL, "http://PUBLIC", api, 1)
 	cb := strings.Replace(callbackURL, "http://PUBLIC", api, 1)
@@ -197,7 +204,7 @@ job_types:
 	if err := e.pool().QueryRow(context.Background(), "SELECT state FROM hipq_job WHERE job_key = 'w1'").Scan(&state); err != nil || state != "running" {
 		t.Fatalf("after 4 s of heartbeats under a 2 s timeout: %s %v", state, err)
 	}
-	resp, err := http.Get(api + "/v1/jobs/work/w1")
+	resp, err = http.Get(api + "/v1/jobs/work/w1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -219,8 +226,13 @@ job_types:
 		t.Errorf("a body that is not JSON: %d, want 400", code)
 	}
 	// Cancelled: the next beat says so.
-	if resp, err := http.Post(api+"/v1/jobs/work/w1/cancel", "", nil); err != nil || resp.StatusCode != http.StatusOK {
-		t.Fatalf("cancel: %v %v", resp, err)
+	resp, err = http.Post(api+"/v1/jobs/work/w1/cancel", "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("cancel: %d", resp.StatusCode)
 	}
 	code, out := post(hb, ``)
 	if code != http.StatusOK || out["accepted"] != false || out["cancelled"] != true || out["state"] != "final" {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/hipq/hipq/correlator"
+	"github.com/hipq/hipq/internal/testutil"
 )
 
 // The HTTP side end to end: a job enqueued through the API is sent to an
@@ -59,7 +60,7 @@ job_types:
 `, apiAddr, apiAddr, token, strings.Repeat("S", 32), downstream.URL))
 	a := e.start(cfg)
 	var status int
-	eventually(t, 10*time.Second, "API up", func() (bool, string) {
+	testutil.Eventually(t, 10*time.Second, func() (bool, string) {
 		req, _ := http.NewRequest(http.MethodPut, "http://"+apiAddr+"/v1/jobs/label.print/p1", strings.NewReader(`{"job_data": {"sku": 7}}`))
 		req.Header.Set("Authorization", "Bearer "+token)
 		resp, err := http.DefaultClient.Do(req)
@@ -69,18 +70,18 @@ job_types:
 		resp.Body.Close()
 		status = resp.StatusCode
 		return true, ""
-	})
+	}, "API up")
 	if status != http.StatusCreated {
 		t.Fatalf("enqueue answered %d", status)
 	}
-	eventually(t, 20*time.Second, "job finalized by its callback", func() (bool, string) {
+	testutil.Eventually(t, 20*time.Second, func() (bool, string) {
 		j, err := a.st.JobGet(context.Background(), "label.print", "p1")
 		if err != nil {
 			return false, err.Error()
 		}
 		return j.Outcome == correlator.OutcomeSucceeded && string(j.Result) == `{"label": "L-1"}`,
 			fmt.Sprintf("%s %s %s", j.State, j.Outcome, j.Result)
-	})
+	}, "job finalized by its callback")
 	if p := <-calls; p != "/labels/p1" {
 		t.Fatalf("downstream called at %s", p)
 	}

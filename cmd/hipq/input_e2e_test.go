@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/hipq/hipq/internal/kafkatest"
+	"github.com/hipq/hipq/internal/testutil"
 )
 
 func randomLetters(n int) string {
@@ -71,16 +72,16 @@ func TestUnlistedErrorsNeverStallAPartition(t *testing.T) {
 		&kgo.Record{Topic: topic, Partition: 0, Value: []byte(jobReq("p0-after"))},
 		&kgo.Record{Topic: topic, Partition: 1, Value: []byte(jobReq("p1-after"))},
 	)
-	eventually(t, 20*time.Second, "the records around the refused ones stored", func() (bool, string) {
+	testutil.Eventually(t, 20*time.Second, func() (bool, string) {
 		n := e.countJobs(a, "job_key IN ('p0-before', 'p0-after', 'p1-after')")
 		return n == 3, fmt.Sprintf("%d of 3 jobs", n)
-	})
-	eventually(t, 10*time.Second, "both refused records dead-lettered", func() (bool, string) {
+	}, "the records around the refused ones stored")
+	testutil.Eventually(t, 10*time.Second, func() (bool, string) {
 		n := e.scalar(a, `SELECT count(*) FROM hipq_dead_letter WHERE
 			(reason LIKE 'too_large: job_key: 20480 bytes is more than the limit of 1024%' AND kafka_offset = 1) OR
 			(reason LIKE 'rejected: PostgreSQL refused it: %a limit nobody listed%' AND kafka_offset = 2)`)
 		return n == 2, fmt.Sprintf("%d of 2", n)
-	})
+	}, "both refused records dead-lettered")
 }
 
 // Issue 9.2: a record dead-lettered with a header whose name holds a NUL
@@ -104,11 +105,11 @@ func TestHeadersPostgreSQLCannotStoreAsText(t *testing.T) {
 		&kgo.Record{Topic: replies, Partition: 1, Value: []byte(`{"status":"ok"}`), Headers: []kgo.RecordHeader{
 			{Key: "hipq-job-type", Value: []byte("nope")}, {Key: "hipq-job-key", Value: []byte("after-1")}}},
 	)
-	eventually(t, 20*time.Second, "the records after the bad ones applied", func() (bool, string) {
+	testutil.Eventually(t, 20*time.Second, func() (bool, string) {
 		j := e.countJobs(a, "job_key IN ('after-0', 'after-1')")
 		r := e.scalar(a, `SELECT count(*) FROM hipq_dead_letter WHERE source = 'reply'`)
 		return j == 2 && r == 3, fmt.Sprintf("%d of 2 jobs, %d of 3 reply dead letters", j, r)
-	})
+	}, "the records after the bad ones applied")
 	for _, src := range []string{"intake", "reply"} {
 		var id int64
 		if err := a.st.Pool().QueryRow(context.Background(), `SELECT id FROM hipq_dead_letter WHERE source = $1 AND kafka_offset = 0
@@ -146,7 +147,7 @@ func TestAbortedTransactionsAreNotRead(t *testing.T) {
 	ctx := context.Background()
 	// A job to reply to, applied first.
 	e.produce("jobs", jobReq("target"))
-	eventually(t, 20*time.Second, "the target job", func() (bool, string) { return e.countJobs(a, "job_key = 'target'") == 1, "" })
+	testutil.Eventually(t, 20*time.Second, func() (bool, string) { return e.countJobs(a, "job_key = 'target'") == 1, "" }, "the target job")
 	send := func(commit bool, recs ...*kgo.Record) {
 		if err := tx.BeginTransaction(); err != nil {
 			t.Fatal(err)
@@ -167,11 +168,11 @@ func TestAbortedTransactionsAreNotRead(t *testing.T) {
 	}
 	send(false, &kgo.Record{Topic: jobs, Partition: 0, Value: []byte(jobReq("aborted"))}, reply("aborted-reply"))
 	send(true, &kgo.Record{Topic: jobs, Partition: 0, Value: []byte(jobReq("committed"))}, reply("committed-reply"))
-	eventually(t, 20*time.Second, "the committed records applied", func() (bool, string) {
+	testutil.Eventually(t, 20*time.Second, func() (bool, string) {
 		j := e.countJobs(a, "job_key = 'committed'")
 		r := e.scalar(a, `SELECT count(*) FROM hipq_early_reply WHERE job_key = 'committed-reply'`)
 		return j == 1 && r == 1, fmt.Sprintf("job %d, early reply %d", j, r)
-	})
+	}, "the committed records applied")
 	if n := e.countJobs(a, "job_key = 'aborted'"); n != 0 {
 		t.Fatalf("an aborted intake record became a job")
 	}
@@ -195,14 +196,14 @@ func TestShortSessionTimeoutKeepsTheGroup(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- a.run(ctx) }()
-	defer func() { cancel(); <-done; a.close() }()
+	defer func() { cancel(); _ = <-done; a.close() }()
 	e.produce("jobs", jobReq("first"))
-	eventually(t, 20*time.Second, "the first job", func() (bool, string) { return e.countJobs(a, "job_key = 'first'") == 1, "" })
+	testutil.Eventually(t, 20*time.Second, func() (bool, string) { return e.countJobs(a, "job_key = 'first'") == 1, "" }, "the first job")
 	// Three session timeouts: a member heartbeating every 3s would have
 	// been dropped and rejoined by now.
 	time.Sleep(10 * time.Second)
 	e.produce("jobs", jobReq("second"))
-	eventually(t, 20*time.Second, "the second job", func() (bool, string) { return e.countJobs(a, "job_key = 'second'") == 1, "" })
+	testutil.Eventually(t, 20*time.Second, func() (bool, string) { return e.countJobs(a, "job_key = 'second'") == 1, "" }, "the second job")
 	if n := logs.FilterMessage("partitions assigned").Len(); n != 1 {
 		t.Fatalf("%d assignments, want 1: the member was dropped from the group", n)
 	}

@@ -157,7 +157,7 @@ func cmdRun(args []string, stderr io.Writer) error {
 		return err
 	}
 	log := newLogger(cfg.Log.Level, cfg.Log.Format, stderr)
-	defer log.Sync()                                      //nolint:errcheck
+	defer log.Sync()                                      //nolint:errcheck // it fails on terminals and pipes, and at exit there is no one to tell
 	if path := os.Getenv("HIPQ_CPUPROFILE"); path != "" { // hipq bench --cpuprofile
 		f, err := os.Create(path)
 		if err != nil {

@@ -21,6 +21,7 @@ import (
 	"github.com/hipq/hipq/correlator"
 	"github.com/hipq/hipq/internal/kafkatest"
 	"github.com/hipq/hipq/internal/pgtest"
+	"github.com/hipq/hipq/internal/testutil"
 )
 
 // TestMain doubles as `hipq` for the crash tests: with HIPQ_TEST_MAIN set
@@ -88,21 +89,6 @@ func (e *env) start(cfg *config.Config, roles ...string) *app {
 	return a
 }
 
-// eventually polls cond until it holds or the deadline passes.
-func eventually(t *testing.T, within time.Duration, what string, cond func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	var last string
-	for time.Now().Before(deadline) {
-		var ok bool
-		if ok, last = cond(); ok {
-			return
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	t.Fatalf("%s: not within %v (last: %s)", what, within, last)
-}
-
 func (e *env) countJobs(a *app, where string) int {
 	e.t.Helper()
 	var n int
@@ -154,14 +140,14 @@ sweeper:`, addr, strings.Repeat("S", 32), extra), 1), "http://" + addr
 // waitAPI waits until the API at url answers.
 func waitAPI(t *testing.T, url string) {
 	t.Helper()
-	eventually(t, 10*time.Second, "the API", func() (bool, string) {
+	testutil.Eventually(t, 10*time.Second, func() (bool, string) {
 		resp, err := http.Get(url + "/healthz")
 		if err != nil {
 			return false, err.Error()
 		}
 		resp.Body.Close()
 		return true, ""
-	})
+	}, "the API")
 }
 
 func jobReq(key string) string {

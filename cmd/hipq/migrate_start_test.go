@@ -4,6 +4,8 @@ import (
 	"context"
 	"testing"
 	"time"
+
+	"github.com/hipq/hipq/internal/testutil"
 )
 
 // Migrations run as long as they need at start: the start timeout bounds
@@ -40,12 +42,12 @@ func TestMigrationsOutlastTheStartTimeout(t *testing.T) {
 	}()
 	// The second start's migration waits for the lock; hold it past the
 	// start timeout, then let go.
-	eventually(t, 10*time.Second, "the migration waiting for the lock", func() (bool, string) {
+	testutil.Eventually(t, 10*time.Second, func() (bool, string) {
 		var n int
 		err := db.QueryRow(ctx, `SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation
 			WHERE c.relname = 'hipq_schema_migration' AND NOT l.granted`).Scan(&n)
 		return err == nil && n > 0, "no waiter"
-	})
+	}, "the migration waiting for the lock")
 	waited := time.Now()
 	time.Sleep(timeout + 500*time.Millisecond) // the scenario: a migration longer than the start timeout
 	if err := tx.Commit(ctx); err != nil {

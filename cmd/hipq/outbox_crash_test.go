@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"os/exec"
 	"sync"
@@ -12,6 +13,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/hipq/hipq/internal/testutil"
 )
 
 // writeOutbox is an application writing the outbox in transactions of 50
@@ -32,15 +35,11 @@ func writeOutbox(ctx context.Context, db *pgxpool.Pool, stop *atomic.Bool, writt
 // waitOutboxDrained waits until the outbox is empty and n jobs exist.
 func waitOutboxDrained(t *testing.T, db *pgxpool.Pool, n int, p *proc) {
 	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for time.Now().Before(deadline) {
-		if scalarInt(t, db, "SELECT count(*) FROM hipq_intake") == 0 && scalarInt(t, db, "SELECT count(*) FROM hipq_job") >= n {
-			return
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Fatalf("the outbox was not drained into %d jobs (%d rows left, %d jobs); hipq said:\n%s", n,
-		scalarInt(t, db, "SELECT count(*) FROM hipq_intake"), scalarInt(t, db, "SELECT count(*) FROM hipq_job"), p.output())
+	defer p.logOnFailure(t)
+	testutil.Eventually(t, 60*time.Second, func() (bool, string) {
+		left, jobs := scalarInt(t, db, "SELECT count(*) FROM hipq_intake"), scalarInt(t, db, "SELECT count(*) FROM hipq_job")
+		return left == 0 && jobs >= n, fmt.Sprintf("%d rows left, %d jobs", left, jobs)
+	}, "the outbox to be drained into %d jobs", n)
 }
 
 // Issue 12: hipq killed with SIGKILL while draining the outbox — inside a

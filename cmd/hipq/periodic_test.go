@@ -17,6 +17,7 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/hipq/hipq/config"
+	"github.com/hipq/hipq/internal/testutil"
 )
 
 // periodicConfig: one schedule every 2 s whose key is its tick's Unix time.
@@ -156,9 +157,9 @@ func TestPeriodicCatchUp(t *testing.T) {
 			e := newEnv(t, "replies", "requests")
 			cfg := e.config(strings.Replace(periodicConfig, "CATCHUP", policy, 1))
 			a, stop := e.startStoppable(cfg, "sweeper")
-			eventually(t, 10*time.Second, "a first tick", func() (bool, string) {
+			testutil.Eventually(t, 10*time.Second, func() (bool, string) {
 				return len(e.tickKeys(a)) > 0, ""
-			})
+			}, "a first tick")
 			stop()
 			last := e.lastFire(a)
 			// Wait out three ticks; start again well clear of a tick, so
@@ -174,10 +175,10 @@ func TestPeriodicCatchUp(t *testing.T) {
 				time.Sleep(20 * time.Millisecond)
 			}
 			b, stop := e.startStoppable(cfg, "sweeper")
-			eventually(t, 10*time.Second, "the catch-up look", func() (bool, string) {
+			testutil.Eventually(t, 10*time.Second, func() (bool, string) {
 				l := e.lastFire(b)
 				return !l.Before(last.Add(6 * time.Second)), l.String()
-			})
+			}, "the catch-up look")
 			stop()
 			var missed []int64
 			for _, k := range e.tickKeys(b) {
@@ -202,9 +203,9 @@ func TestPeriodicFinalTickDoesNotRefire(t *testing.T) {
 	e := newEnv(t, "replies", "requests")
 	cfg := e.config(strings.Replace(periodicConfig, "CATCHUP", "all", 1))
 	a, stop := e.startStoppable(cfg, "sweeper")
-	eventually(t, 10*time.Second, "a first tick", func() (bool, string) {
+	testutil.Eventually(t, 10*time.Second, func() (bool, string) {
 		return len(e.tickKeys(a)) > 0, ""
-	})
+	}, "a first tick")
 	stop()
 	first := e.tickKeys(a)[0]
 	if _, err := e.pool().Exec(context.Background(),
@@ -212,9 +213,9 @@ func TestPeriodicFinalTickDoesNotRefire(t *testing.T) {
 		t.Fatal(err)
 	}
 	b, stop := e.startStoppable(cfg, "sweeper")
-	eventually(t, 10*time.Second, "the next tick", func() (bool, string) {
+	testutil.Eventually(t, 10*time.Second, func() (bool, string) {
 		return e.lastFire(b).Unix() > first+2, e.lastFire(b).String()
-	})
+	}, "the next tick")
 	stop()
 	n := 0
 	for _, k := range e.tickKeys(b) {
@@ -248,15 +249,15 @@ func TestPeriodicAPI(t *testing.T) {
 		}
 		return out
 	}
-	eventually(t, 10*time.Second, "a first tick", func() (bool, string) {
+	testutil.Eventually(t, 10*time.Second, func() (bool, string) {
 		return len(e.tickKeys(a)) > 0, ""
-	})
+	}, "a first tick")
 	post("/v1/schedules/every2/pause", http.StatusOK)
 	paused := len(e.tickKeys(a))
 	pausedAt := e.dbNow(a)
-	eventually(t, 10*time.Second, "ticks passing while paused", func() (bool, string) {
+	testutil.Eventually(t, 10*time.Second, func() (bool, string) {
 		return e.dbNow(a).Sub(pausedAt) > 5*time.Second, ""
-	})
+	}, "ticks passing while paused")
 	if n := len(e.tickKeys(a)); n != paused {
 		t.Errorf("%d jobs while paused, had %d", n, paused)
 	}
@@ -271,9 +272,9 @@ func TestPeriodicAPI(t *testing.T) {
 		t.Errorf("schedules list: %v\n%s", err, out.String())
 	}
 	post("/v1/schedules/every2/resume", http.StatusOK)
-	eventually(t, 10*time.Second, "a tick after resuming", func() (bool, string) {
+	testutil.Eventually(t, 10*time.Second, func() (bool, string) {
 		return len(e.tickKeys(a)) > paused, ""
-	})
+	}, "a tick after resuming")
 	for _, k := range e.tickKeys(a) {
 		if k > pausedAt.Unix()+1 && k < pausedAt.Unix()+5 {
 			t.Errorf("tick %d of the paused time fired after resuming", k)

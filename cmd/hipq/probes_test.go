@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"testing"
 	"time"
+
+	"github.com/hipq/hipq/internal/testutil"
 )
 
 // An instance without an api section serves /metrics, /healthz and
@@ -40,7 +42,7 @@ func TestProbesWithoutAPI(t *testing.T) {
 	if code, body := get("/healthz"); code != http.StatusOK {
 		t.Fatalf("/healthz: %d %s", code, body)
 	}
-	eventually(t, 10*time.Second, "/readyz", func() (bool, string) {
+	testutil.Eventually(t, 10*time.Second, func() (bool, string) {
 		code, body := get("/readyz")
 		var out struct {
 			Ready  bool
@@ -48,7 +50,7 @@ func TestProbesWithoutAPI(t *testing.T) {
 		}
 		_ = json.Unmarshal(body, &out)
 		return code == http.StatusOK && out.Ready && out.Checks["postgres"] == "ok" && out.Checks["kafka"] == "ok", string(body)
-	})
+	}, "/readyz")
 	code, body := get("/metrics")
 	if code != http.StatusOK {
 		t.Fatalf("/metrics: %d %s", code, body)

@@ -10,6 +10,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/hipq/hipq/internal/testutil"
 )
 
 // arrivals is an HTTP downstream that notes when each request arrives.
@@ -85,22 +87,22 @@ func TestRateLimitAcrossInstances(t *testing.T) {
 		jobs = append(jobs, fmt.Sprintf(`{"job_type":"ping","job_key":"p%02d"}`, i))
 	}
 	e.produce("jobs", jobs...)
-	eventually(t, 40*time.Second, "30 arrivals", func() (bool, string) {
+	testutil.Eventually(t, 40*time.Second, func() (bool, string) {
 		n := len(down.of("/ping"))
 		return n >= 30, fmt.Sprint(n)
-	})
+	}, "30 arrivals")
 	ts := down.of("/ping")
 	if most := mostInWindow(ts, 2*time.Second); most > 5 {
 		t.Errorf("%d requests arrived within 2 s; the limit is 5 per 2 s", most)
 	}
 	t.Logf("30 requests in %v", ts[len(ts)-1].Sub(ts[0]))
-	eventually(t, 10*time.Second, "30 jobs succeeded", func() (bool, string) {
+	testutil.Eventually(t, 10*time.Second, func() (bool, string) {
 		var n int
 		if err := e.pool().QueryRow(context.Background(), "SELECT count(*) FROM hipq_job WHERE outcome = 'succeeded'").Scan(&n); err != nil {
 			return false, err.Error()
 		}
 		return n == 30, fmt.Sprint(n)
-	})
+	}, "30 jobs succeeded")
 }
 
 // Tenant A with 200 jobs and B with 5, each limited 2/s by /tenant: B's
@@ -126,9 +128,9 @@ func TestRateLimitPerTenant(t *testing.T) {
 		sort.Slice(out, func(i, j int) bool { return out[i].Before(out[j]) })
 		return out
 	}
-	eventually(t, 15*time.Second, "B's 5 jobs sent", func() (bool, string) {
+	testutil.Eventually(t, 15*time.Second, func() (bool, string) {
 		return len(bDone()) == 5, fmt.Sprint(len(bDone()))
-	})
+	}, "B's 5 jobs sent")
 	b := bDone()
 	t.Logf("B done %v after the first of its jobs was sent, %v after the produce", b[4].Sub(b[0]), b[4].Sub(start))
 	if b[4].Sub(b[0]) > 3500*time.Millisecond {

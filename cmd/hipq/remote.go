@@ -181,7 +181,7 @@ func jobPath(typ, key string, suffix string) string {
 
 func cmdJobs(args []string, stdout io.Writer) error {
 	if len(args) == 0 {
-		return &exitError{2, errors.New("jobs: want get, list, cancel or replay\n\n" + remoteUsage)}
+		return &exitError{2, errors.New("jobs: want get, list, cancel or replay\n\n" + remoteUsage)} //nolint:staticcheck // ST1005: the message is the usage text, printed as it is
 	}
 	sub, args := args[0], args[1:]
 	fs := flag.NewFlagSet("jobs "+sub, flag.ContinueOnError)

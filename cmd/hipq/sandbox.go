@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -126,7 +127,7 @@ func (r *responder) run(ctx context.Context) {
 			var headers []kgo.RecordHeader
 			for _, h := range rec.Headers {
 				if h.Key == correlator.HeaderAttempt {
-					fmt.Sscan(string(h.Value), &attempt)
+					attempt, _ = strconv.Atoi(string(h.Value))
 				}
 				if strings.HasPrefix(h.Key, "hipq-") {
 					headers = append(headers, h)

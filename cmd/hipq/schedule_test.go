@@ -9,6 +9,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/hipq/hipq/internal/testutil"
 )
 
 // schedConfig has one throttled queue with shares (limit 6: east, west and
@@ -146,10 +148,10 @@ func TestThrottleAcrossTwoInstances(t *testing.T) {
 	// Heavier than its partition's cap of 2: it could never run, so it is refused.
 	reqs = append(reqs, schedJob("heavy", "too-heavy", "east", `,"throttle_factor":3`))
 	e.produce("jobs", reqs...)
-	eventually(t, 60*time.Second, "all jobs final", func() (bool, string) {
+	testutil.Eventually(t, 60*time.Second, func() (bool, string) {
 		n := e.countJobs(a, "state = 'final' AND outcome = 'succeeded'")
 		return n == 80, fmt.Sprintf("%d succeeded", n)
-	})
+	}, "all jobs final")
 	peaks := s.finish(t)
 	if !slices.Equal(peaks, []int{6, 2, 2, 2}) {
 		t.Errorf("peaks %v: the limits were never reached, so the test proved little", peaks)
@@ -186,10 +188,10 @@ func TestCriticalAndMaxConcurrency(t *testing.T) {
 		reqs = append(reqs, schedJob("capped", fmt.Sprintf("cap-%d", i), "", ""))
 	}
 	e.produce("jobs", reqs...)
-	eventually(t, 30*time.Second, "capped jobs done", func() (bool, string) {
+	testutil.Eventually(t, 30*time.Second, func() (bool, string) {
 		n := e.countJobs(a, "job_type = 'capped' AND outcome = 'succeeded'")
 		return n == 12, fmt.Sprintf("%d capped succeeded", n)
-	})
+	}, "capped jobs done")
 	if peaks := s.finish(t); peaks[0] != 2 {
 		t.Errorf("capped peaked at %d running, want its cap 2 reached", peaks[0])
 	}
@@ -197,20 +199,20 @@ func TestCriticalAndMaxConcurrency(t *testing.T) {
 	// Fill the queue: 3 heavy jobs (weight 6) in three partitions that never get a reply.
 	e.produce("jobs", schedJob("heavy", "block-e", "east", ""), schedJob("heavy", "block-w", "west", ""),
 		schedJob("heavy", "block-n", "north", ""))
-	eventually(t, 20*time.Second, "queue full", func() (bool, string) {
+	testutil.Eventually(t, 20*time.Second, func() (bool, string) {
 		n := e.countJobs(a, "state = 'running'")
 		return n == 3, fmt.Sprintf("%d running", n)
-	})
+	}, "queue full")
 	reqs = nil
 	for i := range 10 {
 		reqs = append(reqs, schedJob("crit", fmt.Sprintf("crit-%d", i), "east", ""))
 	}
 	reqs = append(reqs, schedJob("light", "waits", "south", ""))
 	e.produce("jobs", reqs...)
-	eventually(t, 30*time.Second, "critical jobs done beside a full queue", func() (bool, string) {
+	testutil.Eventually(t, 30*time.Second, func() (bool, string) {
 		n := e.countJobs(a, "job_type = 'crit' AND outcome = 'succeeded'")
 		return n == 10, fmt.Sprintf("%d critical succeeded", n)
-	})
+	}, "critical jobs done beside a full queue")
 	if n := e.countJobs(a, "job_key = 'waits' AND state = 'initial'"); n != 1 {
 		t.Errorf("a light job ran although the queue was full")
 	}
@@ -234,20 +236,20 @@ func TestDispatchOrder(t *testing.T) {
 		reqs = append(reqs, schedJob("timed", fmt.Sprintf("t%d", p), "", fmt.Sprintf(`,"priority":%d%s`, 100-p, sched(p))))
 	}
 	e.produce("jobs", reqs...)
-	eventually(t, 20*time.Second, "jobs stored", func() (bool, string) {
+	testutil.Eventually(t, 20*time.Second, func() (bool, string) {
 		n := e.countJobs(in, "true")
 		return n == 12, fmt.Sprintf("%d jobs", n)
-	})
+	}, "jobs stored")
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	e.respond(ctx, "requests", "replies", func(string, int) (string, bool) { return "succeeded", true })
 	e.start(cfg, "dispatcher", "responses")
-	eventually(t, 30*time.Second, "all jobs final", func() (bool, string) {
+	testutil.Eventually(t, 30*time.Second, func() (bool, string) {
 		n := e.countJobs(in, "outcome = 'succeeded'")
 		var left string
 		_ = in.st.Pool().QueryRow(ctx, "SELECT string_agg(job_key || ':' || state || ':' || scheduled_run_time::text, ',') FROM hipq_job WHERE outcome IS DISTINCT FROM 'succeeded'").Scan(&left)
 		return n == 12, fmt.Sprintf("%d succeeded; left %s", n, left)
-	})
+	}, "all jobs final")
 	order := func(typ string) []string {
 		rows, err := in.st.Pool().Query(ctx, `SELECT j.job_key FROM hipq_attempt a JOIN hipq_job j ON j.id = a.job_id
 			WHERE j.job_type = $1 ORDER BY a.dispatched_at`, typ)

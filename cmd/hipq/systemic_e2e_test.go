@@ -13,6 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/hipq/hipq/correlator"
+	"github.com/hipq/hipq/internal/testutil"
 )
 
 const systemicConfig = `
@@ -86,10 +87,10 @@ func TestRevokedPrivilegeStallsEveryConsumer(t *testing.T) {
 		pre = append(pre, &kgo.Record{Topic: jobs, Partition: int32(i % 2), Value: []byte(jobReq(fmt.Sprintf("pre-%d", i)))})
 	}
 	e.produceTo(pre...)
-	eventually(t, 30*time.Second, "the first jobs sent", func() (bool, string) {
+	testutil.Eventually(t, 30*time.Second, func() (bool, string) {
 		n := e.adminScalar(`SELECT count(*) FROM hipq_job WHERE state = 'running'`)
 		return n == 6, fmt.Sprintf("%d of 6 running", n)
-	})
+	}, "the first jobs sent")
 	ids := map[string]int64{}
 	for i := range 6 {
 		j, err := a.st.JobGet(ctx, "e2e", fmt.Sprintf("pre-%d", i))
@@ -136,7 +137,7 @@ func TestRevokedPrivilegeStallsEveryConsumer(t *testing.T) {
 		}
 	}
 	groups := []string{"sys-intake", "sys-responses", "outbox"}
-	eventually(t, 60*time.Second, "every consumer stalled", func() (bool, string) {
+	testutil.Eventually(t, 60*time.Second, func() (bool, string) {
 		m := scrape(t, a.metrics.Handler())
 		var got []string
 		for _, g := range groups {
@@ -144,7 +145,7 @@ func TestRevokedPrivilegeStallsEveryConsumer(t *testing.T) {
 		}
 		s := strings.Join(got, " ")
 		return !strings.Contains(s, "=0"), s
-	})
+	}, "every consumer stalled")
 	resp, err := http.Get(apiURL + "/readyz")
 	if err != nil {
 		t.Fatal(err)
@@ -171,19 +172,19 @@ func TestRevokedPrivilegeStallsEveryConsumer(t *testing.T) {
 			t.Fatalf("callback %s once restored: %d %s", key, code, body)
 		}
 	}
-	eventually(t, 90*time.Second, "every record applied once the privileges are back", func() (bool, string) {
+	testutil.Eventually(t, 90*time.Second, func() (bool, string) {
 		mid := e.adminScalar(`SELECT count(*) FROM hipq_job WHERE job_key LIKE 'mid-%' OR job_key LIKE 'box-%'`)
 		done := e.adminScalar(`SELECT count(*) FROM hipq_job WHERE job_key LIKE 'pre-%' AND state = 'final' AND outcome = 'succeeded'`)
 		left := e.adminScalar(`SELECT count(*) FROM hipq_intake`)
 		return mid == 7 && done == 6 && left == 0, fmt.Sprintf("%d of 7 new jobs, %d of 6 replied, %d outbox rows left", mid, done, left)
-	})
+	}, "every record applied once the privileges are back")
 	if n := e.adminScalar(`SELECT count(*) FROM (SELECT job_key FROM hipq_job GROUP BY job_key HAVING count(*) > 1) d`); n != 0 {
 		t.Fatalf("%d keys with more than one job", n)
 	}
 	if n := e.adminScalar(`SELECT count(*) FROM hipq_attempt WHERE replied_at IS NOT NULL`); n != 6 {
 		t.Fatalf("%d attempts replied, want 6", n)
 	}
-	eventually(t, 30*time.Second, "the stalls over", func() (bool, string) {
+	testutil.Eventually(t, 30*time.Second, func() (bool, string) {
 		m := scrape(t, a.metrics.Handler())
 		var got []string
 		for _, g := range groups {
@@ -196,7 +197,7 @@ func TestRevokedPrivilegeStallsEveryConsumer(t *testing.T) {
 		resp.Body.Close()
 		s := strings.Join(got, " ")
 		return !strings.Contains(s, "=1") && resp.StatusCode == http.StatusOK, fmt.Sprintf("%s, /readyz %d", s, resp.StatusCode)
-	})
+	}, "the stalls over")
 	m := scrape(t, a.metrics.Handler())
 	wantMetrics(t, m, map[string]float64{
 		`hipq_intake_records_total{result="accepted",source="kafka"}`:  10,

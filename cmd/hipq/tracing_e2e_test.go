@@ -20,6 +20,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/hipq/hipq/correlator"
+	"github.com/hipq/hipq/internal/testutil"
 )
 
 // span is what the test collector keeps of one exported span.
@@ -130,14 +131,14 @@ func TestTraceAcrossTheLoop(t *testing.T) {
 	recs = append(recs, &kgo.Record{Topic: e.kafka.Topic("jobs"), Value: []byte(`{"job_type":"nope","job_key":"x"}`),
 		Headers: []kgo.RecordHeader{{Key: "traceparent", Value: []byte("00-" + deadTrace + "-00f067aa0ba902b7-01")}}})
 	e.kafka.Produce(recs...)
-	eventually(t, 30*time.Second, "the jobs", func() (bool, string) {
+	testutil.Eventually(t, 30*time.Second, func() (bool, string) {
 		n := e.countJobs(first, "job_key IN ('traced-ok', 'traced-retry', 'traced-silent', 'bad-traceparent')")
 		return n == 4, fmt.Sprint(n)
-	})
-	eventually(t, 30*time.Second, "the dead letter", func() (bool, string) {
+	}, "the jobs")
+	testutil.Eventually(t, 30*time.Second, func() (bool, string) {
 		n := e.scalar(first, `SELECT count(*) FROM hipq_dead_letter`)
 		return n == 1, fmt.Sprint(n)
-	})
+	}, "the dead letter")
 	stop()
 	if err := <-done; err != nil {
 		t.Fatal(err)
@@ -189,15 +190,15 @@ func TestTraceAcrossTheLoop(t *testing.T) {
 		}
 	}()
 	second := e.start(e.config(text), "dispatcher", "responses", "sweeper")
-	eventually(t, 60*time.Second, "the jobs to succeed", func() (bool, string) {
+	testutil.Eventually(t, 60*time.Second, func() (bool, string) {
 		n := e.countJobs(second, "outcome = 'succeeded'")
 		return n == 3, fmt.Sprint(n)
-	})
+	}, "the jobs to succeed")
 
-	eventually(t, 30*time.Second, "a timeout of traced-silent", func() (bool, string) {
+	testutil.Eventually(t, 30*time.Second, func() (bool, string) {
 		n := len(col.find(func(s span) bool { return s.name == "timeout" && s.traceID == intakeTrace }))
 		return n >= 1, fmt.Sprint(n)
-	})
+	}, "a timeout of traced-silent")
 	mu.Lock()
 	parents := map[string][]string{}
 	for k, v := range requestParents {
@@ -222,7 +223,7 @@ func TestTraceAcrossTheLoop(t *testing.T) {
 		t.Errorf("a job with an invalid traceparent: request traceparents %v, want one trace of its own", p)
 	}
 
-	eventually(t, 30*time.Second, "the spans", func() (bool, string) {
+	testutil.Eventually(t, 30*time.Second, func() (bool, string) {
 		sends := col.find(func(s span) bool {
 			return strings.HasPrefix(s.name, "send ") && s.traceID == intakeTrace && s.parentID == intakeSpan
 		})
@@ -230,7 +231,7 @@ func TestTraceAcrossTheLoop(t *testing.T) {
 		timeouts := col.find(func(s span) bool { return s.name == "timeout" && s.traceID == intakeTrace })
 		return len(sends) >= 4 && len(procs) == 3 && len(timeouts) >= 1,
 			fmt.Sprintf("%d send spans, %d process spans, %d timeouts in the trace", len(sends), len(procs), len(timeouts))
-	})
+	}, "the spans")
 	sendIDs := map[string]span{}
 	for _, s := range col.find(func(s span) bool { return strings.HasPrefix(s.name, "send ") && s.traceID == intakeTrace }) {
 		sendIDs[s.spanID] = s
@@ -330,14 +331,14 @@ func TestUnstorableTraceContextIsDropped(t *testing.T) {
 	put("api-parent-ff", future+"-\xff", "", future, "")
 	put("api-state-ff", valid, "k=\xff", valid, "")
 
-	eventually(t, 30*time.Second, "the dead letter of the refused record", func() (bool, string) {
+	testutil.Eventually(t, 30*time.Second, func() (bool, string) {
 		n := e.scalar(a, `SELECT count(*) FROM hipq_dead_letter WHERE reason LIKE 'rejected:%not yet%'`)
 		return n == 1, fmt.Sprintf("%d of 1", n)
-	})
-	eventually(t, 30*time.Second, "the other jobs", func() (bool, string) {
+	}, "the dead letter of the refused record")
+	testutil.Eventually(t, 30*time.Second, func() (bool, string) {
 		n := e.countJobs(a, "job_key <> 'replayed'")
 		return n == len(want)-1, fmt.Sprintf("%d of %d", n, len(want)-1)
-	})
+	}, "the other jobs")
 	if n := e.scalar(a, `SELECT count(*) FROM hipq_dead_letter`); n != 1 {
 		t.Fatalf("%d dead letters, want only the refused record's", n)
 	}

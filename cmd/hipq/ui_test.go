@@ -18,6 +18,7 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/hipq/hipq/internal/browsertest"
+	"github.com/hipq/hipq/internal/testutil"
 )
 
 const uiConfig = `
@@ -83,12 +84,12 @@ func TestDashboardInBrowser(t *testing.T) {
 	}
 	reqs = append(reqs, jobReq(xssKey), `{"job_type": "e2e", "job_key": 7}`)
 	e.produce("jobs", reqs...)
-	eventually(t, 30*time.Second, "the jobs settled (hang-2 waits: tenant a may run 2 of bulk's 4)", func() (bool, string) {
+	testutil.Eventually(t, 30*time.Second, func() (bool, string) {
 		f, r := e.countJobs(a, "state = 'final'"), e.countJobs(a, "state = 'running'")
 		var states string
 		_ = a.st.Pool().QueryRow(context.Background(), `SELECT string_agg(job_key || '=' || state, ' ') FROM hipq_job WHERE state <> 'final' OR job_key NOT LIKE 'ok-%'`).Scan(&states)
 		return f == 20 && r == 3, fmt.Sprintf("%d final, %d running: %s", f, r, states)
-	})
+	}, "the jobs settled (hang-2 waits: tenant a may run 2 of bulk's 4)")
 
 	tab := browser.Tab()
 	do := func(what string, steps ...chromedp.Action[chromedp.Void]) {
@@ -265,11 +266,11 @@ func TestDashboardInBrowser(t *testing.T) {
 	do("open the login page", chromedp.Navigate(base+"/login"))
 	do("type the token", chromedp.SendKeys(chromedp.CSS(`input[name=token]`), uiAdmin))
 	click("sign in", `form.login button`)
-	eventually(t, 30*time.Second, "the chart has traffic", func() (bool, string) {
+	testutil.Eventually(t, 30*time.Second, func() (bool, string) {
 		do("reload", chromedp.Navigate(base+"/"))
 		s := textOf("#queue-default .legend .sent")
 		return s != "sent 0", s
-	})
+	}, "the chart has traffic")
 	shot, err := chromedp.Run(tab.Ctx, chromedp.FullScreenshot(100))
 	if err != nil {
 		t.Fatal(err)

@@ -17,12 +17,11 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"go.uber.org/goleak"
 
 	"github.com/hipq/hipq/internal/localpg"
 	"github.com/hipq/hipq/store"
 )
-
-const template = "hipq_test_template"
 
 var (
 	once     sync.Once
@@ -36,14 +35,23 @@ var (
 	prefix   = fmt.Sprintf("hipq_t%d_", os.Getpid())
 )
 
-// Main runs the tests and then stops the cluster. Use it from TestMain.
-func Main(m *testing.M) {
+// Main runs the tests, stops the cluster, and then fails the run if a
+// goroutine is still running that the tests started (goleak): a test
+// must stop what it starts. opts are for goroutines a package knows to
+// outlive its tests. Use it from TestMain.
+func Main(m *testing.M, opts ...goleak.Option) {
 	code := m.Run()
 	if cluster != nil {
 		cluster.Stop()
 	}
 	if stopDB != nil {
 		stopDB()
+	}
+	if code == 0 {
+		if err := goleak.Find(opts...); err != nil {
+			fmt.Fprintf(os.Stderr, "goleak: goroutines left running after the tests passed: %v\n", err)
+			code = 1
+		}
 	}
 	os.Exit(code)
 }

@@ -8,11 +8,16 @@ package examplehipq
 import (
 	"flag"
 	"fmt"
+	"net/http"
 	"os"
 	"testing"
+
+	"go.uber.org/goleak"
 )
 
-// Main runs a package's tests, and its examples when a hipq is given.
+// Main runs a package's tests, and its examples when a hipq is given, and
+// then fails the run if a goroutine they started is still running
+// (goleak): a test or an example must stop what it starts.
 func Main(m *testing.M) {
 	flag.Parse()
 	if os.Getenv("HIPQ_EXAMPLE_API_URL") == "" && flag.Lookup("test.run").Value.String() == "" {
@@ -20,5 +25,16 @@ func Main(m *testing.M) {
 			"TestClientExamples (part of `make test`) starts and names in HIPQ_EXAMPLE_* variables")
 		_ = flag.Set("test.run", "^Test")
 	}
-	os.Exit(m.Run())
+	code := m.Run()
+	if code == 0 {
+		// The examples' calls go through http.DefaultClient, whose idle
+		// connections to the live hipq stay open for the next call, each
+		// with its two goroutines: they are the pool's, not a leak.
+		http.DefaultClient.CloseIdleConnections()
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintf(os.Stderr, "goleak: goroutines left running after the tests passed: %v\n", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
 }
