@@ -351,7 +351,7 @@ func (d *Dispatcher) round(ctx context.Context, q QueueConfig) (int, bool, error
 	d.mu.Lock()
 	full := d.backlog[q.Name]
 	d.mu.Unlock()
-	if !full && !limited(q.Throttle) {
+	if !full && !q.Throttle.Bounded() {
 		due, err := d.st.JobsDue(ctx, q.Name, types)
 		if err != nil {
 			d.log.Debug("probe for due jobs failed; claiming", zap.String("queue", q.Name), zap.Error(err))
@@ -487,7 +487,7 @@ func (d *Dispatcher) Reserve(queue string, jobTypes []string) *Reservation {
 		return nil
 	}
 	q := d.cfg.Queues[i]
-	if limited(q.Throttle) {
+	if q.Throttle.Bounded() {
 		return nil
 	}
 	open, _ := d.sendable(q)
@@ -517,12 +517,6 @@ func (d *Dispatcher) Reserve(queue string, jobTypes []string) *Reservation {
 	}
 	d.sends.Add(1) // Run's drain waits for what the reservation becomes
 	return &Reservation{d: d, n: k, types: types, queue: q}
-}
-
-// limited says whether a queue's claims are bounded by a limit of its own:
-// a throttle, per-type caps, rates.
-func limited(t correlator.Throttle) bool {
-	return t.Limit >= 1 || len(t.MaxConcurrency) > 0 || len(t.Rates) > 0
 }
 
 // Order is the order of the reservation's queue: the intake claims the

@@ -59,3 +59,37 @@ func TestRolesMeetInTheStore(t *testing.T) {
 		}
 	}
 }
+
+// "Bounded" (a queue whose claims count running jobs: a throttle, per-type
+// caps or rates) has one definition, correlator.Throttle.Bounded; no other
+// Go file writes the rule again.
+func TestBoundedIsDefinedOnce(t *testing.T) {
+	var found []string
+	err := filepath.WalkDir(filepath.Join("..", ".."), func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && (d.Name() == ".git" || d.Name() == "node_modules") {
+			return filepath.SkipDir
+		}
+		if d.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+			return nil
+		}
+		src, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		for i, line := range strings.Split(string(src), "\n") {
+			if strings.Contains(line, "Limit >= 1 ||") && strings.Contains(line, "len(") && strings.Contains(line, "MaxConcurrency") {
+				found = append(found, path+":"+strconv.Itoa(i+1))
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(found) != 1 || !strings.Contains(found[0], filepath.Join("correlator", "throttle.go")+":") {
+		t.Errorf("the rule of a bounded queue is written at %v; it belongs in correlator.Throttle.Bounded alone", found)
+	}
+}
