@@ -33,13 +33,11 @@ func blocksRead(t *testing.T, st *Store, f func(tx pgx.Tx) error) int64 {
 	return after - before
 }
 
-// A probe or a claim for some types costs its batch, whatever backlog
-// another type of the queue holds: beside 200,000 due jobs of a type that
-// cannot be sent (due before every other), the probe for another type and
-// the claim of its 10 due jobs, in either order, throttled or not, read a
-// few dozen blocks of hipq_job and its indexes, not the backlog.
-func TestDueReadsSkipOtherTypesBacklog(t *testing.T) {
-	t.Parallel()
+// stuckBacklog is a store whose queue q holds 200,000 due jobs of type
+// stuck, due an hour ago, and 10 of type t, due a minute ago, vacuumed and
+// analyzed.
+func stuckBacklog(t *testing.T) *Store {
+	t.Helper()
 	_, st := planStore(t)
 	ctx := context.Background()
 	if _, err := st.pool.Exec(ctx, `
@@ -53,6 +51,18 @@ func TestDueReadsSkipOtherTypesBacklog(t *testing.T) {
 	if _, err := st.pool.Exec(ctx, "VACUUM ANALYZE hipq_job"); err != nil {
 		t.Fatal(err)
 	}
+	return st
+}
+
+// A probe or a claim for some types costs its batch, whatever backlog
+// another type of the queue holds: beside 200,000 due jobs of a type that
+// cannot be sent (due before every other), the probe for another type and
+// the claim of its 10 due jobs, in either order, throttled or not, read a
+// few dozen blocks of hipq_job and its indexes, not the backlog.
+func TestDueReadsSkipOtherTypesBacklog(t *testing.T) {
+	t.Parallel()
+	st := stuckBacklog(t)
+	ctx := context.Background()
 	const most = 300 // (a walk of the backlog reads hundreds of thousands)
 	if n := blocksRead(t, st, func(tx pgx.Tx) error {
 		var due bool
@@ -85,18 +95,9 @@ func TestDueReadsSkipOtherTypesBacklog(t *testing.T) {
 // 200,000 due jobs, a claim of it and another type reads the other's.
 func TestClaimSkipsTypesWithFullWindows(t *testing.T) {
 	t.Parallel()
-	_, st := planStore(t)
+	st := stuckBacklog(t)
 	ctx := context.Background()
-	if _, err := st.pool.Exec(ctx, `
-		INSERT INTO hipq_job (queue, job_type, job_key, scheduled_run_time)
-		SELECT 'q', 'stuck', 'stuck' || i, now() - interval '1 hour' FROM generate_series(1, 200000) i;
-		INSERT INTO hipq_job (queue, job_type, job_key, scheduled_run_time)
-		SELECT 'q', 't', 'due' || i, now() - interval '1 minute' FROM generate_series(1, 10) i;
-		INSERT INTO hipq_rate_count (rate, part, n) VALUES ('t:stuck#0', '', 5);
-		`); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := st.pool.Exec(ctx, "VACUUM ANALYZE hipq_job"); err != nil {
+	if _, err := st.pool.Exec(ctx, "INSERT INTO hipq_rate_count (rate, part, n) VALUES ('t:stuck#0', '', 5)"); err != nil {
 		t.Fatal(err)
 	}
 	const rates = `[{"key": "t:stuck#0", "limit": 5, "secs": 3600, "type": "stuck", "path": null}]`
