@@ -105,12 +105,16 @@ func (c GroupConfig) rebalanceTimeout() time.Duration { return max(3*c.SessionTi
 
 // applier writes one batch of records, with their offset advances, in one
 // transaction: the effects of recs and the dead letters of refused. after
-// runs once it committed (dead-letter copies, logs).
+// runs once it committed (dead-letter copies, logs). With mustWrite, recs
+// must make a job or apply a reply (keep it early, move a deadline), else
+// nothing is written and the error is store.ErrNoWrite.
 type applier interface {
-	apply(ctx context.Context, recs []*kgo.Record, refused []refusal, adv []store.OffsetAdvance) (after func(), err error)
-	// writes reports whether rec, as decoded, makes more than a dead
-	// letter (a job, a reply to apply): only such a record can show
-	// whether the write a record before it was refused goes through.
+	apply(ctx context.Context, recs []*kgo.Record, refused []refusal, adv []store.OffsetAdvance, mustWrite bool) (after func(), err error)
+	// writes reports whether rec decodes to more than a dead letter (a
+	// job, a reply to match): only such a record may show whether the
+	// write a record before it was refused goes through, and only if it
+	// does write (mustWrite): a duplicate request, or a reply that turns
+	// out duplicate, stale or for a type not configured, writes nothing.
 	writes(rec *kgo.Record) bool
 }
 
@@ -427,7 +431,7 @@ func (g *group) applyRun(ctx context.Context, all, recs []*kgo.Record) error {
 		return nil
 	}
 	adv := g.advances(recs)
-	after, err := g.app.apply(ctx, recs, nil, adv)
+	after, err := g.app.apply(ctx, recs, nil, adv, false)
 	if refusedBy(ctx, err) {
 		if len(recs) > 1 {
 			half := len(recs) / 2
@@ -442,9 +446,11 @@ func (g *group) applyRun(ctx context.Context, all, recs []*kgo.Record) error {
 }
 
 // refusedBy reports whether err is PostgreSQL refusing a write for good
-// (not a lost offset race, not passing, not a shutdown).
+// (not a lost offset race, not a batch that had to write and did not,
+// not passing, not a shutdown).
 func refusedBy(ctx context.Context, err error) bool {
-	return err != nil && !errors.Is(err, store.ErrOffsetConflict) && !store.IsTransient(err) && ctx.Err() == nil
+	return err != nil && !errors.Is(err, store.ErrOffsetConflict) && !errors.Is(err, store.ErrNoWrite) &&
+		!store.IsTransient(err) && ctx.Err() == nil
 }
 
 // settle ends a write of recs with adv: on commit, it moves the stored
@@ -486,48 +492,46 @@ func (g *group) settle(ctx context.Context, recs []*kgo.Record, adv []store.Offs
 // (see stall.go): a refusal of its data dead-letters it; any other is
 // compared with the next record on its partition that writes more than a
 // dead letter, written in one transaction with rec's dead letter (and
-// with the records between them, dead letters all).
+// with the records between them, which write nothing).
 func (g *group) refused(ctx context.Context, all []*kgo.Record, rec *kgo.Record, cause error) error {
 	if store.IsDataError(cause) {
 		return g.deadLetter(ctx, rec, cause)
 	}
-	after := g.after(all, rec)
-	if after == nil {
-		if g.wait(rec, cause) {
+	var next []*kgo.Record // the records after rec on its partition
+	for _, r := range all {
+		if r.Topic == rec.Topic && r.Partition == rec.Partition && r.Offset > rec.Offset {
+			next = append(next, r)
+		}
+	}
+	for i, r := range next {
+		if !g.app.writes(r) {
+			continue
+		}
+		// r is compared with rec only if it does write: a record that
+		// writes nothing (a duplicate) rolls back and the next is tried.
+		after := next[:i+1]
+		recs := append([]*kgo.Record{rec}, after...)
+		adv := g.advances(recs)
+		done, err := g.app.apply(ctx, after, []refusal{{rec: rec, cause: cause}}, adv, true)
+		switch {
+		case errors.Is(err, store.ErrNoWrite):
+			continue
+		case err == nil:
+			g.logDeadLetter(rec, cause, "the record after it went through")
+			return g.settle(ctx, recs, adv, done, nil)
+		case !refusedBy(ctx, err):
+			return g.settle(ctx, recs, adv, done, err)
+		case store.SameRefusal(cause, err):
+			g.hold(rec, err, true)
 			return nil
 		}
+		// The record after it was refused otherwise: rec's refusal was its own.
 		return g.deadLetter(ctx, rec, cause)
 	}
-	recs := append([]*kgo.Record{rec}, after...)
-	adv := g.advances(recs)
-	done, err := g.app.apply(ctx, after, []refusal{{rec: rec, cause: cause}}, adv)
-	switch {
-	case err == nil:
-		g.logDeadLetter(rec, cause, "the record after it went through")
-		return g.settle(ctx, recs, adv, done, nil)
-	case !refusedBy(ctx, err):
-		return g.settle(ctx, recs, adv, done, err)
-	case store.SameRefusal(cause, err):
-		g.hold(rec, err, true)
+	if g.wait(rec, cause) {
 		return nil
 	}
-	// The record after it was refused otherwise: rec's refusal was its own.
 	return g.deadLetter(ctx, rec, cause)
-}
-
-// after is the records after rec on its partition in recs, up to the
-// first that writes more than a dead letter; nil when none does.
-func (g *group) after(recs []*kgo.Record, rec *kgo.Record) []*kgo.Record {
-	var out []*kgo.Record
-	for _, r := range recs {
-		if r.Topic == rec.Topic && r.Partition == rec.Partition && r.Offset > rec.Offset {
-			out = append(out, r)
-			if g.app.writes(r) {
-				return out
-			}
-		}
-	}
-	return nil
 }
 
 // wait decides for rec, refused alone with cause and with no record after
@@ -639,12 +643,12 @@ func (g *group) reportStalls() {
 func (g *group) deadLetter(ctx context.Context, rec *kgo.Record, cause error) error {
 	g.logDeadLetter(rec, cause, "")
 	adv := g.advances([]*kgo.Record{rec})
-	after, err := g.app.apply(ctx, nil, []refusal{{rec: rec, cause: cause}}, adv)
+	after, err := g.app.apply(ctx, nil, []refusal{{rec: rec, cause: cause}}, adv, false)
 	if refusedBy(ctx, err) {
 		g.log.Error("dead letter refused too; keeping it without its headers", zap.String("topic", rec.Topic),
 			zap.Int32("partition", rec.Partition), zap.Int64("offset", rec.Offset), zap.String("error", correlator.Clip(err.Error(), 1024)))
 		after, err = g.app.apply(ctx, nil, []refusal{{rec: rec, bare: true,
-			cause: fmt.Errorf("%w; its dead letter was refused with its headers: %v", cause, err)}}, adv)
+			cause: fmt.Errorf("%w; its dead letter was refused with its headers: %v", cause, err)}}, adv, false)
 	}
 	return g.settle(ctx, []*kgo.Record{rec}, adv, after, err)
 }

@@ -97,9 +97,9 @@ func (in *Intake) count(result string, n int) {
 	}
 }
 
-func (in *Intake) apply(ctx context.Context, recs []*kgo.Record, refused []refusal, adv []store.OffsetAdvance) (func(), error) {
+func (in *Intake) apply(ctx context.Context, recs []*kgo.Record, refused []refusal, adv []store.OffsetAdvance, mustWrite bool) (func(), error) {
 	now := time.Now()
-	b := store.IntakeBatch{Group: in.cfg.Group, Offsets: adv}
+	b := store.IntakeBatch{Group: in.cfg.Group, Offsets: adv, MustWrite: mustWrite}
 	var dups int
 	b.Jobs, b.DeadLetters, dups = reduceIntake(store.SourceIntake, len(recs), func(i int) (store.Source, *correlator.Job, error) {
 		src := source(recs[i])

@@ -179,17 +179,19 @@ func (o *Outbox) refused(ctx context.Context, all []int64, id int64, cause error
 		return o.poison(ctx, id, cause)
 	}
 	// The rows after it are taken one more at a time until one writes a
-	// job: only such a row shows whether the write refused goes through.
+	// job: only such a row shows whether the write refused goes through
+	// (a row that is a dead letter, or a request for a job that exists,
+	// rolls back with store.ErrNoWrite).
 	i := slices.Index(all, id)
 compare:
 	for j := i + 1; i >= 0 && j < len(all); j++ {
 		var dups int
 		ids := append([]int64{id}, all[i+1:j+1]...)
 		t := o.take(ids, len(ids))
-		t.All = true
-		res, err := o.st.OutboxApply(ctx, t, o.decider(&dups, &rowRefusal{id: id, cause: cause, compare: true}))
+		t.All, t.MustWrite = true, true
+		res, err := o.st.OutboxApply(ctx, t, o.decider(&dups, &rowRefusal{id: id, cause: cause}))
 		switch {
-		case errors.Is(err, errNoWrite):
+		case errors.Is(err, store.ErrNoWrite):
 			continue
 		case err == nil && len(res.Taken) > 0:
 			// The refusal was the row's own.
@@ -219,17 +221,11 @@ compare:
 	return o.poison(ctx, id, cause)
 }
 
-// errNoWrite: the rows after a refused row make dead letters only.
-var errNoWrite = errors.New("the rows after the refused row write no job")
-
 // rowRefusal is a row PostgreSQL refused on its own, to be dead-lettered.
 type rowRefusal struct {
 	id    int64
 	cause error
 	bare  bool // without its headers: its dead letter was refused with them
-	// compare: the other rows must write a job, else the decision is
-	// errNoWrite (nothing taken).
-	compare bool
 }
 
 // decider makes jobs and dead letters of a drain's rows: refused's row
@@ -252,9 +248,6 @@ func (o *Outbox) decider(dups *int, refused *rowRefusal) store.OutboxDecide {
 		}
 		jobs, dls, n := o.decide(rows)
 		*dups = n
-		if refused != nil && refused.compare && len(jobs) == 0 {
-			return nil, nil, errNoWrite
-		}
 		if o.cfg.CrashPoint == "outbox:in-transaction" {
 			// Tests: die with the rows deleted in a transaction that never commits.
 			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)

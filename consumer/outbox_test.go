@@ -481,3 +481,44 @@ func TestOutboxLoneRefusedRow(t *testing.T) {
 		t.Fatalf("hipq_consumer_stalled %v: a record's own refusal is no stall", v)
 	}
 }
+
+// Issue 30.5: a row after the refused one that decodes but writes no job
+// (a request for a job that exists) never meets the write refused: under
+// a trigger failing every insert, the refused row is not dead-lettered
+// for it; the row after it is refused the same way and the drain stalls.
+func TestOutboxDuplicateRowIsNoComparison(t *testing.T) {
+	t.Parallel()
+	st := pgtest.New(t)
+	o, m := newOutbox(t, st)
+	ctx := context.Background()
+	if _, err := st.Pool().Exec(ctx, afterTrigger); err != nil {
+		t.Fatal(err)
+	}
+	row := func(key string) string { return fmt.Sprintf(`{"job_type": "t", "job_key": %q}`, key) }
+	inTx(t, st, true, row("dup"))
+	if n, err := o.Drain(ctx); n != 1 || err != nil {
+		t.Fatalf("drained %d: %v", n, err)
+	}
+	if _, err := st.Pool().Exec(ctx, `INSERT INTO broken VALUES (true)`); err != nil {
+		t.Fatal(err)
+	}
+	inTx(t, st, true, row("a"), row("dup"), row("b"))
+	if n, err := o.Drain(ctx); n != 0 || !errors.Is(err, errHeld) {
+		t.Fatalf("drained %d: %v, want a drain held on its first row", n, err)
+	}
+	if v, _ := m.Value("hipq_consumer_stalled", map[string]string{"group": "outbox", "reason": "XX000"}); v != 1 {
+		t.Fatalf("hipq_consumer_stalled %v, want 1", v)
+	}
+	if n := count(t, st, `SELECT count(*) FROM hipq_dead_letter`); n != 0 {
+		t.Fatalf("%d dead letters while the trigger refused every insert", n)
+	}
+	if _, err := st.Pool().Exec(ctx, `DELETE FROM broken`); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := o.Drain(ctx); n != 3 || err != nil {
+		t.Fatalf("drained %d of 3 once the error stopped: %v", n, err)
+	}
+	if n := count(t, st, `SELECT count(*) FROM hipq_job`); n != 3 || count(t, st, `SELECT count(*) FROM hipq_dead_letter`) != 0 {
+		t.Fatalf("%d jobs, want 3 and no dead letter", n)
+	}
+}

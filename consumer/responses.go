@@ -69,9 +69,10 @@ func (rs *Responses) match(r *kgo.Record, src store.Source) (*correlator.Reply, 
 	return m.Match(&correlator.Record{Key: r.Key, Value: r.Value, Headers: src.Headers})
 }
 
-func (rs *Responses) apply(ctx context.Context, recs []*kgo.Record, refused []refusal, adv []store.OffsetAdvance) (func(), error) {
+func (rs *Responses) apply(ctx context.Context, recs []*kgo.Record, refused []refusal, adv []store.OffsetAdvance, mustWrite bool) (func(), error) {
 	start := time.Now()
-	b := store.ReplyBatch{Group: rs.cfg.Group, Offsets: adv, EarlyTTL: rs.cfg.EarlyTTL, Replies: make([]store.ReplyIn, 0, len(recs))}
+	b := store.ReplyBatch{Group: rs.cfg.Group, Offsets: adv, EarlyTTL: rs.cfg.EarlyTTL, Replies: make([]store.ReplyIn, 0, len(recs)),
+		MustWrite: mustWrite}
 	for _, r := range recs {
 		src := source(r)
 		reply, err := rs.match(r, src)

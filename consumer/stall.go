@@ -24,13 +24,17 @@ import (
 // trigger failing on every row. Dead-lettering would then turn every record
 // of every partition into a dead letter, so the record is compared with the
 // record after it on its partition (the next outbox row for the drainer)
-// that writes more than a dead letter (a record that does not decode
-// writes no job, so it shows nothing of the write refused):
+// that writes more than a dead letter:
 //
 //   - the record after it is written together with the record's dead
-//     letter (and the dead letters between them), in one transaction.
-//     When that commits, the refusal was the record's own and the
-//     partition moves on;
+//     letter (and the records between them), in one transaction, which
+//     must write: insert a job, apply a reply, keep it early or move its
+//     attempt's deadline (store.ErrNoWrite). A record that does not
+//     decode, a duplicate request, or a reply that turns out duplicate,
+//     stale or for a type not configured, writes nothing: it never meets
+//     the write refused and shows nothing of it, so the transaction rolls
+//     back and the record after it is taken instead. When it commits, the
+//     refusal was the record's own and the partition moves on;
 //   - when the record after it is refused the same way (store.SameRefusal:
 //     the same SQLSTATE class), the refusal is systemic: nothing is
 //     dead-lettered and no offset moves. The partition waits, trying

@@ -11,6 +11,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/hipq/hipq/correlator"
 	"github.com/hipq/hipq/internal/kafkaconn"
 	"github.com/hipq/hipq/internal/kafkatest"
 	"github.com/hipq/hipq/internal/metrics"
@@ -18,40 +19,67 @@ import (
 	"github.com/hipq/hipq/store"
 )
 
-// intakeRig is an intake consumer on its own topic (two partitions) and
-// database, run until the test ends.
+// intakeRig is a consumer group (intake, or responses) on its own topic
+// (two partitions) and database, run until the test ends.
 type intakeRig struct {
 	t     *testing.T
 	st    *store.Store
 	k     *kafkatest.Cluster
 	topic string
 	group string
-	in    *Intake
+	in    *Intake // nil for responses
+	g     *group
 	m     *metrics.Metrics
 }
 
 func newIntakeRig(t *testing.T, suspectFor time.Duration, setup string) *intakeRig {
 	t.Helper()
+	r := newRig(t, "jobs", setup)
+	in, err := NewIntake(zaptest.NewLogger(t), r.st, IntakeConfig{GroupConfig: r.config(suspectFor), MaxBytes: 4096, Types: outboxTypes})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.in, r.g = in, in.g
+	r.run(in.Run)
+	return r
+}
+
+// newResponsesRig is a response consumer's rig.
+func newResponsesRig(t *testing.T, suspectFor time.Duration, setup string) *intakeRig {
+	t.Helper()
+	r := newRig(t, "replies", setup)
+	rs, err := NewResponses(zaptest.NewLogger(t), r.st, ResponsesConfig{GroupConfig: r.config(suspectFor), Types: outboxTypes})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.g = rs.g
+	r.run(rs.Run)
+	return r
+}
+
+func newRig(t *testing.T, topic, setup string) *intakeRig {
+	t.Helper()
 	r := &intakeRig{t: t, st: pgtest.New(t), k: kafkatest.New(t), m: metrics.New()}
 	if _, err := r.st.Pool().Exec(context.Background(), setup); err != nil {
 		t.Fatal(err)
 	}
-	r.topic = r.k.Topic("jobs")
+	r.topic = r.k.Topic(topic)
 	r.group = r.topic + "-g"
 	r.k.CreateTopics(2, r.topic)
-	in, err := NewIntake(zaptest.NewLogger(t), r.st, IntakeConfig{GroupConfig: GroupConfig{Kafka: kafkaconn.Config{Brokers: r.k.Brokers},
-		Group: r.group, Topics: []string{r.topic}, Metrics: r.m, SuspectFor: suspectFor, SessionTimeout: 6 * time.Second},
-		MaxBytes: 4096, Types: outboxTypes})
-	if err != nil {
-		t.Fatal(err)
-	}
-	r.in = in
+	return r
+}
+
+func (r *intakeRig) config(suspectFor time.Duration) GroupConfig {
+	return GroupConfig{Kafka: kafkaconn.Config{Brokers: r.k.Brokers}, Group: r.group, Topics: []string{r.topic}, Metrics: r.m,
+		SuspectFor: suspectFor, SessionTimeout: 6 * time.Second}
+}
+
+func (r *intakeRig) run(run func(context.Context) error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Add(1)
-	go func() { defer wg.Done(); _ = in.Run(ctx) }()
-	t.Cleanup(func() { cancel(); wg.Wait() })
-	return r
+	go func() { defer wg.Done(); _ = run(ctx) }()
+	r.t.Cleanup(func() { cancel(); wg.Wait() })
 }
 
 // produce writes job requests for keys to partition p, in order; a key
@@ -66,6 +94,25 @@ func (r *intakeRig) produce(p int32, keys ...string) {
 		}
 		recs = append(recs, &kgo.Record{Topic: r.topic, Partition: p, Value: v})
 	}
+	r.send(recs...)
+}
+
+// reply writes replies (succeeded, attempt 1) to partition p, in order,
+// each naming a job by "type/key".
+func (r *intakeRig) reply(p int32, jobs ...string) {
+	r.t.Helper()
+	var recs []*kgo.Record
+	for _, j := range jobs {
+		typ, key, _ := strings.Cut(j, "/")
+		recs = append(recs, &kgo.Record{Topic: r.topic, Partition: p, Value: []byte(`{"status": "succeeded"}`),
+			Headers: []kgo.RecordHeader{{Key: correlator.HeaderJobType, Value: []byte(typ)},
+				{Key: correlator.HeaderJobKey, Value: []byte(key)}, {Key: correlator.HeaderAttempt, Value: []byte("1")}}})
+	}
+	r.send(recs...)
+}
+
+func (r *intakeRig) send(recs ...*kgo.Record) {
+	r.t.Helper()
 	cl := r.k.Client(kgo.RecordPartitioner(kgo.ManualPartitioner()))
 	defer cl.Close()
 	if err := cl.ProduceSync(context.Background(), recs...).FirstErr(); err != nil {
@@ -79,10 +126,30 @@ func (r *intakeRig) stalled(reason string) (float64, bool) {
 	return r.m.Value("hipq_consumer_stalled", map[string]string{"group": r.group, "reason": reason})
 }
 
+// running makes jobs of type t with keys, each running its attempt 1.
+func (r *intakeRig) running(keys ...string) {
+	r.t.Helper()
+	ctx := context.Background()
+	var jobs []*correlator.Job
+	for _, k := range keys {
+		j, err := correlator.DecodeJob(fmt.Appendf(nil, `{"job_type": "t", "job_key": %q}`, k), 4096, outboxTypes, time.Now())
+		if err != nil {
+			r.t.Fatal(err)
+		}
+		jobs = append(jobs, j)
+	}
+	if n, err := r.st.JobsInsert(ctx, jobs); err != nil || n != len(jobs) {
+		r.t.Fatalf("inserted %d of %d jobs: %v", n, len(jobs), err)
+	}
+	if c, err := r.st.JobClaim(ctx, store.JobClaimParams{Queue: "default", Limit: len(jobs), Instance: "i"}); err != nil || len(c.Jobs) != len(jobs) {
+		r.t.Fatalf("claimed %d of %d jobs: %v", len(c.Jobs), len(jobs), err)
+	}
+}
+
 // holds is how many partitions wait on a hold, and how many of them on
 // one shown to be systemic.
 func (r *intakeRig) holds() (all, systemic int) {
-	g := r.in.g
+	g := r.g
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	for _, h := range g.holds {
@@ -96,7 +163,7 @@ func (r *intakeRig) holds() (all, systemic int) {
 
 // tries is how often each partition's held record was tried.
 func (r *intakeRig) tries() [2]int {
-	g := r.in.g
+	g := r.g
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	var out [2]int
@@ -271,4 +338,103 @@ func TestLoneRefusedRecord(t *testing.T) {
 			t.Fatalf("stalled: gauge %v, %v", v, r.in.Stalled())
 		}
 	})
+}
+
+// afterTrigger makes every job inserted fail with SQLSTATE XX000 while
+// the table broken has a row, after the insert: a request for a job that
+// exists already inserts nothing and so never meets it.
+const afterTrigger = `
+	CREATE TABLE broken (on_purpose bool);
+	CREATE FUNCTION refuse_all() RETURNS trigger LANGUAGE plpgsql AS $$
+	BEGIN
+	  IF EXISTS (SELECT 1 FROM broken) THEN RAISE EXCEPTION 'audit trigger bug on %', NEW.job_key USING ERRCODE = 'XX000'; END IF;
+	  RETURN NEW;
+	END $$;
+	CREATE TRIGGER refuse_all AFTER INSERT ON hipq_job FOR EACH ROW EXECUTE FUNCTION refuse_all();`
+
+// Issue 30.5: a record after the refused one that decodes but writes
+// nothing (a duplicate request) never meets the write refused, so its
+// going through shows nothing: under a trigger failing every insert, a
+// refused record followed by a duplicate is not dead-lettered; the record
+// after the duplicate is the one compared with, and the partition stalls.
+func TestDuplicateAfterARefusalIsNoComparison(t *testing.T) {
+	t.Parallel()
+	r := newIntakeRig(t, time.Hour, afterTrigger)
+	r.produce(0, "dup")
+	waitUntil(t, 30*time.Second, "the first request a job", func() (bool, string) {
+		n := r.count(`SELECT count(*) FROM hipq_job`)
+		return n == 1, fmt.Sprintf("%d jobs", n)
+	})
+	if _, err := r.st.Pool().Exec(context.Background(), `INSERT INTO broken VALUES (true)`); err != nil {
+		t.Fatal(err)
+	}
+	r.produce(0, "a", "dup", "b", "c")
+	waitUntil(t, 30*time.Second, "the partition stalled", func() (bool, string) {
+		all, sys := r.holds()
+		v, _ := r.stalled("XX000")
+		return sys == 1 && v == 1, fmt.Sprintf("%d holds, %d systemic, gauge %v", all, sys, v)
+	})
+	if n := r.count(`SELECT count(*) FROM hipq_dead_letter`); n != 0 {
+		t.Fatalf("%d dead letters while the trigger refused every insert", n)
+	}
+	if n := r.count(`SELECT next_offset FROM hipq_offset`); n != 1 {
+		t.Fatalf("next offset %d, want 1: nothing applied past the first request", n)
+	}
+	if _, err := r.st.Pool().Exec(context.Background(), `DELETE FROM broken`); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, 60*time.Second, "every request a job once the error stops", func() (bool, string) {
+		n := r.count(`SELECT count(*) FROM hipq_job`)
+		o := r.count(`SELECT next_offset FROM hipq_offset`)
+		return n == 4 && o == 5, fmt.Sprintf("%d of 4 jobs, next offset %d of 5", n, o)
+	})
+	if n := r.count(`SELECT count(*) FROM hipq_dead_letter`); n != 0 {
+		t.Fatalf("%d dead letters", n)
+	}
+}
+
+// Issue 30.5: replies that decode but write nothing (a reply to a job type
+// not configured, a duplicate) are no records to compare a refused reply
+// with: under a trigger failing every update of a job, the reply refused
+// is not dead-lettered for them; the next reply that applies is refused
+// the same way and the partition stalls. Once the error stops, every
+// reply is applied once.
+func TestRepliesThatWriteNothingAreNoComparison(t *testing.T) {
+	t.Parallel()
+	r := newResponsesRig(t, time.Hour, strings.Replace(brokenTrigger, "BEFORE INSERT", "BEFORE UPDATE", 1))
+	if _, err := r.st.Pool().Exec(context.Background(), `DELETE FROM broken`); err != nil {
+		t.Fatal(err)
+	}
+	r.running("r0", "r1", "r2", "done")
+	r.reply(1, "t/done")
+	waitUntil(t, 30*time.Second, "the first reply applied", func() (bool, string) {
+		n := r.count(`SELECT count(*) FROM hipq_job WHERE state = 'final'`)
+		return n == 1, fmt.Sprintf("%d final jobs", n)
+	})
+	if _, err := r.st.Pool().Exec(context.Background(), `INSERT INTO broken VALUES (true)`); err != nil {
+		t.Fatal(err)
+	}
+	r.reply(0, "t/r0", "nope/x", "t/done", "t/r1", "t/r2")
+	waitUntil(t, 30*time.Second, "the partition stalled", func() (bool, string) {
+		all, sys := r.holds()
+		v, _ := r.stalled("XX000")
+		return sys == 1 && v == 1, fmt.Sprintf("%d holds, %d systemic, gauge %v", all, sys, v)
+	})
+	if n := r.count(`SELECT count(*) FROM hipq_dead_letter`); n != 0 {
+		t.Fatalf("%d dead letters while the trigger refused every update", n)
+	}
+	if _, err := r.st.Pool().Exec(context.Background(), `DELETE FROM broken`); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, 60*time.Second, "every reply applied once the error stops", func() (bool, string) {
+		n := r.count(`SELECT count(*) FROM hipq_job WHERE state = 'final'`)
+		return n == 4, fmt.Sprintf("%d of 4 final jobs", n)
+	})
+	waitUntil(t, 10*time.Second, "the reply to a type not configured dead-lettered alone", func() (bool, string) {
+		n := r.count(`SELECT count(*) FROM hipq_dead_letter WHERE reason LIKE 'unknown_job_type%'`)
+		return n == 1, fmt.Sprintf("%d dead letters", n)
+	})
+	if n := r.count(`SELECT count(*) FROM hipq_dead_letter`); n != 1 {
+		t.Fatalf("%d dead letters, want the reply to a type not configured alone", n)
+	}
 }
