@@ -120,7 +120,8 @@ func (o *Outbox) Drain(ctx context.Context) (int, error) {
 	total := 0
 	for {
 		var dups int
-		res, err := o.st.OutboxApply(ctx, o.take(nil, o.cfg.BatchSize), o.decider(&dups, nil))
+		b := &batchRead{rows: map[int64]rowRead{}}
+		res, err := o.st.OutboxApply(ctx, o.take(nil, o.cfg.BatchSize), o.decider(&dups, nil, b))
 		n, more := len(res.Taken), res.More
 		switch {
 		case err == nil:
@@ -128,7 +129,8 @@ func (o *Outbox) Drain(ctx context.Context) (int, error) {
 			o.applied(n, res.IntakeResult, dups)
 			o.release()
 		case refusedBy(ctx, err) && n > 0:
-			n, err = o.split(ctx, res.Taken, res.Taken, err)
+			b.ids = res.Taken
+			n, err = o.split(ctx, b, res.Taken, err)
 			more = true
 		default:
 			n = 0
@@ -140,17 +142,29 @@ func (o *Outbox) Drain(ctx context.Context) (int, error) {
 	}
 }
 
-// split applies the rows ids names, a part of the batch all that
-// PostgreSQL refused with cause, halving them until the row at fault is
-// found (refused).
-func (o *Outbox) split(ctx context.Context, all, ids []int64, cause error) (int, error) {
+// batchRead is a batch PostgreSQL refused: the ids of its rows, and what
+// each decoded to when the batch was decided.
+type batchRead struct {
+	ids  []int64
+	rows map[int64]rowRead
+}
+
+// rowRead is what an outbox row decoded to.
+type rowRead struct {
+	job bool // a job request (not a dead letter)
+}
+
+// split applies the rows ids names, a part of the batch b that PostgreSQL
+// refused with cause, halving them until the row at fault is found
+// (refused).
+func (o *Outbox) split(ctx context.Context, b *batchRead, ids []int64, cause error) (int, error) {
 	if len(ids) == 1 {
-		return o.refused(ctx, all, ids[0], cause)
+		return o.refused(ctx, b, ids[0], cause)
 	}
 	n := 0
 	for _, part := range [][]int64{ids[:len(ids)/2], ids[len(ids)/2:]} {
 		var dups int
-		res, err := o.st.OutboxApply(ctx, o.take(part, len(part)), o.decider(&dups, nil))
+		res, err := o.st.OutboxApply(ctx, o.take(part, len(part)), o.decider(&dups, nil, nil))
 		switch {
 		case err == nil:
 			o.applied(len(res.Taken), res.IntakeResult, dups)
@@ -158,7 +172,7 @@ func (o *Outbox) split(ctx context.Context, all, ids []int64, cause error) (int,
 			n += len(res.Taken)
 			continue
 		case refusedBy(ctx, err) && len(res.Taken) > 0:
-			m, err := o.split(ctx, all, res.Taken, err)
+			m, err := o.split(ctx, b, res.Taken, err)
 			n += m
 			if err == nil {
 				continue
@@ -171,25 +185,29 @@ func (o *Outbox) split(ctx context.Context, all, ids []int64, cause error) (int,
 }
 
 // refused decides for row id, refused alone with cause, within the batch
-// all (see stall.go): a refusal of its data dead-letters it; any other is
-// compared with the row after it, written in one transaction with the
-// row's dead letter.
-func (o *Outbox) refused(ctx context.Context, all []int64, id int64, cause error) (int, error) {
+// b (see stall.go): a refusal of its data dead-letters it; any other is
+// compared with the next row of b that makes a job, taken with it alone
+// and written in one transaction with the row's dead letter. The rows
+// between them write nothing (dead letters, or requests for jobs that
+// exist): they are left for the drain, as any row.
+func (o *Outbox) refused(ctx context.Context, b *batchRead, id int64, cause error) (int, error) {
 	if store.IsDataError(cause) {
 		return o.poison(ctx, id, cause)
 	}
-	// The rows after it are taken one more at a time until one writes a
-	// job: only such a row shows whether the write refused goes through
-	// (a row that is a dead letter, or a request for a job that exists,
-	// rolls back with store.ErrNoWrite).
-	i := slices.Index(all, id)
-compare:
-	for j := i + 1; i >= 0 && j < len(all); j++ {
+	i := slices.Index(b.ids, id)
+	for _, next := range b.ids[i+1:] {
+		// (A row the batch never decided, refused before its decision,
+		// may write: it is tried.)
+		if r, ok := b.rows[next]; i < 0 || ok && !r.job {
+			continue
+		}
+		// A request for a job that exists writes nothing: it rolls back
+		// (store.ErrNoWrite) and the next is tried.
 		var dups int
-		ids := append([]int64{id}, all[i+1:j+1]...)
+		ids := []int64{id, next}
 		t := o.take(ids, len(ids))
 		t.All, t.MustWrite = true, true
-		res, err := o.st.OutboxApply(ctx, t, o.decider(&dups, &rowRefusal{id: id, cause: cause}))
+		res, err := o.st.OutboxApply(ctx, t, o.decider(&dups, &rowRefusal{id: id, cause: cause}, nil))
 		switch {
 		case errors.Is(err, store.ErrNoWrite):
 			continue
@@ -200,10 +218,9 @@ compare:
 			o.passed(res.Taken)
 			return len(res.Taken), nil
 		case err == nil:
-			// Nothing taken: another drainer holds one of the rows, or
-			// they are more than a batch may read. The drain waits on
-			// the row, as on a row with none after it.
-			break compare
+			// Nothing taken: another drainer holds one of the rows (it
+			// took the row after it, say); the next is tried.
+			continue
 		case !refusedBy(ctx, err):
 			return 0, err
 		case store.SameRefusal(cause, err):
@@ -229,8 +246,9 @@ type rowRefusal struct {
 }
 
 // decider makes jobs and dead letters of a drain's rows: refused's row
-// (when set) is dead-lettered with its refusal, the others are decided.
-func (o *Outbox) decider(dups *int, refused *rowRefusal) store.OutboxDecide {
+// (when set) is dead-lettered with its refusal, the others are decided,
+// and what each decoded to is kept in read (when set).
+func (o *Outbox) decider(dups *int, refused *rowRefusal, read *batchRead) store.OutboxDecide {
 	return func(rows []store.OutboxRow) ([]store.IntakeJob, []store.DeadLetter, error) {
 		var dead []store.DeadLetter
 		if refused != nil {
@@ -246,7 +264,7 @@ func (o *Outbox) decider(dups *int, refused *rowRefusal) store.OutboxDecide {
 				return true
 			})
 		}
-		jobs, dls, n := o.decide(rows)
+		jobs, dls, n := o.decide(rows, read)
 		*dups = n
 		if o.cfg.CrashPoint == "outbox:in-transaction" {
 			// Tests: die with the rows deleted in a transaction that never commits.
@@ -263,10 +281,10 @@ func (o *Outbox) decider(dups *int, refused *rowRefusal) store.OutboxDecide {
 func (o *Outbox) poison(ctx context.Context, id int64, cause error) (int, error) {
 	o.logDeadLetter(id, cause, "")
 	var dups int
-	res, err := o.st.OutboxApply(ctx, o.take([]int64{id}, 1), o.decider(&dups, &rowRefusal{id: id, cause: cause}))
+	res, err := o.st.OutboxApply(ctx, o.take([]int64{id}, 1), o.decider(&dups, &rowRefusal{id: id, cause: cause}, nil))
 	if refusedBy(ctx, err) {
 		o.log.Error("dead letter refused too; keeping it without its headers", zap.Int64("outbox_id", id), zap.Error(err))
-		res, err = o.st.OutboxApply(ctx, o.take([]int64{id}, 1), o.decider(&dups, &rowRefusal{id: id, cause: cause, bare: true}))
+		res, err = o.st.OutboxApply(ctx, o.take([]int64{id}, 1), o.decider(&dups, &rowRefusal{id: id, cause: cause, bare: true}, nil))
 	}
 	if err != nil {
 		return 0, err
@@ -380,34 +398,42 @@ func (o *Outbox) take(ids []int64, limit int) store.OutboxTake {
 }
 
 // decide makes jobs and dead letters of outbox rows, as intake does of
-// Kafka records.
-func (o *Outbox) decide(rows []store.OutboxRow) ([]store.IntakeJob, []store.DeadLetter, int) {
+// Kafka records, and keeps what each row decoded to in read (when set).
+func (o *Outbox) decide(rows []store.OutboxRow, read *batchRead) ([]store.IntakeJob, []store.DeadLetter, int) {
 	now := time.Now()
 	return reduceIntake(store.SourceOutbox, len(rows), func(i int) (store.Source, *correlator.Job, error) {
-		r := rows[i]
-		if r.HeadersSize > correlator.MaxHeaderBytes {
-			src := store.Source{Value: r.Value, Received: r.CreatedAt}
-			return src, nil, &correlator.InputError{Code: correlator.CodeTooLarge, Field: "headers",
-				Detail: fmt.Sprintf("headers: %d bytes is more than the limit of %d", r.HeadersSize, correlator.MaxHeaderBytes)}
-		}
-		src, err := outboxSource(r)
-		if err == nil && r.ValueSize > o.cfg.MaxBytes {
-			// The value was read only in part: its dead letter keeps that part.
-			err = &correlator.InputError{Code: correlator.CodeTooLarge,
-				Detail: fmt.Sprintf("%d bytes is more than the limit of %d (the dead letter keeps the first %d)", r.ValueSize, o.cfg.MaxBytes, len(r.Value))}
-		}
-		if err == nil {
-			err = correlator.CheckHeaders(src.Headers)
-		}
-		if err != nil {
-			return src, nil, err
-		}
-		job, err := correlator.DecodeJob(rows[i].Value, o.cfg.MaxBytes, o.cfg.Types, now)
-		if err == nil {
-			job.Trace = correlator.TraceContextOf(src.Headers)
+		src, job, err := o.decodeRow(rows[i], now)
+		if read != nil {
+			read.rows[rows[i].ID] = rowRead{job: job != nil}
 		}
 		return src, job, err
 	})
+}
+
+// decodeRow reads one outbox row as a job request.
+func (o *Outbox) decodeRow(r store.OutboxRow, now time.Time) (store.Source, *correlator.Job, error) {
+	if r.HeadersSize > correlator.MaxHeaderBytes {
+		src := store.Source{Value: r.Value, Received: r.CreatedAt}
+		return src, nil, &correlator.InputError{Code: correlator.CodeTooLarge, Field: "headers",
+			Detail: fmt.Sprintf("headers: %d bytes is more than the limit of %d", r.HeadersSize, correlator.MaxHeaderBytes)}
+	}
+	src, err := outboxSource(r)
+	if err == nil && r.ValueSize > o.cfg.MaxBytes {
+		// The value was read only in part: its dead letter keeps that part.
+		err = &correlator.InputError{Code: correlator.CodeTooLarge,
+			Detail: fmt.Sprintf("%d bytes is more than the limit of %d (the dead letter keeps the first %d)", r.ValueSize, o.cfg.MaxBytes, len(r.Value))}
+	}
+	if err == nil {
+		err = correlator.CheckHeaders(src.Headers)
+	}
+	if err != nil {
+		return src, nil, err
+	}
+	job, err := correlator.DecodeJob(r.Value, o.cfg.MaxBytes, o.cfg.Types, now)
+	if err == nil {
+		job.Trace = correlator.TraceContextOf(src.Headers)
+	}
+	return src, job, err
 }
 
 func (o *Outbox) applied(rows int, res store.IntakeResult, dups int) {

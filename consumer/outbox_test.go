@@ -522,3 +522,41 @@ func TestOutboxDuplicateRowIsNoComparison(t *testing.T) {
 		t.Fatalf("%d jobs, want 3 and no dead letter", n)
 	}
 }
+
+// A row refused alone is compared with the next row of its batch that
+// makes a job, taken with it alone: the rows between them, which write
+// nothing (here 40 that are not JSON), are not read again for each row
+// tried. Every row is read (deleted, in transactions that commit or roll
+// back) fewer than 4 times: once per halving of its batch and once more.
+func TestOutboxComparisonReadsRowsOnce(t *testing.T) {
+	t.Parallel()
+	st := pgtest.New(t)
+	o, _ := newOutbox(t, st)
+	ctx := context.Background()
+	if _, err := st.Pool().Exec(ctx, `
+		CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN RAISE EXCEPTION 'refused for %', NEW.job_key USING ERRCODE = 'XX000'; END $$;
+		CREATE TRIGGER refuse BEFORE INSERT ON hipq_job FOR EACH ROW WHEN (NEW.job_key = 'poison') EXECUTE FUNCTION refuse();
+		CREATE SEQUENCE reads;
+		CREATE FUNCTION count_read() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN PERFORM nextval('reads'); RETURN OLD; END $$;
+		CREATE TRIGGER count_read BEFORE DELETE ON hipq_intake FOR EACH ROW EXECUTE FUNCTION count_read();`); err != nil {
+		t.Fatal(err)
+	}
+	values := []string{`{"job_type": "t", "job_key": "poison"}`}
+	for range 40 {
+		values = append(values, "not json")
+	}
+	values = append(values, `{"job_type": "t", "job_key": "k"}`)
+	inTx(t, st, true, values...)
+	if n, err := o.Drain(ctx); n != 42 || err != nil {
+		t.Fatalf("drained %d of 42: %v", n, err)
+	}
+	if n := count(t, st, `SELECT count(*) FROM hipq_dead_letter WHERE reason LIKE '%refused for poison%'`); n != 1 ||
+		count(t, st, `SELECT count(*) FROM hipq_dead_letter`) != 41 || count(t, st, `SELECT count(*) FROM hipq_job`) != 1 {
+		t.Fatalf("%d dead letters, %d jobs: want 41 and 1", count(t, st, `SELECT count(*) FROM hipq_dead_letter`), count(t, st, `SELECT count(*) FROM hipq_job`))
+	}
+	if n := count(t, st, `SELECT last_value FROM reads`); n >= 4*42 {
+		t.Fatalf("%d row reads for 42 rows", n)
+	}
+}

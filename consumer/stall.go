@@ -27,7 +27,9 @@ import (
 // that writes more than a dead letter:
 //
 //   - the record after it is written together with the record's dead
-//     letter (and the records between them), in one transaction, which
+//     letter (and the records between them, which an offset passes over;
+//     the outbox has no offsets and leaves the rows between to the drain,
+//     reading none of them again), in one transaction, which
 //     must write: insert a job, apply a reply, keep it early or move its
 //     attempt's deadline (store.ErrNoWrite). A record that does not
 //     decode, a duplicate request, or a reply that turns out duplicate,
