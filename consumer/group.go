@@ -110,12 +110,28 @@ func (c GroupConfig) rebalanceTimeout() time.Duration { return max(3*c.SessionTi
 // nothing is written and the error is store.ErrNoWrite.
 type applier interface {
 	apply(ctx context.Context, recs []*kgo.Record, refused []refusal, adv []store.OffsetAdvance, mustWrite bool) (after func(), err error)
-	// writes reports whether rec decodes to more than a dead letter (a
-	// job, a reply to match): only such a record may show whether the
-	// write a record before it was refused goes through, and only if it
-	// does write (mustWrite): a duplicate request, or a reply that turns
-	// out duplicate, stale or for a type not configured, writes nothing.
-	writes(rec *kgo.Record) bool
+	// input is what rec asks for, as decoded: nil when it decodes to a
+	// dead letter only; else the names of what it writes (a job's type
+	// and key; a reply's job id and attempt, its job's type, key and
+	// attempt), of which two records of the same input share one. Only
+	// a record that decodes may show whether the write a record before
+	// it was refused goes through, and only if it does write (mustWrite):
+	// a duplicate request, or a reply that turns out duplicate, stale or
+	// for a type not configured, writes nothing. A record of the same
+	// input shows nothing either: it would be refused for its own fault
+	// just the same.
+	input(rec *kgo.Record) []string
+}
+
+// sameInput reports whether two records' inputs (applier.input) are the
+// same: they share a name.
+func sameInput(a, b []string) bool {
+	for _, x := range a {
+		if slices.Contains(b, x) {
+			return true
+		}
+	}
+	return false
 }
 
 // refusal is a record PostgreSQL refused on its own, to be dead-lettered
@@ -491,36 +507,52 @@ func (g *group) settle(ctx context.Context, recs []*kgo.Record, adv []store.Offs
 // refused decides for rec, refused alone with cause, within the pass all
 // (see stall.go): a refusal of its data dead-letters it; any other is
 // compared with the next record on its partition that writes more than a
-// dead letter, written in one transaction with rec's dead letter (and
-// with the records between them, which write nothing).
+// dead letter and is another input, written in one transaction with rec's
+// dead letter and with the records between them: those that write
+// nothing, and copies of rec's input, dead-lettered with it.
 func (g *group) refused(ctx context.Context, all []*kgo.Record, rec *kgo.Record, cause error) error {
 	if store.IsDataError(cause) {
 		return g.deadLetter(ctx, rec, cause)
 	}
+	own := g.app.input(rec)
 	var next []*kgo.Record // the records after rec on its partition
+	var inputs [][]string  // and their inputs
 	for _, r := range all {
 		if r.Topic == rec.Topic && r.Partition == rec.Partition && r.Offset > rec.Offset {
 			next = append(next, r)
+			inputs = append(inputs, g.app.input(r))
 		}
 	}
-	for i, r := range next {
-		if !g.app.writes(r) {
+	for i := range next {
+		if inputs[i] == nil || sameInput(own, inputs[i]) {
 			continue
 		}
-		// r is compared with rec only if it does write: a record that
-		// writes nothing (a duplicate) rolls back and the next is tried.
-		after := next[:i+1]
-		recs := append([]*kgo.Record{rec}, after...)
-		adv := g.advances(recs)
-		done, err := g.app.apply(ctx, after, []refusal{{rec: rec, cause: cause}}, adv, true)
+		// next[i] is compared with rec only if it does write: a record
+		// that writes nothing (a duplicate) rolls back and the next is
+		// tried.
+		refused := []refusal{{rec: rec, cause: cause}}
+		var recs []*kgo.Record
+		for j, a := range next[:i+1] {
+			if sameInput(own, inputs[j]) {
+				refused = append(refused, refusal{rec: a,
+					cause: fmt.Errorf("the same input as offset %d, refused alone: %w", rec.Offset, cause)})
+			} else {
+				recs = append(recs, a)
+			}
+		}
+		passed := append([]*kgo.Record{rec}, next[:i+1]...)
+		adv := g.advances(passed)
+		done, err := g.app.apply(ctx, recs, refused, adv, true)
 		switch {
 		case errors.Is(err, store.ErrNoWrite):
 			continue
 		case err == nil:
-			g.logDeadLetter(rec, cause, "the record after it went through")
-			return g.settle(ctx, recs, adv, done, nil)
+			for _, f := range refused {
+				g.logDeadLetter(f.rec, f.cause, "the record after it went through")
+			}
+			return g.settle(ctx, passed, adv, done, nil)
 		case !refusedBy(ctx, err):
-			return g.settle(ctx, recs, adv, done, err)
+			return g.settle(ctx, passed, adv, done, err)
 		case store.SameRefusal(cause, err):
 			g.hold(rec, err, true)
 			return nil

@@ -151,7 +151,8 @@ type batchRead struct {
 
 // rowRead is what an outbox row decoded to.
 type rowRead struct {
-	job bool // a job request (not a dead letter)
+	job   bool   // a job request (not a dead letter)
+	input string // of a job request: its type and key
 }
 
 // split applies the rows ids names, a part of the batch b that PostgreSQL
@@ -186,34 +187,50 @@ func (o *Outbox) split(ctx context.Context, b *batchRead, ids []int64, cause err
 
 // refused decides for row id, refused alone with cause, within the batch
 // b (see stall.go): a refusal of its data dead-letters it; any other is
-// compared with the next row of b that makes a job, taken with it alone
-// and written in one transaction with the row's dead letter. The rows
-// between them write nothing (dead letters, or requests for jobs that
-// exist): they are left for the drain, as any row.
+// compared with the next row of b that makes a job and is another
+// request, taken with it and written in one transaction with the row's
+// dead letter (and those of the copies of its request between them). The
+// other rows between them write nothing (dead letters, or requests for
+// jobs that exist): they are left for the drain, as any row.
 func (o *Outbox) refused(ctx context.Context, b *batchRead, id int64, cause error) (int, error) {
 	if store.IsDataError(cause) {
 		return o.poison(ctx, id, cause)
 	}
+	own, known := b.rows[id]
+	refusals := []rowRefusal{{id: id, cause: cause}}
 	i := slices.Index(b.ids, id)
 	for _, next := range b.ids[i+1:] {
-		// (A row the batch never decided, refused before its decision,
-		// may write: it is tried.)
-		if r, ok := b.rows[next]; i < 0 || ok && !r.job {
+		r, ok := b.rows[next]
+		switch {
+		case i < 0 || ok && !r.job:
+			continue
+		case known && own.job && ok && r.input == own.input:
+			// A copy of its request shows nothing: it would be refused
+			// for its own fault just the same.
+			refusals = append(refusals, rowRefusal{id: next,
+				cause: fmt.Errorf("the same request as outbox row %d, refused alone: %w", id, cause)})
 			continue
 		}
-		// A request for a job that exists writes nothing: it rolls back
-		// (store.ErrNoWrite) and the next is tried.
+		// (A row the batch never decided, refused before its decision,
+		// may write: it is tried.) A request for a job that exists writes
+		// nothing: it rolls back (store.ErrNoWrite) and the next is tried.
 		var dups int
-		ids := []int64{id, next}
+		ids := []int64{next}
+		for _, f := range refusals {
+			ids = append(ids, f.id)
+		}
+		slices.Sort(ids)
 		t := o.take(ids, len(ids))
 		t.All, t.MustWrite = true, true
-		res, err := o.st.OutboxApply(ctx, t, o.decider(&dups, &rowRefusal{id: id, cause: cause}, nil))
+		res, err := o.st.OutboxApply(ctx, t, o.decider(&dups, refusals, nil))
 		switch {
 		case errors.Is(err, store.ErrNoWrite):
 			continue
 		case err == nil && len(res.Taken) > 0:
 			// The refusal was the row's own.
-			o.logDeadLetter(id, cause, "the row after it went through")
+			for _, f := range refusals {
+				o.logDeadLetter(f.id, f.cause, "the row after it went through")
+			}
 			o.applied(len(res.Taken), res.IntakeResult, dups)
 			o.passed(res.Taken)
 			return len(res.Taken), nil
@@ -245,22 +262,23 @@ type rowRefusal struct {
 	bare  bool // without its headers: its dead letter was refused with them
 }
 
-// decider makes jobs and dead letters of a drain's rows: refused's row
-// (when set) is dead-lettered with its refusal, the others are decided,
+// decider makes jobs and dead letters of a drain's rows: the rows of
+// refused are dead-lettered with their refusals, the others are decided,
 // and what each decoded to is kept in read (when set).
-func (o *Outbox) decider(dups *int, refused *rowRefusal, read *batchRead) store.OutboxDecide {
+func (o *Outbox) decider(dups *int, refused []rowRefusal, read *batchRead) store.OutboxDecide {
 	return func(rows []store.OutboxRow) ([]store.IntakeJob, []store.DeadLetter, error) {
 		var dead []store.DeadLetter
-		if refused != nil {
+		if len(refused) > 0 {
 			rows = slices.DeleteFunc(slices.Clone(rows), func(r store.OutboxRow) bool {
-				if r.ID != refused.id {
+				k := slices.IndexFunc(refused, func(f rowRefusal) bool { return f.id == r.ID })
+				if k < 0 {
 					return false
 				}
 				src, _ := outboxSource(r)
-				if refused.bare {
+				if refused[k].bare {
 					src.Headers = nil
 				}
-				dead = append(dead, store.DeadLetter{Kind: store.SourceOutbox, Source: src, Reason: rejected(refused.cause)})
+				dead = append(dead, store.DeadLetter{Kind: store.SourceOutbox, Source: src, Reason: rejected(refused[k].cause)})
 				return true
 			})
 		}
@@ -281,10 +299,10 @@ func (o *Outbox) decider(dups *int, refused *rowRefusal, read *batchRead) store.
 func (o *Outbox) poison(ctx context.Context, id int64, cause error) (int, error) {
 	o.logDeadLetter(id, cause, "")
 	var dups int
-	res, err := o.st.OutboxApply(ctx, o.take([]int64{id}, 1), o.decider(&dups, &rowRefusal{id: id, cause: cause}, nil))
+	res, err := o.st.OutboxApply(ctx, o.take([]int64{id}, 1), o.decider(&dups, []rowRefusal{{id: id, cause: cause}}, nil))
 	if refusedBy(ctx, err) {
 		o.log.Error("dead letter refused too; keeping it without its headers", zap.Int64("outbox_id", id), zap.Error(err))
-		res, err = o.st.OutboxApply(ctx, o.take([]int64{id}, 1), o.decider(&dups, &rowRefusal{id: id, cause: cause, bare: true}, nil))
+		res, err = o.st.OutboxApply(ctx, o.take([]int64{id}, 1), o.decider(&dups, []rowRefusal{{id: id, cause: cause, bare: true}}, nil))
 	}
 	if err != nil {
 		return 0, err
@@ -404,7 +422,10 @@ func (o *Outbox) decide(rows []store.OutboxRow, read *batchRead) ([]store.Intake
 	return reduceIntake(store.SourceOutbox, len(rows), func(i int) (store.Source, *correlator.Job, error) {
 		src, job, err := o.decodeRow(rows[i], now)
 		if read != nil {
-			read.rows[rows[i].ID] = rowRead{job: job != nil}
+			read.rows[rows[i].ID] = rowRead{}
+			if job != nil {
+				read.rows[rows[i].ID] = rowRead{job: true, input: job.JobType + "\x00" + job.JobKey}
+			}
 		}
 		return src, job, err
 	})

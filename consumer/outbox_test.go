@@ -560,3 +560,35 @@ func TestOutboxComparisonReadsRowsOnce(t *testing.T) {
 		t.Fatalf("%d row reads for 42 rows", n)
 	}
 }
+
+// Issue 30.5: the same job request twice after itself is no row to compare
+// it with; the next row that is another request is, and the copy is
+// dead-lettered with the refused row: the drain does not stall for ever
+// on one bad request.
+func TestOutboxSameInputTwiceIsNoComparison(t *testing.T) {
+	t.Parallel()
+	st := pgtest.New(t)
+	o, m := newOutbox(t, st)
+	ctx := context.Background()
+	if _, err := st.Pool().Exec(ctx, `
+		CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN RAISE EXCEPTION 'refused for %', NEW.job_key USING ERRCODE = 'XX000'; END $$;
+		CREATE TRIGGER refuse BEFORE INSERT ON hipq_job FOR EACH ROW WHEN (NEW.job_key = 'poison') EXECUTE FUNCTION refuse();`); err != nil {
+		t.Fatal(err)
+	}
+	row := func(key string) string { return fmt.Sprintf(`{"job_type": "t", "job_key": %q}`, key) }
+	inTx(t, st, true, row("k0"), row("poison"), row("poison"), row("k3"))
+	if n, err := o.Drain(ctx); n != 4 || err != nil {
+		t.Fatalf("drained %d of 4: %v", n, err)
+	}
+	if n := count(t, st, `SELECT count(*) FROM hipq_job WHERE job_key IN ('k0', 'k3')`); n != 2 {
+		t.Fatalf("%d of 2 jobs", n)
+	}
+	if n := count(t, st, `SELECT count(*) FROM hipq_dead_letter WHERE reason LIKE '%refused for poison%'`); n != 2 ||
+		count(t, st, `SELECT count(*) FROM hipq_dead_letter`) != 2 {
+		t.Fatalf("%d dead letters, want both copies", count(t, st, `SELECT count(*) FROM hipq_dead_letter`))
+	}
+	if v, _ := m.Value("hipq_consumer_stalled", map[string]string{"group": "outbox", "reason": "XX000"}); v != 0 || o.Stalled() != nil {
+		t.Fatalf("stalled: gauge %v, %v", v, o.Stalled())
+	}
+}

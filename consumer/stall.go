@@ -35,8 +35,12 @@ import (
 //     decode, a duplicate request, or a reply that turns out duplicate,
 //     stale or for a type not configured, writes nothing: it never meets
 //     the write refused and shows nothing of it, so the transaction rolls
-//     back and the record after it is taken instead. When it commits, the
-//     refusal was the record's own and the partition moves on;
+//     back and the record after it is taken instead. Nor is a record of
+//     the same input (the same job; a reply to the same attempt) compared
+//     with: it would be refused for its own fault just the same. It is
+//     dead-lettered with the record when the comparison commits. When it
+//     commits, the refusal was the record's own and the partition moves
+//     on;
 //   - when the record after it is refused the same way (store.SameRefusal:
 //     the same SQLSTATE class), the refusal is systemic: nothing is
 //     dead-lettered and no offset moves. The partition waits, trying

@@ -438,3 +438,53 @@ func TestRepliesThatWriteNothingAreNoComparison(t *testing.T) {
 		t.Fatalf("%d dead letters, want the reply to a type not configured alone", n)
 	}
 }
+
+// Issue 30.5: the same input sent twice after itself is no record to
+// compare it with: refused for its own fault, it would be refused the same
+// way again. The refused record is compared with the next record that is
+// another input, and the copies between are dead-lettered with it: the
+// partition moves on instead of stalling for ever on one bad input.
+func TestSameInputTwiceIsNoComparison(t *testing.T) {
+	t.Parallel()
+	const refuse = `
+		CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN RAISE EXCEPTION 'refused for %', OLD.job_key USING ERRCODE = 'XX000'; END $$;`
+	t.Run("intake", func(t *testing.T) {
+		t.Parallel()
+		r := newIntakeRig(t, time.Hour, strings.ReplaceAll(refuse, "OLD.", "NEW.")+`
+			CREATE TRIGGER refuse BEFORE INSERT ON hipq_job FOR EACH ROW WHEN (NEW.job_key = 'poison') EXECUTE FUNCTION refuse();`)
+		r.produce(0, "k0", "poison", "poison", "k3")
+		waitUntil(t, 20*time.Second, "the records around the copies stored", func() (bool, string) {
+			n := r.count(`SELECT count(*) FROM hipq_job WHERE job_key IN ('k0', 'k3')`)
+			return n == 2, fmt.Sprintf("%d of 2 jobs", n)
+		})
+		if n := r.count(`SELECT count(*) FROM hipq_dead_letter WHERE reason LIKE '%refused for poison%'`); n != 2 ||
+			r.count(`SELECT count(*) FROM hipq_dead_letter`) != 2 {
+			t.Fatalf("%d dead letters, want both copies", r.count(`SELECT count(*) FROM hipq_dead_letter`))
+		}
+		if v, _ := r.stalled("XX000"); v != 0 || r.in.Stalled() != nil {
+			t.Fatalf("stalled: gauge %v, %v", v, r.in.Stalled())
+		}
+	})
+	t.Run("responses", func(t *testing.T) {
+		t.Parallel()
+		r := newResponsesRig(t, time.Hour, refuse)
+		r.running("poison", "k")
+		if _, err := r.st.Pool().Exec(context.Background(), `
+			CREATE TRIGGER refuse BEFORE UPDATE ON hipq_job FOR EACH ROW WHEN (OLD.job_key = 'poison') EXECUTE FUNCTION refuse();`); err != nil {
+			t.Fatal(err)
+		}
+		r.reply(0, "t/poison", "t/poison", "t/k")
+		waitUntil(t, 20*time.Second, "the reply after the copies applied", func() (bool, string) {
+			n := r.count(`SELECT count(*) FROM hipq_job WHERE job_key = 'k' AND state = 'final'`)
+			return n == 1, fmt.Sprintf("%d of 1 jobs final", n)
+		})
+		if n := r.count(`SELECT count(*) FROM hipq_dead_letter WHERE reason LIKE '%refused for poison%'`); n != 2 ||
+			r.count(`SELECT count(*) FROM hipq_dead_letter`) != 2 {
+			t.Fatalf("%d dead letters, want both copies", r.count(`SELECT count(*) FROM hipq_dead_letter`))
+		}
+		if v, _ := r.stalled("XX000"); v != 0 || r.g.Stalled() != nil {
+			t.Fatalf("stalled: gauge %v, %v", v, r.g.Stalled())
+		}
+	})
+}
