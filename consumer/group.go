@@ -83,11 +83,12 @@ type GroupConfig struct {
 	// children of their attempts' send spans, dead letters in their own
 	// traces; nil: no tracing work.
 	Tracer trace.Tracer
-	// SuspectFor is how long a record PostgreSQL refuses alone, for a
+	// StallAfter is how long a record PostgreSQL refuses alone, for a
 	// reason that is not plainly its own, waits for a record after it to
-	// be compared with before it is dead-lettered as at fault (see
-	// DefaultSuspectFor); defaults to DefaultSuspectFor.
-	SuspectFor time.Duration
+	// be compared with before its partition is reported as stalled
+	// (hipq_consumer_stalled, readiness); it is never dead-lettered for
+	// waiting (stall.go). Defaults to DefaultStallAfter.
+	StallAfter time.Duration
 }
 
 // WithDefaults returns c with every unset field at its default.
@@ -96,7 +97,7 @@ func (c GroupConfig) WithDefaults() GroupConfig {
 	c.SessionTimeout = cmp.Or(c.SessionTimeout, DefaultSessionTimeout)
 	c.MaxPollRecords = cmp.Or(c.MaxPollRecords, DefaultMaxPollRecords)
 	c.Metrics = metrics.Or(c.Metrics)
-	c.SuspectFor = cmp.Or(c.SuspectFor, DefaultSuspectFor)
+	c.StallAfter = cmp.Or(c.StallAfter, DefaultStallAfter)
 	return c
 }
 
@@ -560,18 +561,17 @@ func (g *group) refused(ctx context.Context, all []*kgo.Record, rec *kgo.Record,
 		// The record after it was refused otherwise: rec's refusal was its own.
 		return g.deadLetter(ctx, rec, cause)
 	}
-	if g.wait(rec, cause) {
-		return nil
-	}
-	return g.deadLetter(ctx, rec, cause)
+	g.wait(rec, cause)
+	return nil
 }
 
-// wait decides for rec, refused alone with cause and with no record after
-// it to compare with: its partition waits (true) while another partition
-// of the group waits on a refusal of the same class (the refusal is then
-// systemic), or until rec has waited SuspectFor alone (false: rec is
-// taken to be at fault).
-func (g *group) wait(rec *kgo.Record, cause error) bool {
+// wait makes rec's partition wait on rec, refused alone with cause and
+// with no record after it to compare with, until one comes or the
+// refusal stops: it is never dead-lettered for waiting. Another partition
+// of the group waiting on a refusal of the same class shows the refusal
+// systemic; still alone after StallAfter, the wait is reported as a stall
+// too (reportStalls).
+func (g *group) wait(rec *kgo.Record, cause error) {
 	tp := store.TopicPartition{Topic: rec.Topic, Partition: rec.Partition}
 	g.mu.Lock()
 	systemic := false
@@ -580,17 +580,8 @@ func (g *group) wait(rec *kgo.Record, cause error) bool {
 			h.systemic, systemic = true, true
 		}
 	}
-	h := g.holds[tp]
-	alone := h != nil && h.at == rec.Offset && !h.systemic && !systemic && time.Since(h.since) >= g.cfg.SuspectFor
-	if alone {
-		delete(g.holds, tp)
-	}
 	g.mu.Unlock()
-	if alone {
-		return false
-	}
 	g.hold(rec, cause, systemic)
-	return true
 }
 
 // hold makes rec's partition wait on it: paused and sought back to it,
@@ -655,12 +646,12 @@ func (g *group) resumeDue() {
 }
 
 // reportStalls sets hipq_consumer_stalled and readiness from the holds
-// shown to be systemic.
+// shown to be systemic, or waiting alone for longer than StallAfter.
 func (g *group) reportStalls() {
 	var now []stalled
 	g.mu.Lock()
 	for tp, h := range g.holds {
-		if h.systemic {
+		if h.stalls(g.cfg.StallAfter) {
 			now = append(now, stalled{where: fmt.Sprintf("%s/%d at offset %d", tp.Topic, tp.Partition, h.at), err: h.err})
 		}
 	}
@@ -696,7 +687,8 @@ func (g *group) logDeadLetter(rec *kgo.Record, cause error, why string) {
 }
 
 // Stalled is nil while no partition of the group waits on a refusal shown
-// to be systemic, else what waits and why.
+// to be systemic (or alone for longer than StallAfter), else what waits
+// and why.
 func (g *group) Stalled() error { return g.stalls.err() }
 
 // reload reads the stored offsets of adv's partitions and seeks there.

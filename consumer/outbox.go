@@ -36,11 +36,12 @@ type OutboxConfig struct {
 	// Tracer, when set, records each dead letter that came in a trace as
 	// a span there; nil: no tracing work.
 	Tracer trace.Tracer
-	// SuspectFor is how long a row PostgreSQL refuses alone, for a reason
+	// StallAfter is how long a row PostgreSQL refuses alone, for a reason
 	// that is not plainly its own, waits for a row after it to be
-	// compared with before it is dead-lettered as at fault (see
-	// DefaultSuspectFor); defaults to DefaultSuspectFor.
-	SuspectFor time.Duration
+	// compared with before the drainer is reported as stalled; it is
+	// never dead-lettered for waiting (stall.go). Defaults to
+	// DefaultStallAfter.
+	StallAfter time.Duration
 }
 
 // Outbox drains hipq_intake, the transactional outbox: applications write
@@ -69,7 +70,7 @@ func NewOutbox(log *zap.Logger, st *store.Store, cfg OutboxConfig) *Outbox {
 	cfg.BatchSize = cmp.Or(cfg.BatchSize, DefaultOutboxBatch)
 	cfg.Poll = cmp.Or(cfg.Poll, DefaultOutboxPoll)
 	cfg.Metrics = metrics.Or(cfg.Metrics)
-	cfg.SuspectFor = cmp.Or(cfg.SuspectFor, DefaultSuspectFor)
+	cfg.StallAfter = cmp.Or(cfg.StallAfter, DefaultStallAfter)
 	log = log.Named("outbox")
 	return &Outbox{log: log, st: st, cfg: cfg, wake: make(chan struct{}, 1), batchBytes: maxBatchBytes,
 		stalls: newStalls("outbox", log, cfg.Metrics)}
@@ -249,10 +250,10 @@ func (o *Outbox) refused(ctx context.Context, b *batchRead, id int64, cause erro
 			return o.poison(ctx, id, cause)
 		}
 	}
-	if o.wait(id, cause) {
-		return 0, fmt.Errorf("outbox row %d: %w", id, errHeld)
-	}
-	return o.poison(ctx, id, cause)
+	// No row after it to compare with: the drain waits on it until one
+	// comes or the refusal stops, never dead-lettering it for waiting.
+	o.holdAt(id, cause, false)
+	return 0, fmt.Errorf("outbox row %d: %w", id, errHeld)
 }
 
 // rowRefusal is a row PostgreSQL refused on its own, to be dead-lettered.
@@ -321,26 +322,6 @@ func (o *Outbox) logDeadLetter(id int64, cause error, why string) {
 	o.log.Warn("outbox row refused by PostgreSQL; dead-lettering it", fields...)
 }
 
-// wait decides for row id, refused alone with cause and with no row after
-// it to compare with: the drain waits on it (true) until it has waited
-// SuspectFor alone (false: the row is taken to be at fault), or for as
-// long as it is refused once the refusal was shown to be systemic.
-func (o *Outbox) wait(id int64, cause error) bool {
-	o.mu.Lock()
-	h := o.hold
-	alone := h != nil && h.at == id && !h.systemic && time.Since(h.since) >= o.cfg.SuspectFor
-	if alone {
-		o.hold = nil
-	}
-	o.mu.Unlock()
-	if alone {
-		o.reportStalls()
-		return false
-	}
-	o.holdAt(id, cause, false)
-	return true
-}
-
 // holdAt makes the drainer wait on row id until a backoff passes.
 func (o *Outbox) holdAt(id int64, cause error, systemic bool) {
 	now := time.Now()
@@ -393,7 +374,7 @@ func (o *Outbox) release() {
 func (o *Outbox) reportStalls() {
 	var now []stalled
 	o.mu.Lock()
-	if h := o.hold; h != nil && h.systemic {
+	if h := o.hold; h != nil && h.stalls(o.cfg.StallAfter) {
 		now = append(now, stalled{where: fmt.Sprintf("outbox row %d", h.at), err: h.err})
 	}
 	o.mu.Unlock()

@@ -434,8 +434,9 @@ func TestOutboxSystemicRefusalStalls(t *testing.T) {
 
 // Issue 30.5: a row refused alone (XX000) with no row after it waits for
 // one: when one comes and goes through, the refused row is
-// dead-lettered. With none coming, it is dead-lettered once it waited
-// SuspectFor.
+// dead-lettered. Nothing is dead-lettered on a timer: with none coming,
+// the drain is reported as stalled once it waited StallAfter, until a
+// row after it settles it.
 func TestOutboxLoneRefusedRow(t *testing.T) {
 	t.Parallel()
 	st := pgtest.New(t)
@@ -461,24 +462,37 @@ func TestOutboxLoneRefusedRow(t *testing.T) {
 	if n := count(t, st, `SELECT count(*) FROM hipq_dead_letter WHERE reason LIKE '%refused for poison%'`); n != 1 {
 		t.Fatalf("%d dead letters of the refused row", n)
 	}
-	// Alone: dead-lettered once it waited SuspectFor (here at once, at
-	// its second try).
-	o.cfg.SuspectFor = time.Nanosecond
-	inTx(t, st, true, `{"job_type": "t", "job_key": "poison-alone"}`)
-	if _, err := o.Drain(ctx); !errors.Is(err, errHeld) {
-		t.Fatalf("first try: %v, want a drain held", err)
+	// Alone: held, and reported as a stall once it waited StallAfter
+	// (here at once), however often it is tried.
+	stalled := func() float64 {
+		v, _ := m.Value("hipq_consumer_stalled", map[string]string{"group": "outbox", "reason": "XX000"})
+		return v
 	}
-	if n, err := o.Drain(ctx); n != 1 || err != nil {
-		t.Fatalf("second try: drained %d: %v", n, err)
+	o.cfg.StallAfter = time.Nanosecond
+	inTx(t, st, true, `{"job_type": "t", "job_key": "poison-alone"}`)
+	for try := range 3 {
+		if n, err := o.Drain(ctx); n != 0 || !errors.Is(err, errHeld) {
+			t.Fatalf("try %d: drained %d: %v, want a drain held", try, n, err)
+		}
+		if v := stalled(); v != 1 || o.Stalled() == nil || !strings.Contains(o.Stalled().Error(), "XX000") {
+			t.Fatalf("try %d: hipq_consumer_stalled %v, Stalled() %v", try, v, o.Stalled())
+		}
+	}
+	if n := count(t, st, `SELECT count(*) FROM hipq_dead_letter WHERE reason LIKE '%refused for poison-alone%'`); n != 0 {
+		t.Fatalf("%d dead letters of the lone row", n)
+	}
+	inTx(t, st, true, `{"job_type": "t", "job_key": "k3"}`)
+	if n, err := o.Drain(ctx); n != 2 || err != nil {
+		t.Fatalf("drained %d: %v, want the lone row and the one after it", n, err)
 	}
 	if n := count(t, st, `SELECT count(*) FROM hipq_dead_letter WHERE reason LIKE '%refused for poison-alone%'`); n != 1 {
 		t.Fatalf("%d dead letters of the lone row", n)
 	}
-	if n := count(t, st, `SELECT count(*) FROM hipq_job`); n != 2 {
-		t.Fatalf("%d jobs, want k0 and k2", n)
+	if n := count(t, st, `SELECT count(*) FROM hipq_job`); n != 3 {
+		t.Fatalf("%d jobs, want k0, k2 and k3", n)
 	}
-	if v, _ := m.Value("hipq_consumer_stalled", map[string]string{"group": "outbox", "reason": "XX000"}); v != 0 {
-		t.Fatalf("hipq_consumer_stalled %v: a record's own refusal is no stall", v)
+	if v := stalled(); v != 0 || o.Stalled() != nil {
+		t.Fatalf("hipq_consumer_stalled %v, Stalled() %v once settled", v, o.Stalled())
 	}
 }
 

@@ -53,12 +53,13 @@ import (
 // A record with no record after it in hand (the last one read) has nothing
 // to be compared with: its partition waits for one, trying again with the
 // same backoff, and meanwhile a refusal of the same class of another
-// partition of the group counts as the record after it. A record still
-// alone and refused after SuspectFor is taken to be at fault and
-// dead-lettered: a partition never waits long on one record with nothing
-// behind it.
+// partition of the group counts as the record after it. It is never
+// dead-lettered for waiting: on a quiet topic, every record of an outage
+// would be. Still alone and refused after StallAfter, its partition is
+// reported as stalled (the gauge, the log, readiness), until a record
+// after it settles it or the refusal stops.
 const (
-	DefaultSuspectFor = time.Minute
+	DefaultStallAfter = time.Minute
 	maxStallBackoff   = 30 * time.Second
 )
 
@@ -72,6 +73,12 @@ type hold struct {
 	tries    int
 	until    time.Time // tried again then
 	paused   bool      // (consumer groups) its partition is paused until then
+}
+
+// stalls reports whether the hold is a stall to report: shown systemic,
+// or waiting alone for longer than after.
+func (h *hold) stalls(after time.Duration) bool {
+	return h.systemic || time.Since(h.since) >= after
 }
 
 // refused records one more refusal of the held record.
@@ -93,8 +100,10 @@ func reason(err error) string {
 	return "unknown"
 }
 
-// stalls reports what a consumer waits on: it sets hipq_consumer_stalled,
-// logs each reason once a minute and answers readiness.
+// stalls reports what a consumer waits on (a refusal shown systemic, or a
+// record refused alone that waited StallAfter): it sets
+// hipq_consumer_stalled, logs each reason once a minute and answers
+// readiness.
 type stalls struct {
 	group string
 	log   *zap.Logger
@@ -110,7 +119,7 @@ func newStalls(group string, log *zap.Logger, m *metrics.Metrics) *stalls {
 	return &stalls{group: group, log: log, m: m, on: map[string]bool{}, logged: map[string]time.Time{}}
 }
 
-// stalled is one place a consumer waits on a systemic refusal.
+// stalled is one place a consumer waits on a refusal it reports.
 type stalled struct {
 	where string // "topic/partition at offset N", "outbox row N"
 	err   error
@@ -150,14 +159,14 @@ func (s *stalls) set(now []stalled) {
 			for i, st := range sts {
 				wheres[i] = st.where
 			}
-			s.log.Error("consumer stalled: PostgreSQL refuses records for a reason that is not theirs; nothing is dead-lettered, it tries again",
+			s.log.Error("consumer stalled: PostgreSQL refuses records for a reason not shown to be theirs; nothing is dead-lettered, it tries again",
 				zap.String("group", s.group), zap.String("sqlstate", r), zap.Strings("waiting_at", wheres),
 				zap.String("error", correlator.Clip(sts[0].err.Error(), 1024)))
 		}
 		parts = append(parts, fmt.Sprintf("SQLSTATE %s at %s (%d waiting): %s", r, sts[0].where, len(sts),
 			correlator.Clip(sts[0].err.Error(), 512)))
 	}
-	s.why = errors.New(s.group + " stalled: PostgreSQL refuses its records for a reason that is not theirs: " + strings.Join(parts, "; "))
+	s.why = errors.New(s.group + " stalled: PostgreSQL refuses its records for a reason not shown to be theirs: " + strings.Join(parts, "; "))
 }
 
 // err is nil while nothing stalls, else what does and why.

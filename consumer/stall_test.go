@@ -32,10 +32,10 @@ type intakeRig struct {
 	m     *metrics.Metrics
 }
 
-func newIntakeRig(t *testing.T, suspectFor time.Duration, setup string) *intakeRig {
+func newIntakeRig(t *testing.T, stallAfter time.Duration, setup string) *intakeRig {
 	t.Helper()
 	r := newRig(t, "jobs", setup)
-	in, err := NewIntake(zaptest.NewLogger(t), r.st, IntakeConfig{GroupConfig: r.config(suspectFor), MaxBytes: 4096, Types: outboxTypes})
+	in, err := NewIntake(zaptest.NewLogger(t), r.st, IntakeConfig{GroupConfig: r.config(stallAfter), MaxBytes: 4096, Types: outboxTypes})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -45,10 +45,10 @@ func newIntakeRig(t *testing.T, suspectFor time.Duration, setup string) *intakeR
 }
 
 // newResponsesRig is a response consumer's rig.
-func newResponsesRig(t *testing.T, suspectFor time.Duration, setup string) *intakeRig {
+func newResponsesRig(t *testing.T, stallAfter time.Duration, setup string) *intakeRig {
 	t.Helper()
 	r := newRig(t, "replies", setup)
-	rs, err := NewResponses(zaptest.NewLogger(t), r.st, ResponsesConfig{GroupConfig: r.config(suspectFor), Types: outboxTypes})
+	rs, err := NewResponses(zaptest.NewLogger(t), r.st, ResponsesConfig{GroupConfig: r.config(stallAfter), Types: outboxTypes})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,9 +69,9 @@ func newRig(t *testing.T, topic, setup string) *intakeRig {
 	return r
 }
 
-func (r *intakeRig) config(suspectFor time.Duration) GroupConfig {
+func (r *intakeRig) config(stallAfter time.Duration) GroupConfig {
 	return GroupConfig{Kafka: kafkaconn.Config{Brokers: r.k.Brokers}, Group: r.group, Topics: []string{r.topic}, Metrics: r.m,
-		SuspectFor: suspectFor, SessionTimeout: 6 * time.Second}
+		StallAfter: stallAfter, SessionTimeout: 6 * time.Second}
 }
 
 func (r *intakeRig) run(run func(context.Context) error) {
@@ -292,9 +292,10 @@ func TestOneRecordsRefusalDeadLettersItAlone(t *testing.T) {
 
 // Issue 30.5: a record refused alone (XX000) with no record after it to
 // compare with waits for one; when one comes and goes through, the
-// refused record is dead-lettered at once. With none coming, it is
-// dead-lettered once it waited SuspectFor: a partition never waits long on
-// one record with nothing behind it.
+// refused record is dead-lettered at once. Nothing is dead-lettered on a
+// timer (on a quiet topic every record would be, through an outage): with
+// none coming, the partition is reported as stalled once it waited
+// StallAfter, until a record after it settles it or the error stops.
 func TestLoneRefusedRecord(t *testing.T) {
 	t.Parallel()
 	const refuse = `
@@ -326,16 +327,49 @@ func TestLoneRefusedRecord(t *testing.T) {
 		t.Parallel()
 		r := newIntakeRig(t, 500*time.Millisecond, refuse)
 		r.produce(1, "poison-alone")
-		waitUntil(t, 30*time.Second, "the lone refused record dead-lettered", func() (bool, string) {
-			n := r.count(`SELECT count(*) FROM hipq_dead_letter WHERE reason LIKE '%refused for poison-alone%'`)
-			return n == 1, fmt.Sprintf("%d dead letters", n)
+		waitUntil(t, 30*time.Second, "the lone refused record reported as a stall", func() (bool, string) {
+			v, _ := r.stalled("XX000")
+			all, _ := r.holds()
+			return v == 1 && all == 1 && r.in.Stalled() != nil, fmt.Sprintf("gauge %v, %d holds, %v", v, all, r.in.Stalled())
 		})
-		waitUntil(t, 10*time.Second, "its offset stored", func() (bool, string) {
-			n := r.count(`SELECT coalesce(sum(next_offset), 0) FROM hipq_offset`)
-			return n == 1, fmt.Sprintf("next offset %d", n)
+		if err := r.in.Stalled(); !strings.Contains(err.Error(), "XX000") || !strings.Contains(err.Error(), "/1 at offset 0") {
+			t.Fatalf("Stalled() = %v, want the SQLSTATE and the record named", err)
+		}
+		if n := r.count(`SELECT count(*) FROM hipq_dead_letter`); n != 0 {
+			t.Fatalf("%d dead letters with nothing to compare the record with", n)
+		}
+		r.produce(1, "k1")
+		waitUntil(t, 30*time.Second, "the record after it a job, the refused one dead-lettered", func() (bool, string) {
+			j := r.count(`SELECT count(*) FROM hipq_job WHERE job_key = 'k1'`)
+			d := r.count(`SELECT count(*) FROM hipq_dead_letter WHERE reason LIKE '%refused for poison-alone%'`)
+			return j == 1 && d == 1, fmt.Sprintf("%d jobs k1, %d dead letters", j, d)
 		})
-		if v, _ := r.stalled("XX000"); v != 0 || r.in.Stalled() != nil {
-			t.Fatalf("stalled: gauge %v, %v", v, r.in.Stalled())
+		waitUntil(t, 10*time.Second, "the stall over", func() (bool, string) {
+			v, _ := r.stalled("XX000")
+			return v == 0 && r.in.Stalled() == nil, fmt.Sprintf("gauge %v, %v", v, r.in.Stalled())
+		})
+	})
+	t.Run("under a refusal of every record", func(t *testing.T) {
+		t.Parallel()
+		r := newIntakeRig(t, 500*time.Millisecond, brokenTrigger)
+		r.produce(0, "only")
+		waitUntil(t, 30*time.Second, "the lone refused record reported as a stall", func() (bool, string) {
+			v, _ := r.stalled("XX000")
+			return v == 1 && r.in.Stalled() != nil, fmt.Sprintf("gauge %v, %v", v, r.in.Stalled())
+		})
+		if n := r.count(`SELECT count(*) FROM hipq_dead_letter`); n != 0 {
+			t.Fatalf("%d dead letters while the trigger refused every record", n)
+		}
+		if _, err := r.st.Pool().Exec(context.Background(), `DELETE FROM broken`); err != nil {
+			t.Fatal(err)
+		}
+		waitUntil(t, 60*time.Second, "the record a job once the error stops", func() (bool, string) {
+			n := r.count(`SELECT count(*) FROM hipq_job WHERE job_key = 'only'`)
+			v, _ := r.stalled("XX000")
+			return n == 1 && v == 0 && r.in.Stalled() == nil, fmt.Sprintf("%d jobs, gauge %v", n, v)
+		})
+		if n := r.count(`SELECT count(*) FROM hipq_dead_letter`); n != 0 {
+			t.Fatalf("%d dead letters", n)
 		}
 	})
 }
