@@ -662,18 +662,45 @@ func (g *group) reportStalls() {
 // deadLetter dead-letters rec, refused alone for a fault of its own.
 // Should the dead letter itself be refused (it keeps the record's bytes
 // and headers), it is kept without its headers: the record's coordinates,
-// key and value (bytes PostgreSQL always takes) and why.
+// key and value (bytes PostgreSQL always takes) and why. Should that be
+// refused too, for a reason that is not its data (the dead-letter table
+// broken), the partition is held on rec as on a systemic refusal: it
+// waits, tries again with backoff and is reported as stalled.
 func (g *group) deadLetter(ctx context.Context, rec *kgo.Record, cause error) error {
-	g.logDeadLetter(rec, cause, "")
+	// Held on its dead letter, a record is tried again quietly: the stall
+	// is logged once a minute.
+	held := g.heldOn(rec)
+	if !held {
+		g.logDeadLetter(rec, cause, "")
+	}
 	adv := g.advances([]*kgo.Record{rec})
 	after, err := g.app.apply(ctx, nil, []refusal{{rec: rec, cause: cause}}, adv, false)
 	if refusedBy(ctx, err) {
-		g.log.Error("dead letter refused too; keeping it without its headers", zap.String("topic", rec.Topic),
-			zap.Int32("partition", rec.Partition), zap.Int64("offset", rec.Offset), zap.String("error", correlator.Clip(err.Error(), 1024)))
+		if !held {
+			g.log.Error("dead letter refused too; keeping it without its headers", zap.String("topic", rec.Topic),
+				zap.Int32("partition", rec.Partition), zap.Int64("offset", rec.Offset), zap.String("error", correlator.Clip(err.Error(), 1024)))
+		}
 		after, err = g.app.apply(ctx, nil, []refusal{{rec: rec, bare: true,
 			cause: fmt.Errorf("%w; its dead letter was refused with its headers: %v", cause, err)}}, adv, false)
+		if refusedBy(ctx, err) && !store.IsDataError(err) {
+			g.hold(rec, err, true)
+			g.mu.Lock()
+			if h := g.holds[store.TopicPartition{Topic: rec.Topic, Partition: rec.Partition}]; h != nil && h.at == rec.Offset {
+				h.onDeadLetter = true
+			}
+			g.mu.Unlock()
+			return nil
+		}
 	}
 	return g.settle(ctx, []*kgo.Record{rec}, adv, after, err)
+}
+
+// heldOn reports whether rec's partition waits on rec's dead letter.
+func (g *group) heldOn(rec *kgo.Record) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	h := g.holds[store.TopicPartition{Topic: rec.Topic, Partition: rec.Partition}]
+	return h != nil && h.at == rec.Offset && h.onDeadLetter
 }
 
 func (g *group) logDeadLetter(rec *kgo.Record, cause error, why string) {

@@ -296,14 +296,32 @@ func (o *Outbox) decider(dups *int, refused []rowRefusal, read *batchRead) store
 
 // poison dead-letters one row PostgreSQL refused on its own. Should the
 // dead letter be refused too (it keeps the row's headers), it is kept
-// without them.
+// without them. Should that be refused too, for a reason that is not its
+// data (the dead-letter table broken), the drain is held on the row as on
+// a systemic refusal (errHeld).
 func (o *Outbox) poison(ctx context.Context, id int64, cause error) (int, error) {
-	o.logDeadLetter(id, cause, "")
+	// Held on its dead letter, a row is tried again quietly: the stall is
+	// logged once a minute.
+	o.mu.Lock()
+	held := o.hold != nil && o.hold.at == id && o.hold.onDeadLetter
+	o.mu.Unlock()
+	if !held {
+		o.logDeadLetter(id, cause, "")
+	}
 	var dups int
 	res, err := o.st.OutboxApply(ctx, o.take([]int64{id}, 1), o.decider(&dups, []rowRefusal{{id: id, cause: cause}}, nil))
 	if refusedBy(ctx, err) {
-		o.log.Error("dead letter refused too; keeping it without its headers", zap.Int64("outbox_id", id), zap.Error(err))
+		if !held {
+			o.log.Error("dead letter refused too; keeping it without its headers", zap.Int64("outbox_id", id), zap.Error(err))
+		}
 		res, err = o.st.OutboxApply(ctx, o.take([]int64{id}, 1), o.decider(&dups, []rowRefusal{{id: id, cause: cause, bare: true}}, nil))
+		if refusedBy(ctx, err) && !store.IsDataError(err) {
+			o.holdAt(id, err, true)
+			o.mu.Lock()
+			o.hold.onDeadLetter = true
+			o.mu.Unlock()
+			return 0, fmt.Errorf("outbox row %d: %w", id, errHeld)
+		}
 	}
 	if err != nil {
 		return 0, err

@@ -606,3 +606,42 @@ func TestOutboxSameInputTwiceIsNoComparison(t *testing.T) {
 		t.Fatalf("stalled: gauge %v, %v", v, o.Stalled())
 	}
 }
+
+// Issue 30.5: a row's dead letter refused for a reason that is not its
+// data (the dead-letter table broken) holds the drain and says so; once
+// the dead letter is taken, the drain goes on.
+func TestOutboxRefusedDeadLetterStalls(t *testing.T) {
+	t.Parallel()
+	st := pgtest.New(t)
+	o, m := newOutbox(t, st)
+	ctx := context.Background()
+	if _, err := st.Pool().Exec(ctx, refuseDeadLetters); err != nil {
+		t.Fatal(err)
+	}
+	row := func(key string) string { return fmt.Sprintf(`{"job_type": "t", "job_key": %q}`, key) }
+	inTx(t, st, true, row("k0"), row("bad"), row("k2"))
+	stalled := func() float64 {
+		v, _ := m.Value("hipq_consumer_stalled", map[string]string{"group": "outbox", "reason": "XX000"})
+		return v
+	}
+	for try := range 2 {
+		if _, err := o.Drain(ctx); !errors.Is(err, errHeld) {
+			t.Fatalf("try %d: %v, want a drain held", try, err)
+		}
+		if v := stalled(); v != 1 || o.Stalled() == nil || !strings.Contains(o.Stalled().Error(), "dead letter table broken") {
+			t.Fatalf("try %d: hipq_consumer_stalled %v, Stalled() %v", try, v, o.Stalled())
+		}
+	}
+	if _, err := st.Pool().Exec(ctx, `DROP TRIGGER refuse_dl ON hipq_dead_letter`); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := o.Drain(ctx); n != 2 || err != nil {
+		t.Fatalf("drained %d: %v, want the refused row's dead letter and k2", n, err)
+	}
+	if n := count(t, st, `SELECT count(*) FROM hipq_job`); n != 2 || count(t, st, `SELECT count(*) FROM hipq_dead_letter WHERE reason LIKE '%bad value bad%'`) != 1 {
+		t.Fatalf("%d jobs, want k0 and k2 and the dead letter", n)
+	}
+	if v := stalled(); v != 0 || o.Stalled() != nil {
+		t.Fatalf("after: hipq_consumer_stalled %v, Stalled() %v", v, o.Stalled())
+	}
+}

@@ -73,6 +73,9 @@ type hold struct {
 	tries    int
 	until    time.Time // tried again then
 	paused   bool      // (consumer groups) its partition is paused until then
+	// onDeadLetter: it waits on the record's dead letter, refused; its
+	// tries are logged by the stall, once a minute.
+	onDeadLetter bool
 }
 
 // stalls reports whether the hold is a stall to report: shown systemic,
@@ -83,7 +86,7 @@ func (h *hold) stalls(after time.Duration) bool {
 
 // refused records one more refusal of the held record.
 func (h *hold) refused(err error, systemic bool, now time.Time) {
-	h.err, h.systemic = err, h.systemic || systemic
+	h.err, h.systemic, h.onDeadLetter = err, h.systemic || systemic, false
 	h.tries++
 	h.until = now.Add(stallBackoff(h.tries))
 }

@@ -522,3 +522,42 @@ func TestSameInputTwiceIsNoComparison(t *testing.T) {
 		}
 	})
 }
+
+// refuseDeadLetters makes a job_key 'bad' a data error (22023) and every
+// dead letter fail with XX000: the dead-letter table is broken.
+const refuseDeadLetters = `
+	CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+	BEGIN RAISE EXCEPTION 'bad value %', NEW.job_key USING ERRCODE = '22023'; END $$;
+	CREATE TRIGGER refuse BEFORE INSERT ON hipq_job FOR EACH ROW WHEN (NEW.job_key = 'bad') EXECUTE FUNCTION refuse();
+	CREATE FUNCTION refuse_dl() RETURNS trigger LANGUAGE plpgsql AS $$
+	BEGIN RAISE EXCEPTION 'dead letter table broken' USING ERRCODE = 'XX000'; END $$;
+	CREATE TRIGGER refuse_dl BEFORE INSERT ON hipq_dead_letter FOR EACH ROW EXECUTE FUNCTION refuse_dl();`
+
+// Issue 30.5: a record's dead letter refused for a reason that is not its
+// data (the dead-letter table broken) stalls its partition, and says so:
+// hipq_consumer_stalled and readiness, not a silent retry. Once the
+// dead letter is taken, the partition moves on.
+func TestRefusedDeadLetterStalls(t *testing.T) {
+	t.Parallel()
+	r := newIntakeRig(t, time.Hour, refuseDeadLetters)
+	r.produce(0, "k0", "bad", "k2")
+	waitUntil(t, 30*time.Second, "the partition stalled on the dead letter", func() (bool, string) {
+		v, _ := r.stalled("XX000")
+		return v == 1 && r.in.Stalled() != nil, fmt.Sprintf("gauge %v, %v", v, r.in.Stalled())
+	})
+	if !strings.Contains(r.in.Stalled().Error(), "dead letter table broken") {
+		t.Fatalf("Stalled() = %v, want the dead letter's refusal", r.in.Stalled())
+	}
+	if n := r.count(`SELECT count(*) FROM hipq_job WHERE job_key = 'k2'`); n != 0 {
+		t.Fatalf("the record after the one held applied")
+	}
+	if _, err := r.st.Pool().Exec(context.Background(), `DROP TRIGGER refuse_dl ON hipq_dead_letter`); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, 60*time.Second, "the dead letter taken and the partition on", func() (bool, string) {
+		j := r.count(`SELECT count(*) FROM hipq_job WHERE job_key IN ('k0', 'k2')`)
+		d := r.count(`SELECT count(*) FROM hipq_dead_letter WHERE kafka_offset = 1 AND reason LIKE '%bad value bad%'`)
+		v, _ := r.stalled("XX000")
+		return j == 2 && d == 1 && v == 0 && r.in.Stalled() == nil, fmt.Sprintf("%d of 2 jobs, %d dead letters, gauge %v", j, d, v)
+	})
+}
