@@ -719,6 +719,8 @@ func (g *group) logDeadLetter(rec *kgo.Record, cause error, why string) {
 func (g *group) Stalled() error { return g.stalls.err() }
 
 // reload reads the stored offsets of adv's partitions and seeks there.
+// A hold on a record below the stored offset is over (another consumer
+// applied the record): it is let go of, its partition resumed.
 func (g *group) reload(ctx context.Context, adv []store.OffsetAdvance) {
 	tps := make([]store.TopicPartition, len(adv))
 	for i, a := range adv {
@@ -730,6 +732,8 @@ func (g *group) reload(ctx context.Context, adv []store.OffsetAdvance) {
 		return
 	}
 	seek := map[string]map[int32]kgo.EpochOffset{}
+	resume := map[string][]int32{}
+	passed := false
 	g.mu.Lock()
 	for _, tp := range tps {
 		if next, ok := stored[tp]; ok {
@@ -738,10 +742,23 @@ func (g *group) reload(ctx context.Context, adv []store.OffsetAdvance) {
 				seek[tp.Topic] = map[int32]kgo.EpochOffset{}
 			}
 			seek[tp.Topic][tp.Partition] = kgo.EpochOffset{Epoch: -1, Offset: next}
+			if h := g.holds[tp]; h != nil && h.at < next {
+				delete(g.holds, tp)
+				passed = true
+				if h.paused {
+					resume[tp.Topic] = append(resume[tp.Topic], tp.Partition)
+				}
+			}
 		}
 	}
 	g.mu.Unlock()
 	g.cl.SetOffsets(seek)
+	if len(resume) > 0 {
+		g.cl.ResumeFetchPartitions(resume)
+	}
+	if passed {
+		g.reportStalls()
+	}
 }
 
 // reseek rewinds the partitions of recs to their first record, so a batch

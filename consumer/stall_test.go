@@ -561,3 +561,34 @@ func TestRefusedDeadLetterStalls(t *testing.T) {
 		return j == 2 && d == 1 && v == 0 && r.in.Stalled() == nil, fmt.Sprintf("%d of 2 jobs, %d dead letters, gauge %v", j, d, v)
 	})
 }
+
+// A hold on a record another consumer has applied meanwhile (its offset
+// below the stored one, found by an offset conflict) is over: the stall
+// it reported goes back to 0.
+func TestOffsetConflictEndsAPassedHold(t *testing.T) {
+	t.Parallel()
+	r := newIntakeRig(t, time.Nanosecond, `
+		CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN RAISE EXCEPTION 'refused for %', NEW.job_key USING ERRCODE = 'XX000'; END $$;
+		CREATE TRIGGER refuse BEFORE INSERT ON hipq_job FOR EACH ROW WHEN (NEW.job_key = 'poison') EXECUTE FUNCTION refuse();`)
+	r.produce(1, "poison")
+	waitUntil(t, 30*time.Second, "the lone refused record reported as a stall", func() (bool, string) {
+		v, _ := r.stalled("XX000")
+		return v == 1, fmt.Sprintf("gauge %v", v)
+	})
+	// Another consumer of the group dead-letters it and stores the offset past it.
+	if _, err := r.st.Pool().Exec(context.Background(), `INSERT INTO hipq_offset (consumer_group, topic, kafka_partition, next_offset)
+		VALUES ($1, $2, 1, 1)`, r.group, r.topic); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, 60*time.Second, "the hold over", func() (bool, string) {
+		v, _ := r.stalled("XX000")
+		all, _ := r.holds()
+		return v == 0 && all == 0 && r.in.Stalled() == nil, fmt.Sprintf("gauge %v, %d holds, %v", v, all, r.in.Stalled())
+	})
+	r.produce(1, "k1")
+	waitUntil(t, 30*time.Second, "the partition read on", func() (bool, string) {
+		n := r.count(`SELECT count(*) FROM hipq_job WHERE job_key = 'k1'`)
+		return n == 1, fmt.Sprintf("%d jobs", n)
+	})
+}
