@@ -27,20 +27,20 @@ import (
 // that writes more than a dead letter:
 //
 //   - the record after it is written together with the record's dead
-//     letter (and the records between them, which an offset passes over;
-//     the outbox has no offsets and leaves the rows between to the drain,
-//     reading none of them again), in one transaction, which
-//     must write: insert a job, apply a reply, keep it early or move its
-//     attempt's deadline (store.ErrNoWrite). A record that does not
-//     decode, a duplicate request, or a reply that turns out duplicate,
-//     stale or for a type not configured, writes nothing: it never meets
-//     the write refused and shows nothing of it, so the transaction rolls
-//     back and the record after it is taken instead. Nor is a record of
-//     the same input (the same job; a reply to the same attempt) compared
-//     with: it would be refused for its own fault just the same. It is
-//     dead-lettered with the record when the comparison commits. When it
-//     commits, the refusal was the record's own and the partition moves
-//     on;
+//     letter, in one transaction, which must write: insert a job, apply
+//     a reply, keep it early or move its attempt's deadline (else it
+//     rolls back with store.ErrNoWrite). The records between them go
+//     with it, as the offset passes over them; the outbox has no offsets
+//     and leaves the rows between to the drain, reading none of them
+//     again. A record that does not decode, a duplicate request, or a
+//     reply that turns out duplicate, stale or for a type not configured,
+//     writes nothing: it never meets the write refused and shows nothing
+//     of it, so the transaction rolls back and the record after it is
+//     taken instead. Nor is a record of the same input (the same job; a
+//     reply to the same attempt) compared with: it would be refused for
+//     its own fault just the same, and is dead-lettered with the record.
+//     When the transaction commits, the refusal was the record's own and
+//     the partition moves on;
 //   - when the record after it is refused the same way (store.SameRefusal:
 //     the same SQLSTATE class), the refusal is systemic: nothing is
 //     dead-lettered and no offset moves. The partition waits, trying
@@ -58,6 +58,10 @@ import (
 // would be. Still alone and refused after StallAfter, its partition is
 // reported as stalled (the gauge, the log, readiness), until a record
 // after it settles it or the refusal stops.
+//
+// A dead letter refused for a reason that is not its data (the
+// dead-letter table broken) holds its record's partition the same way,
+// as systemic: nothing after it can be applied until it is taken.
 const (
 	DefaultStallAfter = time.Minute
 	maxStallBackoff   = 30 * time.Second
