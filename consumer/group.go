@@ -81,11 +81,12 @@ type GroupConfig struct {
 	// children of their attempts' send spans, dead letters in their own
 	// traces; nil: no tracing work.
 	Tracer trace.Tracer
-	// SuspectFor is how long a record PostgreSQL refuses alone, for a
+	// StallAfter is how long a record PostgreSQL refuses alone, for a
 	// reason that is not plainly its own, waits for a record after it to
-	// be compared with before it is dead-lettered as at fault (see
-	// DefaultSuspectFor); defaults to DefaultSuspectFor.
-	SuspectFor time.Duration
+	// be compared with before its partition is reported as stalled
+	// (hipq_consumer_stalled, readiness); it is never dead-lettered for
+	// waiting (stall.go). Defaults to DefaultStallAfter.
+	StallAfter time.Duration
 }
 
 // WithDefaults returns c with every unset field at its default.
@@ -94,7 +95,7 @@ func (c GroupConfig) WithDefaults() GroupConfig {
 	c.SessionTimeout = cmp.Or(c.SessionTimeout, DefaultSessionTimeout)
 	c.MaxPollRecords = cmp.Or(c.MaxPollRecords, DefaultMaxPollRecords)
 	c.Metrics = metrics.Or(c.Metrics)
-	c.SuspectFor = cmp.Or(c.SuspectFor, DefaultSuspectFor)
+	c.StallAfter = cmp.Or(c.StallAfter, DefaultStallAfter)
 	return c
 }
 
@@ -103,13 +104,33 @@ func (c GroupConfig) rebalanceTimeout() time.Duration { return max(3*c.SessionTi
 
 // applier writes one batch of records, with their offset advances, in one
 // transaction: the effects of recs and the dead letters of refused. after
-// runs once it committed (dead-letter copies, logs).
+// runs once it committed (dead-letter copies, logs). With mustWrite, recs
+// must make a job or apply a reply (keep it early, move a deadline), else
+// nothing is written and the error is store.ErrNoWrite.
 type applier interface {
-	apply(ctx context.Context, recs []*kgo.Record, refused []refusal, adv []store.OffsetAdvance) (after func(), err error)
-	// writes reports whether rec, as decoded, makes more than a dead
-	// letter (a job, a reply to apply): only such a record can show
-	// whether the write a record before it was refused goes through.
-	writes(rec *kgo.Record) bool
+	apply(ctx context.Context, recs []*kgo.Record, refused []refusal, adv []store.OffsetAdvance, mustWrite bool) (after func(), err error)
+	// input is what rec asks for, as decoded: nil when it decodes to a
+	// dead letter only; else the names of what it writes (a job's type
+	// and key; a reply's job id and attempt, its job's type, key and
+	// attempt), of which two records of the same input share one. Only
+	// a record that decodes may show whether the write a record before
+	// it was refused goes through, and only if it does write (mustWrite):
+	// a duplicate request, or a reply that turns out duplicate, stale or
+	// for a type not configured, writes nothing. A record of the same
+	// input shows nothing either: it would be refused for its own fault
+	// just the same.
+	input(rec *kgo.Record) []string
+}
+
+// sameInput reports whether two records' inputs (applier.input) are the
+// same: they share a name.
+func sameInput(a, b []string) bool {
+	for _, x := range a {
+		if slices.Contains(b, x) {
+			return true
+		}
+	}
+	return false
 }
 
 // refusal is a record PostgreSQL refused on its own, to be dead-lettered
@@ -425,7 +446,7 @@ func (g *group) applyRun(ctx context.Context, all, recs []*kgo.Record) error {
 		return nil
 	}
 	adv := g.advances(recs)
-	after, err := g.app.apply(ctx, recs, nil, adv)
+	after, err := g.app.apply(ctx, recs, nil, adv, false)
 	if refusedBy(ctx, err) {
 		if len(recs) > 1 {
 			half := len(recs) / 2
@@ -440,9 +461,11 @@ func (g *group) applyRun(ctx context.Context, all, recs []*kgo.Record) error {
 }
 
 // refusedBy reports whether err is PostgreSQL refusing a write for good
-// (not a lost offset race, not passing, not a shutdown).
+// (not a lost offset race, not a batch that had to write and did not,
+// not passing, not a shutdown).
 func refusedBy(ctx context.Context, err error) bool {
-	return err != nil && !errors.Is(err, store.ErrOffsetConflict) && !store.IsTransient(err) && ctx.Err() == nil
+	return err != nil && !errors.Is(err, store.ErrOffsetConflict) && !errors.Is(err, store.ErrNoWrite) &&
+		!store.IsTransient(err) && ctx.Err() == nil
 }
 
 // settle ends a write of recs with adv: on commit, it moves the stored
@@ -483,57 +506,70 @@ func (g *group) settle(ctx context.Context, recs []*kgo.Record, adv []store.Offs
 // refused decides for rec, refused alone with cause, within the pass all
 // (see stall.go): a refusal of its data dead-letters it; any other is
 // compared with the next record on its partition that writes more than a
-// dead letter, written in one transaction with rec's dead letter (and
-// with the records between them, dead letters all).
+// dead letter and is another input, written in one transaction with rec's
+// dead letter and with the records between them: those that write
+// nothing, and copies of rec's input, dead-lettered with it.
 func (g *group) refused(ctx context.Context, all []*kgo.Record, rec *kgo.Record, cause error) error {
 	if store.IsDataError(cause) {
 		return g.deadLetter(ctx, rec, cause)
 	}
-	after := g.after(all, rec)
-	if after == nil {
-		if g.wait(rec, cause) {
-			return nil
-		}
-		return g.deadLetter(ctx, rec, cause)
-	}
-	recs := append([]*kgo.Record{rec}, after...)
-	adv := g.advances(recs)
-	done, err := g.app.apply(ctx, after, []refusal{{rec: rec, cause: cause}}, adv)
-	switch {
-	case err == nil:
-		g.logDeadLetter(rec, cause, "the record after it went through")
-		return g.settle(ctx, recs, adv, done, nil)
-	case !refusedBy(ctx, err):
-		return g.settle(ctx, recs, adv, done, err)
-	case store.SameRefusal(cause, err):
-		g.hold(rec, err, true)
-		return nil
-	}
-	// The record after it was refused otherwise: rec's refusal was its own.
-	return g.deadLetter(ctx, rec, cause)
-}
-
-// after is the records after rec on its partition in recs, up to the
-// first that writes more than a dead letter; nil when none does.
-func (g *group) after(recs []*kgo.Record, rec *kgo.Record) []*kgo.Record {
-	var out []*kgo.Record
-	for _, r := range recs {
+	own := g.app.input(rec)
+	var next []*kgo.Record // the records after rec on its partition
+	var inputs [][]string  // and their inputs
+	for _, r := range all {
 		if r.Topic == rec.Topic && r.Partition == rec.Partition && r.Offset > rec.Offset {
-			out = append(out, r)
-			if g.app.writes(r) {
-				return out
+			next = append(next, r)
+			inputs = append(inputs, g.app.input(r))
+		}
+	}
+	for i := range next {
+		if inputs[i] == nil || sameInput(own, inputs[i]) {
+			continue
+		}
+		// next[i] is compared with rec only if it does write: a record
+		// that writes nothing (a duplicate) rolls back and the next is
+		// tried.
+		refused := []refusal{{rec: rec, cause: cause}}
+		var recs []*kgo.Record
+		for j, a := range next[:i+1] {
+			if sameInput(own, inputs[j]) {
+				refused = append(refused, refusal{rec: a,
+					cause: fmt.Errorf("the same input as offset %d, refused alone: %w", rec.Offset, cause)})
+			} else {
+				recs = append(recs, a)
 			}
 		}
+		passed := append([]*kgo.Record{rec}, next[:i+1]...)
+		adv := g.advances(passed)
+		done, err := g.app.apply(ctx, recs, refused, adv, true)
+		switch {
+		case errors.Is(err, store.ErrNoWrite):
+			continue
+		case err == nil:
+			for _, f := range refused {
+				g.logDeadLetter(f.rec, f.cause, "the record after it went through")
+			}
+			return g.settle(ctx, passed, adv, done, nil)
+		case !refusedBy(ctx, err):
+			return g.settle(ctx, passed, adv, done, err)
+		case store.SameRefusal(cause, err):
+			g.hold(rec, err, true)
+			return nil
+		}
+		// The record after it was refused otherwise: rec's refusal was its own.
+		return g.deadLetter(ctx, rec, cause)
 	}
+	g.wait(rec, cause)
 	return nil
 }
 
-// wait decides for rec, refused alone with cause and with no record after
-// it to compare with: its partition waits (true) while another partition
-// of the group waits on a refusal of the same class (the refusal is then
-// systemic), or until rec has waited SuspectFor alone (false: rec is
-// taken to be at fault).
-func (g *group) wait(rec *kgo.Record, cause error) bool {
+// wait makes rec's partition wait on rec, refused alone with cause and
+// with no record after it to compare with, until one comes or the
+// refusal stops: it is never dead-lettered for waiting. Another partition
+// of the group waiting on a refusal of the same class shows the refusal
+// systemic; still alone after StallAfter, the wait is reported as a stall
+// too (reportStalls).
+func (g *group) wait(rec *kgo.Record, cause error) {
 	tp := store.TopicPartition{Topic: rec.Topic, Partition: rec.Partition}
 	g.mu.Lock()
 	systemic := false
@@ -542,17 +578,8 @@ func (g *group) wait(rec *kgo.Record, cause error) bool {
 			h.systemic, systemic = true, true
 		}
 	}
-	h := g.holds[tp]
-	alone := h != nil && h.at == rec.Offset && !h.systemic && !systemic && time.Since(h.since) >= g.cfg.SuspectFor
-	if alone {
-		delete(g.holds, tp)
-	}
 	g.mu.Unlock()
-	if alone {
-		return false
-	}
 	g.hold(rec, cause, systemic)
-	return true
 }
 
 // hold makes rec's partition wait on it: paused and sought back to it,
@@ -617,12 +644,12 @@ func (g *group) resumeDue() {
 }
 
 // reportStalls sets hipq_consumer_stalled and readiness from the holds
-// shown to be systemic.
+// shown to be systemic, or waiting alone for longer than StallAfter.
 func (g *group) reportStalls() {
 	var now []stalled
 	g.mu.Lock()
 	for tp, h := range g.holds {
-		if h.systemic {
+		if h.stalls(g.cfg.StallAfter) {
 			now = append(now, stalled{where: fmt.Sprintf("%s/%d at offset %d", tp.Topic, tp.Partition, h.at), err: h.err})
 		}
 	}
@@ -633,18 +660,45 @@ func (g *group) reportStalls() {
 // deadLetter dead-letters rec, refused alone for a fault of its own.
 // Should the dead letter itself be refused (it keeps the record's bytes
 // and headers), it is kept without its headers: the record's coordinates,
-// key and value (bytes PostgreSQL always takes) and why.
+// key and value (bytes PostgreSQL always takes) and why. Should that be
+// refused too, for a reason that is not its data (the dead-letter table
+// broken), the partition is held on rec as on a systemic refusal: it
+// waits, tries again with backoff and is reported as stalled.
 func (g *group) deadLetter(ctx context.Context, rec *kgo.Record, cause error) error {
-	g.logDeadLetter(rec, cause, "")
+	// Held on its dead letter, a record is tried again quietly: the stall
+	// is logged once a minute.
+	held := g.heldOn(rec)
+	if !held {
+		g.logDeadLetter(rec, cause, "")
+	}
 	adv := g.advances([]*kgo.Record{rec})
-	after, err := g.app.apply(ctx, nil, []refusal{{rec: rec, cause: cause}}, adv)
+	after, err := g.app.apply(ctx, nil, []refusal{{rec: rec, cause: cause}}, adv, false)
 	if refusedBy(ctx, err) {
-		g.log.Error("dead letter refused too; keeping it without its headers", zap.String("topic", rec.Topic),
-			zap.Int32("partition", rec.Partition), zap.Int64("offset", rec.Offset), zap.String("error", correlator.Clip(err.Error(), 1024)))
+		if !held {
+			g.log.Error("dead letter refused too; keeping it without its headers", zap.String("topic", rec.Topic),
+				zap.Int32("partition", rec.Partition), zap.Int64("offset", rec.Offset), zap.String("error", correlator.Clip(err.Error(), 1024)))
+		}
 		after, err = g.app.apply(ctx, nil, []refusal{{rec: rec, bare: true,
-			cause: fmt.Errorf("%w; its dead letter was refused with its headers: %v", cause, err)}}, adv)
+			cause: fmt.Errorf("%w; its dead letter was refused with its headers: %v", cause, err)}}, adv, false)
+		if refusedBy(ctx, err) && !store.IsDataError(err) {
+			g.hold(rec, err, true)
+			g.mu.Lock()
+			if h := g.holds[store.TopicPartition{Topic: rec.Topic, Partition: rec.Partition}]; h != nil && h.at == rec.Offset {
+				h.onDeadLetter = true
+			}
+			g.mu.Unlock()
+			return nil
+		}
 	}
 	return g.settle(ctx, []*kgo.Record{rec}, adv, after, err)
+}
+
+// heldOn reports whether rec's partition waits on rec's dead letter.
+func (g *group) heldOn(rec *kgo.Record) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	h := g.holds[store.TopicPartition{Topic: rec.Topic, Partition: rec.Partition}]
+	return h != nil && h.at == rec.Offset && h.onDeadLetter
 }
 
 func (g *group) logDeadLetter(rec *kgo.Record, cause error, why string) {
@@ -658,10 +712,13 @@ func (g *group) logDeadLetter(rec *kgo.Record, cause error, why string) {
 }
 
 // Stalled is nil while no partition of the group waits on a refusal shown
-// to be systemic, else what waits and why.
+// to be systemic (or alone for longer than StallAfter), else what waits
+// and why.
 func (g *group) Stalled() error { return g.stalls.err() }
 
 // reload reads the stored offsets of adv's partitions and seeks there.
+// A hold on a record below the stored offset is over (another consumer
+// applied the record): it is let go of, its partition resumed.
 func (g *group) reload(ctx context.Context, adv []store.OffsetAdvance) {
 	tps := make([]store.TopicPartition, len(adv))
 	for i, a := range adv {
@@ -673,6 +730,8 @@ func (g *group) reload(ctx context.Context, adv []store.OffsetAdvance) {
 		return
 	}
 	seek := map[string]map[int32]kgo.EpochOffset{}
+	resume := map[string][]int32{}
+	passed := false
 	g.mu.Lock()
 	for _, tp := range tps {
 		if next, ok := stored[tp]; ok {
@@ -681,10 +740,23 @@ func (g *group) reload(ctx context.Context, adv []store.OffsetAdvance) {
 				seek[tp.Topic] = map[int32]kgo.EpochOffset{}
 			}
 			seek[tp.Topic][tp.Partition] = kgo.EpochOffset{Epoch: -1, Offset: next}
+			if h := g.holds[tp]; h != nil && h.at < next {
+				delete(g.holds, tp)
+				passed = true
+				if h.paused {
+					resume[tp.Topic] = append(resume[tp.Topic], tp.Partition)
+				}
+			}
 		}
 	}
 	g.mu.Unlock()
 	g.cl.SetOffsets(seek)
+	if len(resume) > 0 {
+		g.cl.ResumeFetchPartitions(resume)
+	}
+	if passed {
+		g.reportStalls()
+	}
 }
 
 // reseek rewinds the partitions of recs to their first record, so a batch

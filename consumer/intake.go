@@ -97,9 +97,9 @@ func (in *Intake) count(result string, n int) {
 	}
 }
 
-func (in *Intake) apply(ctx context.Context, recs []*kgo.Record, refused []refusal, adv []store.OffsetAdvance) (func(), error) {
+func (in *Intake) apply(ctx context.Context, recs []*kgo.Record, refused []refusal, adv []store.OffsetAdvance, mustWrite bool) (func(), error) {
 	now := time.Now()
-	b := store.IntakeBatch{Group: in.cfg.Group, Offsets: adv}
+	b := store.IntakeBatch{Group: in.cfg.Group, Offsets: adv, MustWrite: mustWrite}
 	var dups int
 	b.Jobs, b.DeadLetters, dups = reduceIntake(store.SourceIntake, len(recs), func(i int) (store.Source, *correlator.Job, error) {
 		src := source(recs[i])
@@ -139,9 +139,13 @@ func (in *Intake) apply(ctx context.Context, recs []*kgo.Record, refused []refus
 	}, nil
 }
 
-func (in *Intake) writes(rec *kgo.Record) bool {
-	_, err := decodeRecord(rec, source(rec), in.cfg.MaxBytes, in.cfg.Types, time.Now())
-	return err == nil
+// input names the job rec asks for: its type and key.
+func (in *Intake) input(rec *kgo.Record) []string {
+	job, err := decodeRecord(rec, source(rec), in.cfg.MaxBytes, in.cfg.Types, time.Now())
+	if err != nil {
+		return nil
+	}
+	return []string{job.JobType + "\x00" + job.JobKey}
 }
 
 // reserve asks the dispatcher for room for the batch's jobs that may be

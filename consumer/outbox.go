@@ -36,11 +36,12 @@ type OutboxConfig struct {
 	// Tracer, when set, records each dead letter that came in a trace as
 	// a span there; nil: no tracing work.
 	Tracer trace.Tracer
-	// SuspectFor is how long a row PostgreSQL refuses alone, for a reason
+	// StallAfter is how long a row PostgreSQL refuses alone, for a reason
 	// that is not plainly its own, waits for a row after it to be
-	// compared with before it is dead-lettered as at fault (see
-	// DefaultSuspectFor); defaults to DefaultSuspectFor.
-	SuspectFor time.Duration
+	// compared with before the drainer is reported as stalled; it is
+	// never dead-lettered for waiting (stall.go). Defaults to
+	// DefaultStallAfter.
+	StallAfter time.Duration
 }
 
 // Outbox drains hipq_intake, the transactional outbox: applications write
@@ -69,7 +70,7 @@ func NewOutbox(log *zap.Logger, st *store.Store, cfg OutboxConfig) *Outbox {
 	cfg.BatchSize = cmp.Or(cfg.BatchSize, DefaultOutboxBatch)
 	cfg.Poll = cmp.Or(cfg.Poll, DefaultOutboxPoll)
 	cfg.Metrics = metrics.Or(cfg.Metrics)
-	cfg.SuspectFor = cmp.Or(cfg.SuspectFor, DefaultSuspectFor)
+	cfg.StallAfter = cmp.Or(cfg.StallAfter, DefaultStallAfter)
 	log = log.Named("outbox")
 	return &Outbox{log: log, st: st, cfg: cfg, wake: make(chan struct{}, 1), batchBytes: maxBatchBytes,
 		stalls: newStalls("outbox", log, cfg.Metrics)}
@@ -120,7 +121,8 @@ func (o *Outbox) Drain(ctx context.Context) (int, error) {
 	total := 0
 	for {
 		var dups int
-		res, err := o.st.OutboxApply(ctx, o.take(nil, o.cfg.BatchSize), o.decider(&dups, nil))
+		b := &batchRead{rows: map[int64]rowRead{}}
+		res, err := o.st.OutboxApply(ctx, o.take(nil, o.cfg.BatchSize), o.decider(&dups, nil, b))
 		n, more := len(res.Taken), res.More
 		switch {
 		case err == nil:
@@ -128,7 +130,8 @@ func (o *Outbox) Drain(ctx context.Context) (int, error) {
 			o.applied(n, res.IntakeResult, dups)
 			o.release()
 		case refusedBy(ctx, err) && n > 0:
-			n, err = o.split(ctx, res.Taken, res.Taken, err)
+			b.ids = res.Taken
+			n, err = o.split(ctx, b, res.Taken, err)
 			more = true
 		default:
 			n = 0
@@ -140,17 +143,30 @@ func (o *Outbox) Drain(ctx context.Context) (int, error) {
 	}
 }
 
-// split applies the rows ids names, a part of the batch all that
-// PostgreSQL refused with cause, halving them until the row at fault is
-// found (refused).
-func (o *Outbox) split(ctx context.Context, all, ids []int64, cause error) (int, error) {
+// batchRead is a batch PostgreSQL refused: the ids of its rows, and what
+// each decoded to when the batch was decided.
+type batchRead struct {
+	ids  []int64
+	rows map[int64]rowRead
+}
+
+// rowRead is what an outbox row decoded to.
+type rowRead struct {
+	job   bool   // a job request (not a dead letter)
+	input string // of a job request: its type and key
+}
+
+// split applies the rows ids names, a part of the batch b that PostgreSQL
+// refused with cause, halving them until the row at fault is found
+// (refused).
+func (o *Outbox) split(ctx context.Context, b *batchRead, ids []int64, cause error) (int, error) {
 	if len(ids) == 1 {
-		return o.refused(ctx, all, ids[0], cause)
+		return o.refused(ctx, b, ids[0], cause)
 	}
 	n := 0
 	for _, part := range [][]int64{ids[:len(ids)/2], ids[len(ids)/2:]} {
 		var dups int
-		res, err := o.st.OutboxApply(ctx, o.take(part, len(part)), o.decider(&dups, nil))
+		res, err := o.st.OutboxApply(ctx, o.take(part, len(part)), o.decider(&dups, nil, nil))
 		switch {
 		case err == nil:
 			o.applied(len(res.Taken), res.IntakeResult, dups)
@@ -158,7 +174,7 @@ func (o *Outbox) split(ctx context.Context, all, ids []int64, cause error) (int,
 			n += len(res.Taken)
 			continue
 		case refusedBy(ctx, err) && len(res.Taken) > 0:
-			m, err := o.split(ctx, all, res.Taken, err)
+			m, err := o.split(ctx, b, res.Taken, err)
 			n += m
 			if err == nil {
 				continue
@@ -171,37 +187,58 @@ func (o *Outbox) split(ctx context.Context, all, ids []int64, cause error) (int,
 }
 
 // refused decides for row id, refused alone with cause, within the batch
-// all (see stall.go): a refusal of its data dead-letters it; any other is
-// compared with the row after it, written in one transaction with the
-// row's dead letter.
-func (o *Outbox) refused(ctx context.Context, all []int64, id int64, cause error) (int, error) {
+// b (see stall.go): a refusal of its data dead-letters it; any other is
+// compared with the next row of b that makes a job and is another
+// request, taken with it and written in one transaction with the row's
+// dead letter (and those of the copies of its request between them). The
+// other rows between them write nothing (dead letters, or requests for
+// jobs that exist): they are left for the drain, as any row.
+func (o *Outbox) refused(ctx context.Context, b *batchRead, id int64, cause error) (int, error) {
 	if store.IsDataError(cause) {
 		return o.poison(ctx, id, cause)
 	}
-	// The rows after it are taken one more at a time until one writes a
-	// job: only such a row shows whether the write refused goes through.
-	i := slices.Index(all, id)
-compare:
-	for j := i + 1; i >= 0 && j < len(all); j++ {
-		var dups int
-		ids := append([]int64{id}, all[i+1:j+1]...)
-		t := o.take(ids, len(ids))
-		t.All = true
-		res, err := o.st.OutboxApply(ctx, t, o.decider(&dups, &rowRefusal{id: id, cause: cause, compare: true}))
+	own, known := b.rows[id]
+	refusals := []rowRefusal{{id: id, cause: cause}}
+	i := slices.Index(b.ids, id)
+	for _, next := range b.ids[i+1:] {
+		r, ok := b.rows[next]
 		switch {
-		case errors.Is(err, errNoWrite):
+		case i < 0 || ok && !r.job:
+			continue
+		case known && own.job && ok && r.input == own.input:
+			// A copy of its request shows nothing: it would be refused
+			// for its own fault just the same.
+			refusals = append(refusals, rowRefusal{id: next,
+				cause: fmt.Errorf("the same request as outbox row %d, refused alone: %w", id, cause)})
+			continue
+		}
+		// (A row the batch never decided, refused before its decision,
+		// may write: it is tried.) A request for a job that exists writes
+		// nothing: it rolls back (store.ErrNoWrite) and the next is tried.
+		var dups int
+		ids := []int64{next}
+		for _, f := range refusals {
+			ids = append(ids, f.id)
+		}
+		slices.Sort(ids)
+		t := o.take(ids, len(ids))
+		t.All, t.MustWrite = true, true
+		res, err := o.st.OutboxApply(ctx, t, o.decider(&dups, refusals, nil))
+		switch {
+		case errors.Is(err, store.ErrNoWrite):
 			continue
 		case err == nil && len(res.Taken) > 0:
 			// The refusal was the row's own.
-			o.logDeadLetter(id, cause, "the row after it went through")
+			for _, f := range refusals {
+				o.logDeadLetter(f.id, f.cause, "the row after it went through")
+			}
 			o.applied(len(res.Taken), res.IntakeResult, dups)
 			o.passed(res.Taken)
 			return len(res.Taken), nil
 		case err == nil:
-			// Nothing taken: another drainer holds one of the rows, or
-			// they are more than a batch may read. The drain waits on
-			// the row, as on a row with none after it.
-			break compare
+			// Nothing taken: another drainer holds one of the rows (it
+			// took the row after it, say); the next is tried.
+			continue
 		case !refusedBy(ctx, err):
 			return 0, err
 		case store.SameRefusal(cause, err):
@@ -213,48 +250,41 @@ compare:
 			return o.poison(ctx, id, cause)
 		}
 	}
-	if o.wait(id, cause) {
-		return 0, fmt.Errorf("outbox row %d: %w", id, errHeld)
-	}
-	return o.poison(ctx, id, cause)
+	// No row after it to compare with: the drain waits on it until one
+	// comes or the refusal stops, never dead-lettering it for waiting.
+	o.holdAt(id, cause, false)
+	return 0, fmt.Errorf("outbox row %d: %w", id, errHeld)
 }
-
-// errNoWrite: the rows after a refused row make dead letters only.
-var errNoWrite = errors.New("the rows after the refused row write no job")
 
 // rowRefusal is a row PostgreSQL refused on its own, to be dead-lettered.
 type rowRefusal struct {
 	id    int64
 	cause error
 	bare  bool // without its headers: its dead letter was refused with them
-	// compare: the other rows must write a job, else the decision is
-	// errNoWrite (nothing taken).
-	compare bool
 }
 
-// decider makes jobs and dead letters of a drain's rows: refused's row
-// (when set) is dead-lettered with its refusal, the others are decided.
-func (o *Outbox) decider(dups *int, refused *rowRefusal) store.OutboxDecide {
+// decider makes jobs and dead letters of a drain's rows: the rows of
+// refused are dead-lettered with their refusals, the others are decided,
+// and what each decoded to is kept in read (when set).
+func (o *Outbox) decider(dups *int, refused []rowRefusal, read *batchRead) store.OutboxDecide {
 	return func(rows []store.OutboxRow) ([]store.IntakeJob, []store.DeadLetter, error) {
 		var dead []store.DeadLetter
-		if refused != nil {
+		if len(refused) > 0 {
 			rows = slices.DeleteFunc(slices.Clone(rows), func(r store.OutboxRow) bool {
-				if r.ID != refused.id {
+				k := slices.IndexFunc(refused, func(f rowRefusal) bool { return f.id == r.ID })
+				if k < 0 {
 					return false
 				}
 				src, _ := outboxSource(r)
-				if refused.bare {
+				if refused[k].bare {
 					src.Headers = nil
 				}
-				dead = append(dead, store.DeadLetter{Kind: store.SourceOutbox, Source: src, Reason: rejected(refused.cause)})
+				dead = append(dead, store.DeadLetter{Kind: store.SourceOutbox, Source: src, Reason: rejected(refused[k].cause)})
 				return true
 			})
 		}
-		jobs, dls, n := o.decide(rows)
+		jobs, dls, n := o.decide(rows, read)
 		*dups = n
-		if refused != nil && refused.compare && len(jobs) == 0 {
-			return nil, nil, errNoWrite
-		}
 		if o.cfg.CrashPoint == "outbox:in-transaction" {
 			// Tests: die with the rows deleted in a transaction that never commits.
 			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
@@ -266,14 +296,32 @@ func (o *Outbox) decider(dups *int, refused *rowRefusal) store.OutboxDecide {
 
 // poison dead-letters one row PostgreSQL refused on its own. Should the
 // dead letter be refused too (it keeps the row's headers), it is kept
-// without them.
+// without them. Should that be refused too, for a reason that is not its
+// data (the dead-letter table broken), the drain is held on the row as on
+// a systemic refusal (errHeld).
 func (o *Outbox) poison(ctx context.Context, id int64, cause error) (int, error) {
-	o.logDeadLetter(id, cause, "")
+	// Held on its dead letter, a row is tried again quietly: the stall is
+	// logged once a minute.
+	o.mu.Lock()
+	held := o.hold != nil && o.hold.at == id && o.hold.onDeadLetter
+	o.mu.Unlock()
+	if !held {
+		o.logDeadLetter(id, cause, "")
+	}
 	var dups int
-	res, err := o.st.OutboxApply(ctx, o.take([]int64{id}, 1), o.decider(&dups, &rowRefusal{id: id, cause: cause}))
+	res, err := o.st.OutboxApply(ctx, o.take([]int64{id}, 1), o.decider(&dups, []rowRefusal{{id: id, cause: cause}}, nil))
 	if refusedBy(ctx, err) {
-		o.log.Error("dead letter refused too; keeping it without its headers", zap.Int64("outbox_id", id), zap.Error(err))
-		res, err = o.st.OutboxApply(ctx, o.take([]int64{id}, 1), o.decider(&dups, &rowRefusal{id: id, cause: cause, bare: true}))
+		if !held {
+			o.log.Error("dead letter refused too; keeping it without its headers", zap.Int64("outbox_id", id), zap.Error(err))
+		}
+		res, err = o.st.OutboxApply(ctx, o.take([]int64{id}, 1), o.decider(&dups, []rowRefusal{{id: id, cause: cause, bare: true}}, nil))
+		if refusedBy(ctx, err) && !store.IsDataError(err) {
+			o.holdAt(id, err, true)
+			o.mu.Lock()
+			o.hold.onDeadLetter = true
+			o.mu.Unlock()
+			return 0, fmt.Errorf("outbox row %d: %w", id, errHeld)
+		}
 	}
 	if err != nil {
 		return 0, err
@@ -290,26 +338,6 @@ func (o *Outbox) logDeadLetter(id int64, cause error, why string) {
 		fields = append(fields, zap.String("because", why))
 	}
 	o.log.Warn("outbox row refused by PostgreSQL; dead-lettering it", fields...)
-}
-
-// wait decides for row id, refused alone with cause and with no row after
-// it to compare with: the drain waits on it (true) until it has waited
-// SuspectFor alone (false: the row is taken to be at fault), or for as
-// long as it is refused once the refusal was shown to be systemic.
-func (o *Outbox) wait(id int64, cause error) bool {
-	o.mu.Lock()
-	h := o.hold
-	alone := h != nil && h.at == id && !h.systemic && time.Since(h.since) >= o.cfg.SuspectFor
-	if alone {
-		o.hold = nil
-	}
-	o.mu.Unlock()
-	if alone {
-		o.reportStalls()
-		return false
-	}
-	o.holdAt(id, cause, false)
-	return true
 }
 
 // holdAt makes the drainer wait on row id until a backoff passes.
@@ -364,7 +392,7 @@ func (o *Outbox) release() {
 func (o *Outbox) reportStalls() {
 	var now []stalled
 	o.mu.Lock()
-	if h := o.hold; h != nil && h.systemic {
+	if h := o.hold; h != nil && h.stalls(o.cfg.StallAfter) {
 		now = append(now, stalled{where: fmt.Sprintf("outbox row %d", h.at), err: h.err})
 	}
 	o.mu.Unlock()
@@ -387,34 +415,45 @@ func (o *Outbox) take(ids []int64, limit int) store.OutboxTake {
 }
 
 // decide makes jobs and dead letters of outbox rows, as intake does of
-// Kafka records.
-func (o *Outbox) decide(rows []store.OutboxRow) ([]store.IntakeJob, []store.DeadLetter, int) {
+// Kafka records, and keeps what each row decoded to in read (when set).
+func (o *Outbox) decide(rows []store.OutboxRow, read *batchRead) ([]store.IntakeJob, []store.DeadLetter, int) {
 	now := time.Now()
 	return reduceIntake(store.SourceOutbox, len(rows), func(i int) (store.Source, *correlator.Job, error) {
-		r := rows[i]
-		if r.HeadersSize > correlator.MaxHeaderBytes {
-			src := store.Source{Value: r.Value, Received: r.CreatedAt}
-			return src, nil, &correlator.InputError{Code: correlator.CodeTooLarge, Field: "headers",
-				Detail: fmt.Sprintf("headers: %d bytes is more than the limit of %d", r.HeadersSize, correlator.MaxHeaderBytes)}
-		}
-		src, err := outboxSource(r)
-		if err == nil && r.ValueSize > o.cfg.MaxBytes {
-			// The value was read only in part: its dead letter keeps that part.
-			err = &correlator.InputError{Code: correlator.CodeTooLarge,
-				Detail: fmt.Sprintf("%d bytes is more than the limit of %d (the dead letter keeps the first %d)", r.ValueSize, o.cfg.MaxBytes, len(r.Value))}
-		}
-		if err == nil {
-			err = correlator.CheckHeaders(src.Headers)
-		}
-		if err != nil {
-			return src, nil, err
-		}
-		job, err := correlator.DecodeJob(rows[i].Value, o.cfg.MaxBytes, o.cfg.Types, now)
-		if err == nil {
-			job.Trace = correlator.TraceContextOf(src.Headers)
+		src, job, err := o.decodeRow(rows[i], now)
+		if read != nil {
+			read.rows[rows[i].ID] = rowRead{}
+			if job != nil {
+				read.rows[rows[i].ID] = rowRead{job: true, input: job.JobType + "\x00" + job.JobKey}
+			}
 		}
 		return src, job, err
 	})
+}
+
+// decodeRow reads one outbox row as a job request.
+func (o *Outbox) decodeRow(r store.OutboxRow, now time.Time) (store.Source, *correlator.Job, error) {
+	if r.HeadersSize > correlator.MaxHeaderBytes {
+		src := store.Source{Value: r.Value, Received: r.CreatedAt}
+		return src, nil, &correlator.InputError{Code: correlator.CodeTooLarge, Field: "headers",
+			Detail: fmt.Sprintf("headers: %d bytes is more than the limit of %d", r.HeadersSize, correlator.MaxHeaderBytes)}
+	}
+	src, err := outboxSource(r)
+	if err == nil && r.ValueSize > o.cfg.MaxBytes {
+		// The value was read only in part: its dead letter keeps that part.
+		err = &correlator.InputError{Code: correlator.CodeTooLarge,
+			Detail: fmt.Sprintf("%d bytes is more than the limit of %d (the dead letter keeps the first %d)", r.ValueSize, o.cfg.MaxBytes, len(r.Value))}
+	}
+	if err == nil {
+		err = correlator.CheckHeaders(src.Headers)
+	}
+	if err != nil {
+		return src, nil, err
+	}
+	job, err := correlator.DecodeJob(r.Value, o.cfg.MaxBytes, o.cfg.Types, now)
+	if err == nil {
+		job.Trace = correlator.TraceContextOf(src.Headers)
+	}
+	return src, job, err
 }
 
 func (o *Outbox) applied(rows int, res store.IntakeResult, dups int) {

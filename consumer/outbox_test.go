@@ -428,8 +428,9 @@ func TestOutboxSystemicRefusalStalls(t *testing.T) {
 
 // Issue 30.5: a row refused alone (XX000) with no row after it waits for
 // one: when one comes and goes through, the refused row is
-// dead-lettered. With none coming, it is dead-lettered once it waited
-// SuspectFor.
+// dead-lettered. Nothing is dead-lettered on a timer: with none coming,
+// the drain is reported as stalled once it waited StallAfter, until a
+// row after it settles it.
 func TestOutboxLoneRefusedRow(t *testing.T) {
 	t.Parallel()
 	st := pgtest.New(t)
@@ -455,23 +456,186 @@ func TestOutboxLoneRefusedRow(t *testing.T) {
 	if n := count(t, st, `SELECT count(*) FROM hipq_dead_letter WHERE reason LIKE '%refused for poison%'`); n != 1 {
 		t.Fatalf("%d dead letters of the refused row", n)
 	}
-	// Alone: dead-lettered once it waited SuspectFor (here at once, at
-	// its second try).
-	o.cfg.SuspectFor = time.Nanosecond
-	inTx(t, st, true, `{"job_type": "t", "job_key": "poison-alone"}`)
-	if _, err := o.Drain(ctx); !errors.Is(err, errHeld) {
-		t.Fatalf("first try: %v, want a drain held", err)
+	// Alone: held, and reported as a stall once it waited StallAfter
+	// (here at once), however often it is tried.
+	stalled := func() float64 {
+		v, _ := m.Value("hipq_consumer_stalled", map[string]string{"group": "outbox", "reason": "XX000"})
+		return v
 	}
-	if n, err := o.Drain(ctx); n != 1 || err != nil {
-		t.Fatalf("second try: drained %d: %v", n, err)
+	o.cfg.StallAfter = time.Nanosecond
+	inTx(t, st, true, `{"job_type": "t", "job_key": "poison-alone"}`)
+	for try := range 3 {
+		if n, err := o.Drain(ctx); n != 0 || !errors.Is(err, errHeld) {
+			t.Fatalf("try %d: drained %d: %v, want a drain held", try, n, err)
+		}
+		if v := stalled(); v != 1 || o.Stalled() == nil || !strings.Contains(o.Stalled().Error(), "XX000") {
+			t.Fatalf("try %d: hipq_consumer_stalled %v, Stalled() %v", try, v, o.Stalled())
+		}
+	}
+	if n := count(t, st, `SELECT count(*) FROM hipq_dead_letter WHERE reason LIKE '%refused for poison-alone%'`); n != 0 {
+		t.Fatalf("%d dead letters of the lone row", n)
+	}
+	inTx(t, st, true, `{"job_type": "t", "job_key": "k3"}`)
+	if n, err := o.Drain(ctx); n != 2 || err != nil {
+		t.Fatalf("drained %d: %v, want the lone row and the one after it", n, err)
 	}
 	if n := count(t, st, `SELECT count(*) FROM hipq_dead_letter WHERE reason LIKE '%refused for poison-alone%'`); n != 1 {
 		t.Fatalf("%d dead letters of the lone row", n)
 	}
-	if n := count(t, st, `SELECT count(*) FROM hipq_job`); n != 2 {
-		t.Fatalf("%d jobs, want k0 and k2", n)
+	if n := count(t, st, `SELECT count(*) FROM hipq_job`); n != 3 {
+		t.Fatalf("%d jobs, want k0, k2 and k3", n)
 	}
-	if v, _ := m.Value("hipq_consumer_stalled", map[string]string{"group": "outbox", "reason": "XX000"}); v != 0 {
-		t.Fatalf("hipq_consumer_stalled %v: a record's own refusal is no stall", v)
+	if v := stalled(); v != 0 || o.Stalled() != nil {
+		t.Fatalf("hipq_consumer_stalled %v, Stalled() %v once settled", v, o.Stalled())
+	}
+}
+
+// Issue 30.5: a row after the refused one that decodes but writes no job
+// (a request for a job that exists) never meets the write refused: under
+// a trigger failing every insert, the refused row is not dead-lettered
+// for it; the row after it is refused the same way and the drain stalls.
+func TestOutboxDuplicateRowIsNoComparison(t *testing.T) {
+	t.Parallel()
+	st := pgtest.New(t)
+	o, m := newOutbox(t, st)
+	ctx := context.Background()
+	if _, err := st.Pool().Exec(ctx, afterTrigger); err != nil {
+		t.Fatal(err)
+	}
+	row := func(key string) string { return fmt.Sprintf(`{"job_type": "t", "job_key": %q}`, key) }
+	inTx(t, st, true, row("dup"))
+	if n, err := o.Drain(ctx); n != 1 || err != nil {
+		t.Fatalf("drained %d: %v", n, err)
+	}
+	if _, err := st.Pool().Exec(ctx, `INSERT INTO broken VALUES (true)`); err != nil {
+		t.Fatal(err)
+	}
+	inTx(t, st, true, row("a"), row("dup"), row("b"))
+	if n, err := o.Drain(ctx); n != 0 || !errors.Is(err, errHeld) {
+		t.Fatalf("drained %d: %v, want a drain held on its first row", n, err)
+	}
+	if v, _ := m.Value("hipq_consumer_stalled", map[string]string{"group": "outbox", "reason": "XX000"}); v != 1 {
+		t.Fatalf("hipq_consumer_stalled %v, want 1", v)
+	}
+	if n := count(t, st, `SELECT count(*) FROM hipq_dead_letter`); n != 0 {
+		t.Fatalf("%d dead letters while the trigger refused every insert", n)
+	}
+	if _, err := st.Pool().Exec(ctx, `DELETE FROM broken`); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := o.Drain(ctx); n != 3 || err != nil {
+		t.Fatalf("drained %d of 3 once the error stopped: %v", n, err)
+	}
+	if n := count(t, st, `SELECT count(*) FROM hipq_job`); n != 3 || count(t, st, `SELECT count(*) FROM hipq_dead_letter`) != 0 {
+		t.Fatalf("%d jobs, want 3 and no dead letter", n)
+	}
+}
+
+// A row refused alone is compared with the next row of its batch that
+// makes a job, taken with it alone: the rows between them, which write
+// nothing (here 40 that are not JSON), are not read again for each row
+// tried. Every row is read (deleted, in transactions that commit or roll
+// back) fewer than 4 times: once per halving of its batch and once more.
+func TestOutboxComparisonReadsRowsOnce(t *testing.T) {
+	t.Parallel()
+	st := pgtest.New(t)
+	o, _ := newOutbox(t, st)
+	ctx := context.Background()
+	if _, err := st.Pool().Exec(ctx, `
+		CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN RAISE EXCEPTION 'refused for %', NEW.job_key USING ERRCODE = 'XX000'; END $$;
+		CREATE TRIGGER refuse BEFORE INSERT ON hipq_job FOR EACH ROW WHEN (NEW.job_key = 'poison') EXECUTE FUNCTION refuse();
+		CREATE SEQUENCE reads;
+		CREATE FUNCTION count_read() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN PERFORM nextval('reads'); RETURN OLD; END $$;
+		CREATE TRIGGER count_read BEFORE DELETE ON hipq_intake FOR EACH ROW EXECUTE FUNCTION count_read();`); err != nil {
+		t.Fatal(err)
+	}
+	values := []string{`{"job_type": "t", "job_key": "poison"}`}
+	for range 40 {
+		values = append(values, "not json")
+	}
+	values = append(values, `{"job_type": "t", "job_key": "k"}`)
+	inTx(t, st, true, values...)
+	if n, err := o.Drain(ctx); n != 42 || err != nil {
+		t.Fatalf("drained %d of 42: %v", n, err)
+	}
+	if n := count(t, st, `SELECT count(*) FROM hipq_dead_letter WHERE reason LIKE '%refused for poison%'`); n != 1 ||
+		count(t, st, `SELECT count(*) FROM hipq_dead_letter`) != 41 || count(t, st, `SELECT count(*) FROM hipq_job`) != 1 {
+		t.Fatalf("%d dead letters, %d jobs: want 41 and 1", count(t, st, `SELECT count(*) FROM hipq_dead_letter`), count(t, st, `SELECT count(*) FROM hipq_job`))
+	}
+	if n := count(t, st, `SELECT last_value FROM reads`); n >= 4*42 {
+		t.Fatalf("%d row reads for 42 rows", n)
+	}
+}
+
+// Issue 30.5: the same job request twice after itself is no row to compare
+// it with; the next row that is another request is, and the copy is
+// dead-lettered with the refused row: the drain does not stall for ever
+// on one bad request.
+func TestOutboxSameInputTwiceIsNoComparison(t *testing.T) {
+	t.Parallel()
+	st := pgtest.New(t)
+	o, m := newOutbox(t, st)
+	ctx := context.Background()
+	if _, err := st.Pool().Exec(ctx, `
+		CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN RAISE EXCEPTION 'refused for %', NEW.job_key USING ERRCODE = 'XX000'; END $$;
+		CREATE TRIGGER refuse BEFORE INSERT ON hipq_job FOR EACH ROW WHEN (NEW.job_key = 'poison') EXECUTE FUNCTION refuse();`); err != nil {
+		t.Fatal(err)
+	}
+	row := func(key string) string { return fmt.Sprintf(`{"job_type": "t", "job_key": %q}`, key) }
+	inTx(t, st, true, row("k0"), row("poison"), row("poison"), row("k3"))
+	if n, err := o.Drain(ctx); n != 4 || err != nil {
+		t.Fatalf("drained %d of 4: %v", n, err)
+	}
+	if n := count(t, st, `SELECT count(*) FROM hipq_job WHERE job_key IN ('k0', 'k3')`); n != 2 {
+		t.Fatalf("%d of 2 jobs", n)
+	}
+	if n := count(t, st, `SELECT count(*) FROM hipq_dead_letter WHERE reason LIKE '%refused for poison%'`); n != 2 ||
+		count(t, st, `SELECT count(*) FROM hipq_dead_letter`) != 2 {
+		t.Fatalf("%d dead letters, want both copies", count(t, st, `SELECT count(*) FROM hipq_dead_letter`))
+	}
+	if v, _ := m.Value("hipq_consumer_stalled", map[string]string{"group": "outbox", "reason": "XX000"}); v != 0 || o.Stalled() != nil {
+		t.Fatalf("stalled: gauge %v, %v", v, o.Stalled())
+	}
+}
+
+// Issue 30.5: a row's dead letter refused for a reason that is not its
+// data (the dead-letter table broken) holds the drain and says so; once
+// the dead letter is taken, the drain goes on.
+func TestOutboxRefusedDeadLetterStalls(t *testing.T) {
+	t.Parallel()
+	st := pgtest.New(t)
+	o, m := newOutbox(t, st)
+	ctx := context.Background()
+	if _, err := st.Pool().Exec(ctx, refuseDeadLetters); err != nil {
+		t.Fatal(err)
+	}
+	row := func(key string) string { return fmt.Sprintf(`{"job_type": "t", "job_key": %q}`, key) }
+	inTx(t, st, true, row("k0"), row("bad"), row("k2"))
+	stalled := func() float64 {
+		v, _ := m.Value("hipq_consumer_stalled", map[string]string{"group": "outbox", "reason": "XX000"})
+		return v
+	}
+	for try := range 2 {
+		if _, err := o.Drain(ctx); !errors.Is(err, errHeld) {
+			t.Fatalf("try %d: %v, want a drain held", try, err)
+		}
+		if v := stalled(); v != 1 || o.Stalled() == nil || !strings.Contains(o.Stalled().Error(), "dead letter table broken") {
+			t.Fatalf("try %d: hipq_consumer_stalled %v, Stalled() %v", try, v, o.Stalled())
+		}
+	}
+	if _, err := st.Pool().Exec(ctx, `DROP TRIGGER refuse_dl ON hipq_dead_letter`); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := o.Drain(ctx); n != 2 || err != nil {
+		t.Fatalf("drained %d: %v, want the refused row's dead letter and k2", n, err)
+	}
+	if n := count(t, st, `SELECT count(*) FROM hipq_job`); n != 2 || count(t, st, `SELECT count(*) FROM hipq_dead_letter WHERE reason LIKE '%bad value bad%'`) != 1 {
+		t.Fatalf("%d jobs, want k0 and k2 and the dead letter", n)
+	}
+	if v := stalled(); v != 0 || o.Stalled() != nil {
+		t.Fatalf("after: hipq_consumer_stalled %v, Stalled() %v", v, o.Stalled())
 	}
 }

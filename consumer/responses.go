@@ -52,9 +52,25 @@ func (rs *Responses) Run(ctx context.Context) error { return rs.g.Run(ctx) }
 // records' own, else what waits and why (readiness).
 func (rs *Responses) Stalled() error { return rs.g.Stalled() }
 
-func (rs *Responses) writes(rec *kgo.Record) bool {
-	_, err := rs.match(rec, source(rec))
-	return err == nil
+// input names the attempt rec replies to: by its job id, and by its job's
+// type and key, each with the attempt it names (or none).
+func (rs *Responses) input(rec *kgo.Record) []string {
+	r, err := rs.match(rec, source(rec))
+	if err != nil {
+		return nil
+	}
+	attempt := "-"
+	if r.Attempt != nil {
+		attempt = strconv.Itoa(*r.Attempt)
+	}
+	names := []string{} // (decoded: not nil)
+	if r.JobID != nil {
+		names = append(names, "id\x00"+strconv.FormatInt(*r.JobID, 10)+"\x00"+attempt)
+	}
+	if r.JobKey != "" {
+		names = append(names, "key\x00"+r.JobType+"\x00"+r.JobKey+"\x00"+attempt)
+	}
+	return names
 }
 
 // match reads a reply from r.
@@ -69,9 +85,10 @@ func (rs *Responses) match(r *kgo.Record, src store.Source) (*correlator.Reply, 
 	return m.Match(&correlator.Record{Key: r.Key, Value: r.Value, Headers: src.Headers})
 }
 
-func (rs *Responses) apply(ctx context.Context, recs []*kgo.Record, refused []refusal, adv []store.OffsetAdvance) (func(), error) {
+func (rs *Responses) apply(ctx context.Context, recs []*kgo.Record, refused []refusal, adv []store.OffsetAdvance, mustWrite bool) (func(), error) {
 	start := time.Now()
-	b := store.ReplyBatch{Group: rs.cfg.Group, Offsets: adv, EarlyTTL: rs.cfg.EarlyTTL, Replies: make([]store.ReplyIn, 0, len(recs))}
+	b := store.ReplyBatch{Group: rs.cfg.Group, Offsets: adv, EarlyTTL: rs.cfg.EarlyTTL, Replies: make([]store.ReplyIn, 0, len(recs)),
+		MustWrite: mustWrite}
 	for _, r := range recs {
 		src := source(r)
 		reply, err := rs.match(r, src)

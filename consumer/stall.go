@@ -24,13 +24,23 @@ import (
 // trigger failing on every row. Dead-lettering would then turn every record
 // of every partition into a dead letter, so the record is compared with the
 // record after it on its partition (the next outbox row for the drainer)
-// that writes more than a dead letter (a record that does not decode
-// writes no job, so it shows nothing of the write refused):
+// that writes more than a dead letter:
 //
 //   - the record after it is written together with the record's dead
-//     letter (and the dead letters between them), in one transaction.
-//     When that commits, the refusal was the record's own and the
-//     partition moves on;
+//     letter, in one transaction, which must write: insert a job, apply
+//     a reply, keep it early or move its attempt's deadline (else it
+//     rolls back with store.ErrNoWrite). The records between them go
+//     with it, as the offset passes over them; the outbox has no offsets
+//     and leaves the rows between to the drain, reading none of them
+//     again. A record that does not decode, a duplicate request, or a
+//     reply that turns out duplicate, stale or for a type not configured,
+//     writes nothing: it never meets the write refused and shows nothing
+//     of it, so the transaction rolls back and the record after it is
+//     taken instead. Nor is a record of the same input (the same job; a
+//     reply to the same attempt) compared with: it would be refused for
+//     its own fault just the same, and is dead-lettered with the record.
+//     When the transaction commits, the refusal was the record's own and
+//     the partition moves on;
 //   - when the record after it is refused the same way (store.SameRefusal:
 //     the same SQLSTATE class), the refusal is systemic: nothing is
 //     dead-lettered and no offset moves. The partition waits, trying
@@ -43,12 +53,17 @@ import (
 // A record with no record after it in hand (the last one read) has nothing
 // to be compared with: its partition waits for one, trying again with the
 // same backoff, and meanwhile a refusal of the same class of another
-// partition of the group counts as the record after it. A record still
-// alone and refused after SuspectFor is taken to be at fault and
-// dead-lettered: a partition never waits long on one record with nothing
-// behind it.
+// partition of the group counts as the record after it. It is never
+// dead-lettered for waiting: on a quiet topic, every record of an outage
+// would be. Still alone and refused after StallAfter, its partition is
+// reported as stalled (the gauge, the log, readiness), until a record
+// after it settles it or the refusal stops.
+//
+// A dead letter refused for a reason that is not its data (the
+// dead-letter table broken) holds its record's partition the same way,
+// as systemic: nothing after it can be applied until it is taken.
 const (
-	DefaultSuspectFor = time.Minute
+	DefaultStallAfter = time.Minute
 	maxStallBackoff   = 30 * time.Second
 )
 
@@ -62,11 +77,20 @@ type hold struct {
 	tries    int
 	until    time.Time // tried again then
 	paused   bool      // (consumer groups) its partition is paused until then
+	// onDeadLetter: it waits on the record's dead letter, refused; its
+	// tries are logged by the stall, once a minute.
+	onDeadLetter bool
+}
+
+// stalls reports whether the hold is a stall to report: shown systemic,
+// or waiting alone for longer than after.
+func (h *hold) stalls(after time.Duration) bool {
+	return h.systemic || time.Since(h.since) >= after
 }
 
 // refused records one more refusal of the held record.
 func (h *hold) refused(err error, systemic bool, now time.Time) {
-	h.err, h.systemic = err, h.systemic || systemic
+	h.err, h.systemic, h.onDeadLetter = err, h.systemic || systemic, false
 	h.tries++
 	h.until = now.Add(stallBackoff(h.tries))
 }
@@ -83,8 +107,10 @@ func reason(err error) string {
 	return "unknown"
 }
 
-// stalls reports what a consumer waits on: it sets hipq_consumer_stalled,
-// logs each reason once a minute and answers readiness.
+// stalls reports what a consumer waits on (a refusal shown systemic, or a
+// record refused alone that waited StallAfter): it sets
+// hipq_consumer_stalled, logs each reason once a minute and answers
+// readiness.
 type stalls struct {
 	group string
 	log   *zap.Logger
@@ -100,7 +126,7 @@ func newStalls(group string, log *zap.Logger, m *metrics.Metrics) *stalls {
 	return &stalls{group: group, log: log, m: m, on: map[string]bool{}, logged: map[string]time.Time{}}
 }
 
-// stalled is one place a consumer waits on a systemic refusal.
+// stalled is one place a consumer waits on a refusal it reports.
 type stalled struct {
 	where string // "topic/partition at offset N", "outbox row N"
 	err   error
@@ -140,14 +166,14 @@ func (s *stalls) set(now []stalled) {
 			for i, st := range sts {
 				wheres[i] = st.where
 			}
-			s.log.Error("consumer stalled: PostgreSQL refuses records for a reason that is not theirs; nothing is dead-lettered, it tries again",
+			s.log.Error("consumer stalled: PostgreSQL refuses records for a reason not shown to be theirs; nothing is dead-lettered, it tries again",
 				zap.String("group", s.group), zap.String("sqlstate", r), zap.Strings("waiting_at", wheres),
 				zap.String("error", correlator.Clip(sts[0].err.Error(), 1024)))
 		}
 		parts = append(parts, fmt.Sprintf("SQLSTATE %s at %s (%d waiting): %s", r, sts[0].where, len(sts),
 			correlator.Clip(sts[0].err.Error(), 512)))
 	}
-	s.why = errors.New(s.group + " stalled: PostgreSQL refuses its records for a reason that is not theirs: " + strings.Join(parts, "; "))
+	s.why = errors.New(s.group + " stalled: PostgreSQL refuses its records for a reason not shown to be theirs: " + strings.Join(parts, "; "))
 }
 
 // err is nil while nothing stalls, else what does and why.

@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 
@@ -32,7 +33,15 @@ type IntakeBatch struct {
 	Jobs        []IntakeJob // unique per (type, key): the caller reduces first
 	DeadLetters []DeadLetter
 	Instance    string // of the claims (IntakeJob.Claim), recorded on their attempts
+	// MustWrite: the batch must insert a job, else it rolls back and
+	// IntakeApply returns ErrNoWrite (a consumer comparing a refused
+	// record with the records after it needs one that meets the write).
+	MustWrite bool
 }
+
+// ErrNoWrite: a batch that had to write more than dead letters (MustWrite)
+// made no job and applied no reply; it rolled back, nothing changed.
+var ErrNoWrite = errors.New("the batch wrote no job and applied no reply")
 
 // IntakeResult says what the batch did.
 type IntakeResult struct {
@@ -61,6 +70,9 @@ func (s *Store) IntakeApply(ctx context.Context, b IntakeBatch) (IntakeResult, e
 	err := s.inTxOpen(ctx, open, func(tx pgx.Tx) error {
 		var err error
 		res, err = intakeWrite(ctx, tx, b.Jobs, b.DeadLetters, b.Instance)
+		if err == nil && b.MustWrite && res.Inserted == 0 {
+			err = ErrNoWrite
+		}
 		return err
 	})
 	for i := range res.Claimed {

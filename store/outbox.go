@@ -39,6 +39,9 @@ type OutboxTake struct {
 	// transaction holds one of them, nothing is taken (and nothing
 	// applied).
 	All bool
+	// MustWrite: the rows must make a job, else the transaction rolls
+	// back and OutboxApply returns ErrNoWrite (see IntakeBatch.MustWrite).
+	MustWrite bool
 }
 
 // OutboxResult is what one drain transaction did.
@@ -129,6 +132,9 @@ func (s *Store) OutboxApply(ctx context.Context, t OutboxTake, decide OutboxDeci
 			return err
 		}
 		res, err = intakeWrite(ctx, tx, jobs, dls, "")
+		if err == nil && t.MustWrite && res.Inserted == 0 {
+			err = ErrNoWrite
+		}
 		return err
 	})
 	return OutboxResult{IntakeResult: res, Taken: taken, More: more}, err

@@ -33,6 +33,10 @@ type ReplyBatch struct {
 	Replies     []ReplyIn
 	DeadLetters []DeadLetter // replies that could not be read at all
 	EarlyTTL    time.Duration
+	// MustWrite: a reply must be applied, move its attempt's deadline or
+	// be kept as early, else the batch rolls back and ReplyApply returns
+	// ErrNoWrite (see IntakeBatch.MustWrite).
+	MustWrite bool
 }
 
 // ReplyResult counts what became of each reply, in input order.
@@ -96,6 +100,10 @@ func (s *Store) ReplyApply(ctx context.Context, b ReplyBatch, types correlator.T
 		res, err = applyReplies(ctx, tx, b.Replies, types, b.EarlyTTL, now)
 		if err != nil {
 			return err
+		}
+		// (The batch's replies are all fresh: one decided early is kept.)
+		if b.MustWrite && res.Counts[correlator.Apply]+res.Counts[correlator.Progressed]+res.Counts[correlator.Early] == 0 {
+			return ErrNoWrite
 		}
 		res.DeadLetters = append(append([]DeadLetter(nil), b.DeadLetters...), res.DeadLetters...)
 		return deadLettersInsert(ctx, tx, res.DeadLetters)

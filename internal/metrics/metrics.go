@@ -56,7 +56,8 @@ type Metrics struct {
 	ScheduleFires *prometheus.CounterVec
 	// Stalled is 1 while a consumer (a consumer group, or the outbox
 	// drainer as group "outbox") waits because PostgreSQL refuses its
-	// records for a reason that is not theirs, by the SQLSTATE of the
+	// records for a reason that is not theirs (or a record alone, with
+	// none after it to compare with, for long), by the SQLSTATE of the
 	// refusal (reason); 0 once it flows again.
 	Stalled *prometheus.GaugeVec
 
@@ -98,7 +99,7 @@ func New() *Metrics {
 			Help: "Schedule ticks by schedule and result (enqueued, duplicate: a non-final job had the key, skipped: overlap, missed: left out by catch_up, failed)."},
 			[]string{"schedule", "result"}),
 		Stalled: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "hipq_consumer_stalled",
-			Help: "1 while a consumer group (or the outbox drainer, group outbox) waits because PostgreSQL refuses its records for a reason not theirs, by SQLSTATE (reason); 0 once it flows again."},
+			Help: "1 while a consumer group (or the outbox drainer, group outbox) waits because PostgreSQL refuses its records for a reason not theirs (or one record, alone, for long), by SQLSTATE (reason); 0 once it flows again."},
 			[]string{"group", "reason"}),
 		lag: &lagCollector{groups: map[string]func(context.Context) ([]PartitionLag, error){},
 			desc: prometheus.NewDesc("hipq_consumer_lag_records",
