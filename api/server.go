@@ -109,6 +109,15 @@ type Server struct {
 	cfg Config
 	mux *http.ServeMux
 	hub hub // long polls' wake-ups
+	// patterns are the ServeMux patterns route registered, in order: the
+	// route table the OpenAPI document is checked against.
+	patterns []string
+}
+
+// route registers h for a ServeMux pattern and records the pattern.
+func (s *Server) route(pattern string, h http.Handler) {
+	s.patterns = append(s.patterns, pattern)
+	s.mux.Handle(pattern, h)
 }
 
 // New builds the server; Handler serves it, Run listens.
@@ -118,31 +127,31 @@ func New(log *zap.Logger, st *store.Store, cfg Config) *Server {
 	cfg.Metrics = metrics.Or(cfg.Metrics)
 	s := &Server{log: log.Named("api"), st: st, cfg: cfg, mux: http.NewServeMux()}
 	auth := s.authorized
-	s.mux.Handle("PUT /v1/jobs/{job_type}/{job_key}", auth(s.enqueue))
-	s.mux.Handle("GET /v1/jobs/{job_type}/{job_key}", auth(s.getJob))
-	s.mux.Handle("GET /v1/jobs", auth(s.listJobs))
-	s.mux.Handle("POST /v1/jobs/{job_type}/{job_key}/cancel", auth(s.cancel))
-	s.mux.Handle("POST /v1/jobs/{job_type}/{job_key}/replay", auth(s.replay))
-	s.mux.Handle("POST /v1/jobs/{job_type}/{job_key}/response", s.handle(s.callback))   // signature or token, checked inside
-	s.mux.Handle("POST /v1/jobs/{job_type}/{job_key}/heartbeat", s.handle(s.heartbeat)) // signature, checked inside
-	s.mux.Handle("GET /v1/queues", auth(s.listQueues))
-	s.mux.Handle("POST /v1/queues/{queue}/pause", auth(s.pause(true)))
-	s.mux.Handle("POST /v1/queues/{queue}/resume", auth(s.pause(false)))
-	s.mux.Handle("GET /v1/schedules", auth(s.listSchedules))
-	s.mux.Handle("POST /v1/schedules/{name}/pause", auth(s.pauseSchedule(true)))
-	s.mux.Handle("POST /v1/schedules/{name}/resume", auth(s.pauseSchedule(false)))
-	s.mux.Handle("POST /v1/schedules/{name}/trigger", auth(s.triggerSchedule))
-	s.mux.Handle("GET /v1/dead-letters", auth(s.listDeadLetters))
-	s.mux.Handle("POST /v1/dead-letters/{id}/replay", auth(s.replayDeadLetter))
-	s.mux.HandleFunc("GET /healthz", healthz)
-	s.mux.Handle("GET /readyz", s.handle(s.readyz))
+	s.route("PUT /v1/jobs/{job_type}/{job_key}", auth(s.enqueue))
+	s.route("GET /v1/jobs/{job_type}/{job_key}", auth(s.getJob))
+	s.route("GET /v1/jobs", auth(s.listJobs))
+	s.route("POST /v1/jobs/{job_type}/{job_key}/cancel", auth(s.cancel))
+	s.route("POST /v1/jobs/{job_type}/{job_key}/replay", auth(s.replay))
+	s.route("POST /v1/jobs/{job_type}/{job_key}/response", s.handle(s.callback))   // signature or token, checked inside
+	s.route("POST /v1/jobs/{job_type}/{job_key}/heartbeat", s.handle(s.heartbeat)) // signature, checked inside
+	s.route("GET /v1/queues", auth(s.listQueues))
+	s.route("POST /v1/queues/{queue}/pause", auth(s.pause(true)))
+	s.route("POST /v1/queues/{queue}/resume", auth(s.pause(false)))
+	s.route("GET /v1/schedules", auth(s.listSchedules))
+	s.route("POST /v1/schedules/{name}/pause", auth(s.pauseSchedule(true)))
+	s.route("POST /v1/schedules/{name}/resume", auth(s.pauseSchedule(false)))
+	s.route("POST /v1/schedules/{name}/trigger", auth(s.triggerSchedule))
+	s.route("GET /v1/dead-letters", auth(s.listDeadLetters))
+	s.route("POST /v1/dead-letters/{id}/replay", auth(s.replayDeadLetter))
+	s.route("GET /healthz", http.HandlerFunc(healthz))
+	s.route("GET /readyz", s.handle(s.readyz))
 	if serveMetrics {
-		s.mux.Handle("GET /metrics", cfg.Metrics.Handler())
+		s.route("GET /metrics", cfg.Metrics.Handler())
 	}
 	if cfg.UI != nil {
 		s.mountUI(*cfg.UI)
 	}
-	s.mux.Handle("/", s.handle(func(w http.ResponseWriter, r *http.Request) error {
+	s.route("/", s.handle(func(w http.ResponseWriter, r *http.Request) error {
 		return errorf(http.StatusNotFound, "not_found", "no such endpoint: %s %s", r.Method, r.URL.Path)
 	}))
 	return s

@@ -158,22 +158,22 @@ func (s *Server) mountUI(cfg UIConfig) {
 	}
 	static, _ := fs.Sub(uiFiles, "ui/static")
 	files := http.StripPrefix(u.base+"/static/", http.FileServerFS(static))
-	s.mux.Handle("GET "+u.base+"/static/{file}", u.headers(files)) // files only: no listing
-	s.mux.Handle("GET "+u.base, u.headers(http.RedirectHandler(u.base+"/", http.StatusSeeOther)))
-	s.mux.Handle(u.base+"/", u.headers(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	s.route("GET "+u.base+"/static/{file}", u.headers(files)) // files only: no listing
+	s.route("GET "+u.base, u.headers(http.RedirectHandler(u.base+"/", http.StatusSeeOther)))
+	s.route(u.base+"/", u.headers(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		v := &view{Base: u.base, Page: "error", Title: "Not found", Data: "No such page of the dashboard."}
 		u.render(w, http.StatusNotFound, v)
 	})))
-	s.mux.Handle("GET "+u.base+"/{$}", u.page(u.overview))
-	s.mux.Handle("GET "+u.base+"/login", u.headers(http.HandlerFunc(u.loginForm)))
-	s.mux.Handle("POST "+u.base+"/login", u.headers(http.HandlerFunc(u.login)))
-	s.mux.Handle("POST "+u.base+"/logout", u.headers(http.HandlerFunc(u.logout)))
-	s.mux.Handle("GET "+u.base+"/jobs", u.page(u.jobs))
-	s.mux.Handle("GET "+u.base+"/job", u.page(u.job))
-	s.mux.Handle("GET "+u.base+"/dead-letters", u.page(u.deadLetters))
-	s.mux.Handle("GET "+u.base+"/queues", u.page(u.queues))
-	s.mux.Handle("GET "+u.base+"/schedules", u.page(u.schedules))
-	s.mux.Handle("POST "+u.base+"/act/{action}", u.headers(http.HandlerFunc(u.act)))
+	s.route("GET "+u.base+"/{$}", u.page(u.overview))
+	s.route("GET "+u.base+"/login", u.headers(http.HandlerFunc(u.loginForm)))
+	s.route("POST "+u.base+"/login", u.headers(http.HandlerFunc(u.login)))
+	s.route("POST "+u.base+"/logout", u.headers(http.HandlerFunc(u.logout)))
+	s.route("GET "+u.base+"/jobs", u.page(u.jobs))
+	s.route("GET "+u.base+"/job", u.page(u.job))
+	s.route("GET "+u.base+"/dead-letters", u.page(u.deadLetters))
+	s.route("GET "+u.base+"/queues", u.page(u.queues))
+	s.route("GET "+u.base+"/schedules", u.page(u.schedules))
+	s.route("POST "+u.base+"/act/{action}", u.headers(http.HandlerFunc(u.act)))
 }
 
 // headers sets the security headers of every dashboard answer.
