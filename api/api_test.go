@@ -72,9 +72,12 @@ func newAPIConfig(t *testing.T, set func(*Config), tokens ...string) *apiEnv {
 		Matchers: map[string]correlator.Matcher{"custom": customMatcher()}}
 	set(&cfg)
 	s := New(zaptest.NewLogger(t), st, cfg)
-	srv := httptest.NewServer(s.Handler())
+	// Every request the tests make, and its answer, is checked against
+	// api/openapi.yaml.
+	h := validating(t, s.Handler())
+	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)
-	e := &apiEnv{t: t, st: st, url: srv.URL, m: m, h: s.Handler()}
+	e := &apiEnv{t: t, st: st, url: srv.URL, m: m, h: h}
 	if len(tokens) > 0 {
 		e.token = tokens[0]
 	}
@@ -368,7 +371,7 @@ func TestHealth(t *testing.T) {
 	}
 	st := e.st
 	s := New(zaptest.NewLogger(t), st, Config{Ready: func(context.Context) error { return errors.New("no broker reachable") }})
-	srv := httptest.NewServer(s.Handler())
+	srv := httptest.NewServer(validating(t, s.Handler()))
 	defer srv.Close()
 	resp, err := http.Get(srv.URL + "/readyz")
 	if err != nil {
@@ -390,7 +393,7 @@ func TestReadyWhileWritesStall(t *testing.T) {
 	t.Parallel()
 	e := newAPI(t)
 	e.want("PUT", "/v1/jobs/t/locked", `{}`, 201)
-	srv := httptest.NewServer(New(zaptest.NewLogger(t), e.st, Config{WriteDeadline: 100 * time.Millisecond}).Handler())
+	srv := httptest.NewServer(validating(t, New(zaptest.NewLogger(t), e.st, Config{WriteDeadline: 100 * time.Millisecond}).Handler()))
 	defer srv.Close()
 	ready := func() (int, string) {
 		resp, err := http.Get(srv.URL + "/readyz")

@@ -143,6 +143,8 @@ func New(log *zap.Logger, st *store.Store, cfg Config) *Server {
 	s.route("POST /v1/schedules/{name}/trigger", auth(s.triggerSchedule))
 	s.route("GET /v1/dead-letters", auth(s.listDeadLetters))
 	s.route("POST /v1/dead-letters/{id}/replay", auth(s.replayDeadLetter))
+	s.route("GET /v1/openapi.yaml", auth(openapi("application/yaml", openapiYAML)))
+	s.route("GET /v1/openapi.json", auth(openapi("application/json", openapiJSON)))
 	s.route("GET /healthz", http.HandlerFunc(healthz))
 	s.route("GET /readyz", s.handle(s.readyz))
 	if serveMetrics {
