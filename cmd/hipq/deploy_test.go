@@ -4,11 +4,14 @@ import (
 	"bufio"
 	"cmp"
 	"context"
+	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -21,11 +24,14 @@ import (
 	"github.com/hipq/hipq/internal/testutil"
 )
 
-// The Prometheus rules in deploy/ (docs/operations.md, "Alerts and
-// dashboard").
+// The Prometheus rules and the Grafana board in deploy/ (docs/operations.md,
+// "Alerts and dashboard").
 var (
-	rulesFile     = filepath.Join("..", "..", "deploy", "prometheus", "hipq-rules.yaml")
-	rulesTestFile = filepath.Join("..", "..", "deploy", "prometheus", "hipq-rules.test.yaml")
+	rulesFile      = filepath.Join("..", "..", "deploy", "prometheus", "hipq-rules.yaml")
+	rulesTestFile  = filepath.Join("..", "..", "deploy", "prometheus", "hipq-rules.test.yaml")
+	dashboardFile  = filepath.Join("..", "..", "deploy", "grafana", "hipq.json")
+	grafanaVarRef  = regexp.MustCompile(`\$\{?(\w+)\}?`)
+	labelValuesFun = regexp.MustCompile(`^label_values\((.*)\)$`)
 )
 
 type ruleFile struct {
@@ -52,6 +58,115 @@ func readRules(t *testing.T) ruleFile {
 		t.Fatalf("%s: %v", rulesFile, err)
 	}
 	return rf
+}
+
+// dashboardQueries returns the board's PromQL: every target's expr, and
+// the selector of every label_values variable query, keyed by where it is.
+func dashboardQueries(t *testing.T) map[string]string {
+	t.Helper()
+	b, err := os.ReadFile(dashboardFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var board struct {
+		Panels []struct {
+			Title   string `json:"title"`
+			Targets []struct {
+				Expr string `json:"expr"`
+			} `json:"targets"`
+		} `json:"panels"`
+		Templating struct {
+			List []struct {
+				Name  string `json:"name"`
+				Query struct {
+					Query string `json:"query"`
+				} `json:"query"`
+			} `json:"list"`
+		} `json:"templating"`
+	}
+	if err := json.Unmarshal(b, &board); err != nil {
+		t.Fatalf("%s: %v", dashboardFile, err)
+	}
+	out := map[string]string{}
+	for _, p := range board.Panels {
+		for i, tg := range p.Targets {
+			out[fmt.Sprintf("panel %q target %d", p.Title, i)] = tg.Expr
+		}
+	}
+	for _, v := range board.Templating.List {
+		q := v.Query.Query
+		m := labelValuesFun.FindStringSubmatch(q)
+		if m == nil {
+			t.Fatalf("%s: variable %s: query %q is not label_values(selector, label)", dashboardFile, v.Name, q)
+		}
+		i := strings.LastIndexByte(m[1], ',') // the label is the last argument
+		if i < 0 {
+			t.Fatalf("%s: variable %s: query %q names no metric", dashboardFile, v.Name, q)
+		}
+		out["variable "+v.Name] = strings.TrimSpace(m[1][:i])
+	}
+	if len(out) == 0 {
+		t.Fatalf("%s: no queries", dashboardFile)
+	}
+	return out
+}
+
+// The board asks for its data source at import (the DS_PROMETHEUS input)
+// and every panel and query reads from it.
+func TestGrafanaBoardDataSource(t *testing.T) {
+	b, err := os.ReadFile(dashboardFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type ds struct {
+		Type string `json:"type"`
+		UID  string `json:"uid"`
+	}
+	var board struct {
+		Inputs []struct {
+			Name     string `json:"name"`
+			Type     string `json:"type"`
+			PluginID string `json:"pluginId"`
+		} `json:"__inputs"`
+		Panels []struct {
+			Title      string `json:"title"`
+			Type       string `json:"type"`
+			Datasource *ds    `json:"datasource"`
+			Targets    []struct {
+				Datasource *ds `json:"datasource"`
+			} `json:"targets"`
+		} `json:"panels"`
+		Templating struct {
+			List []struct {
+				Name       string `json:"name"`
+				Datasource *ds    `json:"datasource"`
+			} `json:"list"`
+		} `json:"templating"`
+	}
+	if err := json.Unmarshal(b, &board); err != nil {
+		t.Fatalf("%s: %v", dashboardFile, err)
+	}
+	if len(board.Inputs) != 1 || board.Inputs[0].Name != "DS_PROMETHEUS" || board.Inputs[0].Type != "datasource" || board.Inputs[0].PluginID != "prometheus" {
+		t.Errorf("__inputs = %+v, want the one Prometheus data source DS_PROMETHEUS", board.Inputs)
+	}
+	want := ds{Type: "prometheus", UID: "${DS_PROMETHEUS}"}
+	check := func(where string, d *ds) {
+		if d == nil || *d != want {
+			t.Errorf("%s: data source %+v, want %+v", where, d, want)
+		}
+	}
+	for _, p := range board.Panels {
+		if p.Type == "row" {
+			continue
+		}
+		check(fmt.Sprintf("panel %q", p.Title), p.Datasource)
+		for i, tg := range p.Targets {
+			check(fmt.Sprintf("panel %q target %d", p.Title, i), tg.Datasource)
+		}
+	}
+	for _, v := range board.Templating.List {
+		check("variable "+v.Name, v.Datasource)
+	}
 }
 
 // promqlKeywords are the identifiers of PromQL that are not metric names
@@ -209,13 +324,15 @@ func TestAlertsHaveRunbooksAndTests(t *testing.T) {
 	}
 }
 
-// promtool checks the rules and runs their unit tests.
+// promtool checks the rules and runs their unit tests, and checks the
+// board's queries parse (as recording rules of a throwaway file, with the
+// board's variables filled in).
 func TestPrometheusRules(t *testing.T) {
 	promtool, err := exec.LookPath("promtool")
 	if err != nil {
-		t.Skip("promtool not found on PATH: the rules are not checked (Debian: apt-get install prometheus)")
+		t.Skip("promtool not found on PATH: the rules and the board's queries are not checked (Debian: apt-get install prometheus)")
 	}
-	run := func(dir string, args ...string) {
+	run := func(dir string, args ...string) bool {
 		t.Helper()
 		cmd := exec.Command(promtool, args...)
 		cmd.Dir = dir
@@ -223,10 +340,45 @@ func TestPrometheusRules(t *testing.T) {
 		if err != nil {
 			t.Errorf("promtool %s: %v\n%s", strings.Join(args, " "), err, out)
 		}
+		return err == nil
 	}
 	run(filepath.Dir(rulesFile), "check", "rules", filepath.Base(rulesFile))
 	run(filepath.Dir(rulesTestFile), "test", "rules", filepath.Base(rulesTestFile))
 
+	type rule struct {
+		Record string `yaml:"record"`
+		Expr   string `yaml:"expr"`
+	}
+	type group struct {
+		Name  string `yaml:"name"`
+		Rules []rule `yaml:"rules"`
+	}
+	board := group{Name: "board"}
+	var wheres []string
+	queries := dashboardQueries(t)
+	for _, where := range slices.Sorted(maps.Keys(queries)) {
+		expr := grafanaVarRef.ReplaceAllStringFunc(queries[where], func(v string) string {
+			if strings.Contains(v, "__rate_interval") || strings.Contains(v, "__interval") {
+				return "5m"
+			}
+			return ".*" // the board's own variables are all in regular expressions
+		})
+		board.Rules = append(board.Rules, rule{Record: fmt.Sprintf("board:query_%d", len(board.Rules)), Expr: expr})
+		wheres = append(wheres, where)
+	}
+	b, err := yaml.Marshal(map[string][]group{"groups": {board}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "board-queries.yaml"), b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if !run(dir, "check", "rules", "board-queries.yaml") {
+		for i, where := range wheres {
+			t.Logf("board:query_%d is %s", i, where)
+		}
+	}
 }
 
 const deployConfig = `
@@ -288,7 +440,7 @@ func exported(fams map[string]string, name string) bool {
 	return false
 }
 
-// Every metric name the alerts and the recording rules read is
+// Every metric name the alerts, the recording rules and the board read is
 // one hipq exports, as a running instance's /metrics shows it; every
 // recorded name they read is recorded by the rules. A vector family shows
 // only once it has a series, so the instance runs a job to its reply, a
@@ -308,6 +460,11 @@ func TestDeployUsesExportedMetrics(t *testing.T) {
 			for _, n := range metricNames(r.Expr) {
 				used[n] = append(used[n], where)
 			}
+		}
+	}
+	for where, q := range dashboardQueries(t) {
+		for _, n := range metricNames(q) {
+			used[n] = append(used[n], "board "+where)
 		}
 	}
 	var live []string
