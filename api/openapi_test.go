@@ -172,12 +172,16 @@ func TestOpenAPIRoutes(t *testing.T) {
 	s := New(zaptest.NewLogger(t), nil, Config{Metrics: metrics.New(), UI: &UIConfig{}})
 	var served []string
 	for _, p := range s.patterns {
+		path := p // (a pattern is "METHOD /path" or "/path")
+		if _, rest, ok := strings.Cut(p, " "); ok {
+			path = rest
+		}
 		switch {
 		case p == "/":
 			// The answer to every path no route serves (404 not_found),
 			// described in the document's introduction, not as a path.
 			continue
-		case isDashboard(p[strings.Index(p, "/"):]):
+		case isDashboard(path):
 			// The HTML dashboard is for browsers, not programs: it is
 			// documented in docs/ui.md, not in the OpenAPI document.
 			continue
@@ -263,7 +267,8 @@ func TestOpenAPIGoClientRoutes(t *testing.T) {
 	_, _, _ = c.Get(ctx, "t", "a/b")
 	_, _ = c.Cancel(ctx, "t", "a/b")
 	_, _ = c.Replay(ctx, "t", "a/b")
-	for range c.List(ctx, client.ListOptions{Type: "t"}) {
+	for _, err := range c.List(ctx, client.ListOptions{Type: "t"}) {
+		_ = err // (the request made is what is checked, not its answer)
 		break
 	}
 	_, _ = c.Wait(ctx, client.Ref{ID: 1, Type: "t", Key: "a/b"})
