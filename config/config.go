@@ -10,7 +10,6 @@ import (
 	"github.com/hipq/hipq/correlator"
 	"github.com/hipq/hipq/dispatcher"
 	"github.com/hipq/hipq/schemas"
-	"github.com/hipq/hipq/store"
 )
 
 // Config is the whole file.
@@ -286,7 +285,7 @@ type Log struct {
 type Queue struct {
 	Name string `yaml:"name"`
 	// Order: scheduled_first (default) or priority_first.
-	Order store.Order `yaml:"order"`
+	Order correlator.Order `yaml:"order"`
 	// ThrottleLimit is the most total throttle_factor of running jobs; 0 = unlimited.
 	ThrottleLimit int     `yaml:"throttle_limit"`
 	Shares        *Shares `yaml:"shares,omitempty"`

@@ -106,7 +106,7 @@ func (c *Config) fillDefaults() {
 		c.Queues = append(c.Queues, Queue{Name: DefaultQueue})
 	}
 	for i := range c.Queues {
-		c.Queues[i].Order = cmp.Or(c.Queues[i].Order, store.OrderScheduledFirst)
+		c.Queues[i].Order = cmp.Or(c.Queues[i].Order, correlator.OrderScheduledFirst)
 	}
 	for i := range c.JobTypes {
 		jt := &c.JobTypes[i]
@@ -321,7 +321,7 @@ func (c *Config) Validate() error {
 			bad(p+".name", "queue %q is declared twice", q.Name)
 		}
 		queues[q.Name] = q
-		oneOf(p+".order", string(q.Order), string(store.OrderScheduledFirst), string(store.OrderPriorityFirst))
+		oneOf(p+".order", string(q.Order), string(correlator.OrderScheduledFirst), string(correlator.OrderPriorityFirst))
 		if q.ThrottleLimit < 0 {
 			bad(p+".throttle_limit", "must not be negative")
 		}

@@ -82,7 +82,7 @@ func TestIntakeRoomGoesInQueueOrder(t *testing.T) {
 	t.Parallel()
 	types := correlator.Types{"t": {Name: "t", Queue: "default", Retry: correlator.NoRetry}}
 	d := dispatcher.New(zaptest.NewLogger(t), pgtest.New(t), dispatcher.Config{Instance: "me", BatchSize: 2,
-		Queues: []dispatcher.QueueConfig{{Name: "default", Order: store.OrderPriorityFirst}}, Types: types,
+		Queues: []dispatcher.QueueConfig{{Name: "default", Order: correlator.OrderPriorityFirst}}, Types: types,
 		Senders: map[string]dispatcher.Sender{"t": nowhere{}}})
 	in := &Intake{}
 	in.ClaimFor(claimsOf(d), "me")

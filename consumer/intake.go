@@ -58,7 +58,7 @@ type Reservation interface {
 	// Takes says whether a job of this type may be claimed under it.
 	Takes(jobType string) bool
 	// Order is the queue's order: the room goes to the jobs claimed first.
-	Order() store.Order
+	Order() correlator.Order
 	// Deliver sends the jobs claimed under it and gives back the room
 	// they did not use.
 	Deliver(ctx context.Context, jobs []store.Claimed)
@@ -179,14 +179,12 @@ func (in *Intake) reserve(jobs []store.IntakeJob) map[string]Reservation {
 		rs[q] = r
 		idx = slices.DeleteFunc(idx, func(i int) bool { return !r.Takes(jobs[i].Job.JobType) })
 		if len(idx) > r.Room() {
-			// The room goes to the jobs the dispatcher would claim first.
-			slices.SortStableFunc(idx, func(a, b int) int {
-				x, y := jobs[a].Job, jobs[b].Job
-				if r.Order() == store.OrderPriorityFirst {
-					return cmp.Or(cmp.Compare(x.Priority, y.Priority), at(x).Compare(at(y)))
-				}
-				return cmp.Or(at(x).Compare(at(y)), cmp.Compare(x.Priority, y.Priority))
-			})
+			// The room goes to the jobs the queue's order claims first.
+			order := r.Order()
+			key := func(j *correlator.Job) correlator.OrderKey {
+				return correlator.OrderKey{Scheduled: at(j), Priority: j.Priority}
+			}
+			slices.SortStableFunc(idx, func(a, b int) int { return order.Compare(key(jobs[a].Job), key(jobs[b].Job)) })
 			idx = idx[:r.Room()]
 		}
 		for _, i := range idx {

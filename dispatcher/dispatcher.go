@@ -108,7 +108,7 @@ type Result struct {
 // QueueConfig is one queue the dispatcher serves.
 type QueueConfig struct {
 	Name     string
-	Order    store.Order
+	Order    correlator.Order
 	Throttle correlator.Throttle
 }
 
@@ -521,7 +521,7 @@ func (d *Dispatcher) Reserve(queue string, jobTypes []string) *Reservation {
 
 // Order is the order of the reservation's queue: the intake claims the
 // jobs of a batch in it when they outnumber the room.
-func (r *Reservation) Order() store.Order { return r.queue.Order }
+func (r *Reservation) Order() correlator.Order { return r.queue.Order }
 
 // Room is how many jobs the reservation holds room for.
 func (r *Reservation) Room() int { return r.n }

@@ -90,11 +90,11 @@ func TestClaimThrottleSkipsTooHeavy(t *testing.T) {
 func TestClaimOrder(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
-		order store.Order
+		order correlator.Order
 		want  []string
 	}{
-		{store.OrderScheduledFirst, []string{"old-p9", "mid-p5", "new-p1", "new-p2"}},
-		{store.OrderPriorityFirst, []string{"new-p1", "new-p2", "mid-p5", "old-p9"}},
+		{correlator.OrderScheduledFirst, []string{"old-p9", "mid-p5", "new-p1", "new-p2"}},
+		{correlator.OrderPriorityFirst, []string{"new-p1", "new-p2", "mid-p5", "old-p9"}},
 	} {
 		t.Run(string(tc.order), func(t *testing.T) {
 			st := pgtest.New(t)

@@ -12,23 +12,10 @@ import (
 	"github.com/hipq/hipq/correlator"
 )
 
-// Order is how a queue's due jobs are claimed: oldest schedule first, or
-// lowest priority value first.
-type Order string
-
-// Queue orders.
-const (
-	OrderScheduledFirst Order = "scheduled_first" // the default
-	OrderPriorityFirst  Order = "priority_first"
-)
-
-// Orders are every queue order.
-var Orders = []Order{OrderScheduledFirst, OrderPriorityFirst}
-
 // JobClaimParams says which due jobs to claim.
 type JobClaimParams struct {
 	Queue    string
-	Order    Order // OrderScheduledFirst (default) or OrderPriorityFirst
+	Order    correlator.Order // the queue's order; the zero Order is scheduled_first
 	Limit    int
 	Instance string // recorded on each hipq_attempt row
 	// Types limits the claim to job types this instance can send; nil
@@ -204,7 +191,7 @@ func (s *Store) JobClaim(ctx context.Context, p JobClaimParams) (Claim, error) {
 	local := time.Now()
 	// now() is the claim transaction's clock, the one started_at holds.
 	rows, err := s.pool.Query(ctx, `SELECT c.*, now() FROM hipq_claim($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) c`,
-		p.Queue, string(cmp.Or(p.Order, OrderScheduledFirst)), p.Limit, p.Instance, p.Types, jsonbOrNull(typeWindows), t.Limit, t.Critical,
+		p.Queue, string(cmp.Or(p.Order, correlator.OrderScheduledFirst)), p.Limit, p.Instance, p.Types, jsonbOrNull(typeWindows), t.Limit, t.Critical,
 		jsonbOrNull(t.MaxConcurrency), sharePath, jsonbOrNull(shareCaps), otherCap, rates)
 	if err != nil {
 		return Claim{}, fmt.Errorf("claim due jobs of queue %q: %w", p.Queue, err)

@@ -292,8 +292,8 @@ func queueLife(t *testing.T, st, plain *Store) {
 	}
 	claims := map[string]Claim{}
 	for q, p := range map[string]JobClaimParams{
-		"a": {Order: OrderScheduledFirst},
-		"b": {Order: OrderPriorityFirst},
+		"a": {Order: correlator.OrderScheduledFirst},
+		"b": {Order: correlator.OrderPriorityFirst},
 		"c": {Throttle: correlator.Throttle{Limit: 50, Rates: []correlator.Rate{rate}}},
 	} {
 		p.Queue, p.Limit, p.Instance = q, 10, "i"

@@ -64,6 +64,29 @@ func TestRolesMeetInTheStore(t *testing.T) {
 // caps or rates) has one definition, correlator.Throttle.Bounded; no other
 // Go file writes the rule again.
 func TestBoundedIsDefinedOnce(t *testing.T) {
+	found := goLines(t, func(line string) bool {
+		return strings.Contains(line, "Limit >= 1 ||") && strings.Contains(line, "len(") && strings.Contains(line, "MaxConcurrency")
+	})
+	if len(found) != 1 || !strings.Contains(found[0], filepath.Join("correlator", "throttle.go")+":") {
+		t.Errorf("the rule of a bounded queue is written at %v; it belongs in correlator.Throttle.Bounded alone", found)
+	}
+}
+
+// A queue's order has one definition in Go, correlator.Order.Compare: no
+// other Go file compares jobs by priority.
+func TestQueueOrderIsDefinedOnce(t *testing.T) {
+	found := goLines(t, func(line string) bool {
+		return strings.Contains(line, "cmp.Compare(") && strings.Contains(line, "Priority")
+	})
+	if len(found) != 1 || !strings.Contains(found[0], filepath.Join("correlator", "order.go")+":") {
+		t.Errorf("jobs are compared by priority at %v; the queue's order belongs in correlator.Order.Compare alone", found)
+	}
+}
+
+// goLines lists, as path:line, the lines of the repository's non-test Go
+// files that match.
+func goLines(t *testing.T, match func(line string) bool) []string {
+	t.Helper()
 	var found []string
 	err := filepath.WalkDir(filepath.Join("..", ".."), func(path string, d os.DirEntry, err error) error {
 		if err != nil {
@@ -80,7 +103,7 @@ func TestBoundedIsDefinedOnce(t *testing.T) {
 			return err
 		}
 		for i, line := range strings.Split(string(src), "\n") {
-			if strings.Contains(line, "Limit >= 1 ||") && strings.Contains(line, "len(") && strings.Contains(line, "MaxConcurrency") {
+			if match(line) {
 				found = append(found, path+":"+strconv.Itoa(i+1))
 			}
 		}
@@ -89,7 +112,5 @@ func TestBoundedIsDefinedOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(found) != 1 || !strings.Contains(found[0], filepath.Join("correlator", "throttle.go")+":") {
-		t.Errorf("the rule of a bounded queue is written at %v; it belongs in correlator.Throttle.Bounded alone", found)
-	}
+	return found
 }
