@@ -152,7 +152,7 @@ func applyReplies(ctx context.Context, tx pgx.Tx, ins []ReplyIn, types correlato
 		switch {
 		case d.Verdict == correlator.Apply:
 			resolves = append(resolves, Resolve{Queue: d.Target.Queue, JobID: d.Target.ID, Attempt: d.Target.Attempt, Reply: in.Reply.Result,
-				Result: in.Reply.Result, Res: d.Res})
+				ResultIsReply: true, Res: d.Res})
 			res.Applies = append(res.Applies, AppliedReply{Index: i, AttemptRef: AttemptRef{Queue: d.Target.Queue, JobID: d.Target.ID, Attempt: d.Target.Attempt}, Res: d.Res})
 		case d.Verdict == correlator.Progressed:
 			news = append(news, progressNews{AttemptRef{Queue: d.Target.Queue, JobID: d.Target.ID, Attempt: d.Target.Attempt}, d.Deadline, in.Reply.Result})

@@ -1,7 +1,6 @@
 package store
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -21,6 +20,9 @@ type Resolve struct {
 	Res     correlator.Resolution
 	Result  json.RawMessage // stored in hipq_job.result on success
 	Reply   json.RawMessage // the reply, when one came
+	// ResultIsReply: the result is the reply itself (Result unused), sent
+	// to PostgreSQL once and parsed into jsonb once for both columns.
+	ResultIsReply bool
 	// Sent: the request reached the service (an HTTP answer of any
 	// status): sent_at is set if it is not yet.
 	Sent bool
@@ -167,12 +169,11 @@ func resolveQueue(ctx context.Context, tx pgx.Tx, queue string, rs []Resolve) ([
 			t := r.Res.NextRun
 			next[i] = &t
 		}
-		if r.Res.Outcome == correlator.OutcomeSucceeded && r.Result != nil {
-			// A reply's result is the reply itself: sent (and parsed into
-			// jsonb) once, for both columns.
-			if r.Reply != nil && bytes.Equal(r.Result, r.Reply) {
+		if r.Res.Outcome == correlator.OutcomeSucceeded {
+			switch {
+			case r.ResultIsReply && r.Reply != nil:
 				resultIsReply[i] = true
-			} else {
+			case r.Result != nil:
 				results[i] = nullable(string(r.Result))
 			}
 		}
