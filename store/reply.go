@@ -33,9 +33,11 @@ type ReplyBatch struct {
 	Replies     []ReplyIn
 	DeadLetters []DeadLetter // replies that could not be read at all
 	EarlyTTL    time.Duration
-	// MustWrite: a reply must be applied, move its attempt's deadline or
-	// be kept as early, else the batch rolls back and ReplyApply returns
-	// ErrNoWrite (see IntakeBatch.MustWrite).
+	// MustWrite: a reply must be applied or move its attempt's deadline (a
+	// write of its job and attempt; a reply kept as early writes neither,
+	// so it shows nothing of a refusal of those writes), else the batch
+	// rolls back and ReplyApply returns ErrNoWrite (see
+	// IntakeBatch.MustWrite).
 	MustWrite bool
 }
 
@@ -102,7 +104,7 @@ func (s *Store) ReplyApply(ctx context.Context, b ReplyBatch, types correlator.T
 			return err
 		}
 		// (The batch's replies are all fresh: one decided early is kept.)
-		if b.MustWrite && res.Counts[correlator.Apply]+res.Counts[correlator.Progressed]+res.Counts[correlator.Early] == 0 {
+		if b.MustWrite && res.Counts[correlator.Apply]+res.Counts[correlator.Progressed] == 0 {
 			return ErrNoWrite
 		}
 		res.DeadLetters = append(append([]DeadLetter(nil), b.DeadLetters...), res.DeadLetters...)
