@@ -3,8 +3,6 @@ package api
 import (
 	"cmp"
 	"context"
-	"errors"
-	"fmt"
 	"net"
 	"net/http"
 	"time"
@@ -54,22 +52,7 @@ func Probes(cfg ProbeConfig) http.Handler {
 func ServeProbes(ctx context.Context, log *zap.Logger, l net.Listener, cfg ProbeConfig) error {
 	srv := &http.Server{Handler: Probes(cfg), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: time.Minute,
 		IdleTimeout: 2 * time.Minute, ErrorLog: zap.NewStdLog(log)}
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(l) }()
-	select {
-	case err := <-done:
-		if errors.Is(err, http.ErrServerClosed) {
-			return nil
-		}
-		return fmt.Errorf("metrics listener: %w", err)
-	case <-ctx.Done():
-	}
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-	defer cancel()
-	if err := srv.Shutdown(sctx); err != nil {
-		return fmt.Errorf("metrics listener: shutdown: %w", err)
-	}
-	return nil
+	return serveUntil(ctx, srv, l, "metrics listener", 5*time.Second)
 }
 
 func healthz(w http.ResponseWriter, _ *http.Request) {

@@ -201,17 +201,26 @@ func (s *Server) Run(ctx context.Context) error {
 	srv := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: time.Minute,
 		IdleTimeout: 2 * time.Minute, ErrorLog: zap.NewStdLog(s.log)}
 	s.log.Info("api listening", zap.String("addr", l.Addr().String()))
+	return serveUntil(ctx, srv, l, "api", 10*time.Second)
+}
+
+// serveUntil serves srv on l until ctx ends, then shuts it down, waiting
+// up to grace for the requests under way; name prefixes its errors.
+func serveUntil(ctx context.Context, srv *http.Server, l net.Listener, name string, grace time.Duration) error {
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(l) }()
 	select {
 	case err := <-done:
-		return fmt.Errorf("api: %w", err)
+		if errors.Is(err, http.ErrServerClosed) {
+			return nil
+		}
+		return fmt.Errorf("%s: %w", name, err)
 	case <-ctx.Done():
 	}
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), grace)
 	defer cancel()
 	if err := srv.Shutdown(sctx); err != nil {
-		return fmt.Errorf("api: shutdown: %w", err)
+		return fmt.Errorf("%s: shutdown: %w", name, err)
 	}
 	return nil
 }
