@@ -104,11 +104,15 @@ func (c GroupConfig) rebalanceTimeout() time.Duration { return max(3*c.SessionTi
 
 // applier writes one batch of records, with their offset advances, in one
 // transaction: the effects of recs and the dead letters of refused. after
-// runs once it committed (dead-letter copies, logs). With mustWrite, recs
-// must make a job or apply a reply (keep it early, move a deadline), else
-// nothing is written and the error is store.ErrNoWrite.
+// runs once it committed (dead-letter copies, logs). With compare (a
+// record refused alone compared with the records after it, refused),
+// recs must make a job or apply a reply (move a deadline), else nothing is
+// written and the error is store.ErrNoWrite; and refused are tried again
+// after recs, in the same transaction, and dead-lettered only if refused
+// again (again says why; nil: they went through, the refusal had stopped
+// between their tries).
 type applier interface {
-	apply(ctx context.Context, recs []*kgo.Record, refused []refusal, adv []store.OffsetAdvance, mustWrite bool) (after func(), err error)
+	apply(ctx context.Context, recs []*kgo.Record, refused []refusal, adv []store.OffsetAdvance, compare bool) (after func(), again, err error)
 	// input is what rec asks for, as decoded: nil when it decodes to a
 	// dead letter only; else the names of what it writes (a job's type
 	// and key; a reply's job id and attempt, its job's type, key and
@@ -139,6 +143,15 @@ type refusal struct {
 	rec   *kgo.Record
 	cause error
 	bare  bool // without its headers: its dead letter was refused with them
+}
+
+// recsOf is the records of refused.
+func recsOf(refused []refusal) []*kgo.Record {
+	recs := make([]*kgo.Record, len(refused))
+	for i, r := range refused {
+		recs[i] = r.rec
+	}
+	return recs
 }
 
 // deadLetter is the dead letter of a refused record.
@@ -446,7 +459,7 @@ func (g *group) applyRun(ctx context.Context, all, recs []*kgo.Record) error {
 		return nil
 	}
 	adv := g.advances(recs)
-	after, err := g.app.apply(ctx, recs, nil, adv, false)
+	after, _, err := g.app.apply(ctx, recs, nil, adv, false)
 	if refusedBy(ctx, err) {
 		if len(recs) > 1 {
 			half := len(recs) / 2
@@ -506,9 +519,11 @@ func (g *group) settle(ctx context.Context, recs []*kgo.Record, adv []store.Offs
 // refused decides for rec, refused alone with cause, within the pass all
 // (see stall.go): a refusal of its data dead-letters it; any other is
 // compared with the next record on its partition that writes more than a
-// dead letter and is another input, written in one transaction with rec's
-// dead letter and with the records between them: those that write
-// nothing, and copies of rec's input, dead-lettered with it.
+// dead letter and is another input, written in one transaction with the
+// records between them (those that write nothing) and, after them, rec
+// and the copies of its input between them, tried again: dead-lettered
+// if refused again (the refusal was theirs), else written (it had
+// stopped between the tries).
 func (g *group) refused(ctx context.Context, all []*kgo.Record, rec *kgo.Record, cause error) error {
 	if store.IsDataError(cause) {
 		return g.deadLetter(ctx, rec, cause)
@@ -541,13 +556,18 @@ func (g *group) refused(ctx context.Context, all []*kgo.Record, rec *kgo.Record,
 		}
 		passed := append([]*kgo.Record{rec}, next[:i+1]...)
 		adv := g.advances(passed)
-		done, err := g.app.apply(ctx, recs, refused, adv, true)
+		done, again, err := g.app.apply(ctx, recs, refused, adv, true)
 		switch {
 		case errors.Is(err, store.ErrNoWrite):
 			continue
+		case err == nil && again == nil:
+			g.log.Info("record refused alone went through when tried again after the record after it: the refusal had stopped",
+				zap.String("group", g.cfg.Group), zap.String("topic", rec.Topic), zap.Int32("partition", rec.Partition),
+				zap.Int64("offset", rec.Offset), zap.String("sqlstate", reason(cause)))
+			return g.settle(ctx, passed, adv, done, nil)
 		case err == nil:
 			for _, f := range refused {
-				g.logDeadLetter(f.rec, f.cause, "the record after it went through")
+				g.logDeadLetter(f.rec, again, "the record after it went through, and it was refused again after it")
 			}
 			return g.settle(ctx, passed, adv, done, nil)
 		case !refusedBy(ctx, err):
@@ -672,13 +692,13 @@ func (g *group) deadLetter(ctx context.Context, rec *kgo.Record, cause error) er
 		g.logDeadLetter(rec, cause, "")
 	}
 	adv := g.advances([]*kgo.Record{rec})
-	after, err := g.app.apply(ctx, nil, []refusal{{rec: rec, cause: cause}}, adv, false)
+	after, _, err := g.app.apply(ctx, nil, []refusal{{rec: rec, cause: cause}}, adv, false)
 	if refusedBy(ctx, err) {
 		if !held {
 			g.log.Error("dead letter refused too; keeping it without its headers", zap.String("topic", rec.Topic),
 				zap.Int32("partition", rec.Partition), zap.Int64("offset", rec.Offset), zap.String("error", correlator.Clip(err.Error(), 1024)))
 		}
-		after, err = g.app.apply(ctx, nil, []refusal{{rec: rec, bare: true,
+		after, _, err = g.app.apply(ctx, nil, []refusal{{rec: rec, bare: true,
 			cause: fmt.Errorf("%w; its dead letter was refused with its headers: %v", cause, err)}}, adv, false)
 		if refusedBy(ctx, err) && !store.IsDataError(err) {
 			g.hold(rec, err, true)

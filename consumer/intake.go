@@ -97,17 +97,21 @@ func (in *Intake) count(result string, n int) {
 	}
 }
 
-func (in *Intake) apply(ctx context.Context, recs []*kgo.Record, refused []refusal, adv []store.OffsetAdvance, mustWrite bool) (func(), error) {
+func (in *Intake) apply(ctx context.Context, recs []*kgo.Record, refused []refusal, adv []store.OffsetAdvance, compare bool) (func(), error, error) {
 	now := time.Now()
-	b := store.IntakeBatch{Group: in.cfg.Group, Offsets: adv, MustWrite: mustWrite}
+	b := store.IntakeBatch{Group: in.cfg.Group, Offsets: adv, MustWrite: compare}
 	var dups int
-	b.Jobs, b.DeadLetters, dups = reduceIntake(store.SourceIntake, len(recs), func(i int) (store.Source, *correlator.Job, error) {
-		src := source(recs[i])
-		job, err := decodeRecord(recs[i], src, in.cfg.MaxBytes, in.cfg.Types, now)
-		return src, job, err
-	})
+	b.Jobs, b.DeadLetters, dups = in.decode(recs, now)
+	if compare && len(refused) > 0 {
+		b.Retry = &store.IntakeRetry{}
+		b.Retry.Jobs, b.Retry.DeadLetters, b.Retry.Duplicates = in.decode(recsOf(refused), now)
+	}
 	for _, r := range refused {
-		b.DeadLetters = append(b.DeadLetters, r.deadLetter(store.SourceIntake))
+		if b.Retry != nil {
+			b.Retry.Refused = append(b.Retry.Refused, r.deadLetter(store.SourceIntake))
+		} else {
+			b.DeadLetters = append(b.DeadLetters, r.deadLetter(store.SourceIntake))
+		}
 	}
 	rs := in.reserve(b.Jobs)
 	b.Instance = in.cfg.Instance
@@ -116,7 +120,7 @@ func (in *Intake) apply(ctx context.Context, recs []*kgo.Record, refused []refus
 		for _, r := range rs {
 			r.Release()
 		}
-		return nil, err
+		return nil, nil, err
 	}
 	return func() {
 		claimed := make(map[Reservation][]store.Claimed, len(rs))
@@ -136,7 +140,16 @@ func (in *Intake) apply(ctx context.Context, recs []*kgo.Record, refused []refus
 		in.g.log.Debug("intake batch applied", zap.Int("records", len(recs)), zap.Int("accepted", res.Inserted),
 			zap.Int("duplicates", res.Duplicates+dups), zap.Int("dead_lettered", len(res.DeadLetters)))
 		in.g.copyDeadLetters(in.cfg.DeadLetterTopic, res.DeadLetters)
-	}, nil
+	}, res.RefusedAgain, nil
+}
+
+// decode makes jobs and dead letters of intake records.
+func (in *Intake) decode(recs []*kgo.Record, now time.Time) ([]store.IntakeJob, []store.DeadLetter, int) {
+	return reduceIntake(store.SourceIntake, len(recs), func(i int) (store.Source, *correlator.Job, error) {
+		src := source(recs[i])
+		job, err := decodeRecord(recs[i], src, in.cfg.MaxBytes, in.cfg.Types, now)
+		return src, job, err
+	})
 }
 
 // input names the job rec asks for: its type and key.

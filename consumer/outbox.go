@@ -122,7 +122,7 @@ func (o *Outbox) Drain(ctx context.Context) (int, error) {
 	for {
 		var dups int
 		b := &batchRead{rows: map[int64]rowRead{}}
-		res, err := o.st.OutboxApply(ctx, o.take(nil, o.cfg.BatchSize), o.decider(&dups, nil, b))
+		res, err := o.st.OutboxApply(ctx, o.take(nil, o.cfg.BatchSize), o.decider(&dups, nil, false, b))
 		n, more := len(res.Taken), res.More
 		switch {
 		case err == nil:
@@ -166,7 +166,7 @@ func (o *Outbox) split(ctx context.Context, b *batchRead, ids []int64, cause err
 	n := 0
 	for _, part := range [][]int64{ids[:len(ids)/2], ids[len(ids)/2:]} {
 		var dups int
-		res, err := o.st.OutboxApply(ctx, o.take(part, len(part)), o.decider(&dups, nil, nil))
+		res, err := o.st.OutboxApply(ctx, o.take(part, len(part)), o.decider(&dups, nil, false, nil))
 		switch {
 		case err == nil:
 			o.applied(len(res.Taken), res.IntakeResult, dups)
@@ -189,8 +189,10 @@ func (o *Outbox) split(ctx context.Context, b *batchRead, ids []int64, cause err
 // refused decides for row id, refused alone with cause, within the batch
 // b (see stall.go): a refusal of its data dead-letters it; any other is
 // compared with the next row of b that makes a job and is another
-// request, taken with it and written in one transaction with the row's
-// dead letter (and those of the copies of its request between them). The
+// request, taken with it and written first in one transaction, the row
+// (and the copies of its request between them) tried again after it:
+// dead-lettered if refused again, else written (the refusal had stopped
+// between the tries). The
 // other rows between them write nothing (dead letters, or requests for
 // jobs that exist): they are left for the drain, as any row.
 func (o *Outbox) refused(ctx context.Context, b *batchRead, id int64, cause error) (int, error) {
@@ -223,14 +225,20 @@ func (o *Outbox) refused(ctx context.Context, b *batchRead, id int64, cause erro
 		slices.Sort(ids)
 		t := o.take(ids, len(ids))
 		t.All, t.MustWrite = true, true
-		res, err := o.st.OutboxApply(ctx, t, o.decider(&dups, refusals, nil))
+		res, err := o.st.OutboxApply(ctx, t, o.decider(&dups, refusals, true, nil))
 		switch {
 		case errors.Is(err, store.ErrNoWrite):
 			continue
+		case err == nil && len(res.Taken) > 0 && res.RefusedAgain == nil:
+			o.log.Info("outbox row refused alone went through when tried again after the row after it: the refusal had stopped",
+				zap.Int64("outbox_id", id), zap.String("sqlstate", reason(cause)))
+			o.applied(len(res.Taken), res.IntakeResult, dups)
+			o.passed(res.Taken)
+			return len(res.Taken), nil
 		case err == nil && len(res.Taken) > 0:
 			// The refusal was the row's own.
 			for _, f := range refusals {
-				o.logDeadLetter(f.id, f.cause, "the row after it went through")
+				o.logDeadLetter(f.id, res.RefusedAgain, "the row after it went through, and it was refused again after it")
 			}
 			o.applied(len(res.Taken), res.IntakeResult, dups)
 			o.passed(res.Taken)
@@ -264,11 +272,14 @@ type rowRefusal struct {
 }
 
 // decider makes jobs and dead letters of a drain's rows: the rows of
-// refused are dead-lettered with their refusals, the others are decided,
-// and what each decoded to is kept in read (when set).
-func (o *Outbox) decider(dups *int, refused []rowRefusal, read *batchRead) store.OutboxDecide {
-	return func(rows []store.OutboxRow) ([]store.IntakeJob, []store.DeadLetter, error) {
-		var dead []store.DeadLetter
+// refused are dead-lettered with their refusals (with again, only should
+// they be refused again once the others are written: store.IntakeRetry),
+// the others are decided, and what each decoded to is kept in read (when
+// set).
+func (o *Outbox) decider(dups *int, refused []rowRefusal, again bool, read *batchRead) store.OutboxDecide {
+	return func(rows []store.OutboxRow) (store.OutboxDecision, error) {
+		var d store.OutboxDecision
+		var tried []store.OutboxRow
 		if len(refused) > 0 {
 			rows = slices.DeleteFunc(slices.Clone(rows), func(r store.OutboxRow) bool {
 				k := slices.IndexFunc(refused, func(f rowRefusal) bool { return f.id == r.ID })
@@ -279,18 +290,31 @@ func (o *Outbox) decider(dups *int, refused []rowRefusal, read *batchRead) store
 				if refused[k].bare {
 					src.Headers = nil
 				}
-				dead = append(dead, store.DeadLetter{Kind: store.SourceOutbox, Source: src, Reason: rejected(refused[k].cause)})
+				dl := store.DeadLetter{Kind: store.SourceOutbox, Source: src, Reason: rejected(refused[k].cause)}
+				if again {
+					if d.Retry == nil {
+						d.Retry = &store.IntakeRetry{}
+					}
+					d.Retry.Refused = append(d.Retry.Refused, dl)
+					tried = append(tried, r)
+				} else {
+					d.DeadLetters = append(d.DeadLetters, dl)
+				}
 				return true
 			})
 		}
 		jobs, dls, n := o.decide(rows, read)
 		*dups = n
+		if d.Retry != nil {
+			d.Retry.Jobs, d.Retry.DeadLetters, d.Retry.Duplicates = o.decide(tried, nil)
+		}
 		if o.cfg.CrashPoint == "outbox:in-transaction" {
 			// Tests: die with the rows deleted in a transaction that never commits.
 			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
 			select {}
 		}
-		return jobs, append(dls, dead...), nil
+		d.Jobs, d.DeadLetters = jobs, append(dls, d.DeadLetters...)
+		return d, nil
 	}
 }
 
@@ -309,12 +333,12 @@ func (o *Outbox) poison(ctx context.Context, id int64, cause error) (int, error)
 		o.logDeadLetter(id, cause, "")
 	}
 	var dups int
-	res, err := o.st.OutboxApply(ctx, o.take([]int64{id}, 1), o.decider(&dups, []rowRefusal{{id: id, cause: cause}}, nil))
+	res, err := o.st.OutboxApply(ctx, o.take([]int64{id}, 1), o.decider(&dups, []rowRefusal{{id: id, cause: cause}}, false, nil))
 	if refusedBy(ctx, err) {
 		if !held {
 			o.log.Error("dead letter refused too; keeping it without its headers", zap.Int64("outbox_id", id), zap.Error(err))
 		}
-		res, err = o.st.OutboxApply(ctx, o.take([]int64{id}, 1), o.decider(&dups, []rowRefusal{{id: id, cause: cause, bare: true}}, nil))
+		res, err = o.st.OutboxApply(ctx, o.take([]int64{id}, 1), o.decider(&dups, []rowRefusal{{id: id, cause: cause, bare: true}}, false, nil))
 		if refusedBy(ctx, err) && !store.IsDataError(err) {
 			o.holdAt(id, err, true)
 			o.mu.Lock()

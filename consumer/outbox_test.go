@@ -320,11 +320,11 @@ func TestOutboxHugeRows(t *testing.T) {
 	// The byte budget: rows of 5 MB and 100 KB, a budget of 1 KB: one row
 	// per take (never none).
 	res, err := st.OutboxApply(ctx, store.OutboxTake{Limit: 10, MaxValue: 4097, MaxHeaders: 65537, MaxBytes: 1024},
-		func(rows []store.OutboxRow) ([]store.IntakeJob, []store.DeadLetter, error) {
+		func(rows []store.OutboxRow) (store.OutboxDecision, error) {
 			if len(rows) != 1 || len(rows[0].Value) != 4097 || rows[0].ValueSize < 5000000 {
 				t.Errorf("read %d rows, the first of %d bytes (of %d)", len(rows), len(rows[0].Value), rows[0].ValueSize)
 			}
-			return nil, nil, nil
+			return store.OutboxDecision{}, nil
 		})
 	if err != nil || len(res.Taken) != 1 || !res.More {
 		t.Fatalf("took %v (more: %v): %v", res.Taken, res.More, err)
@@ -637,5 +637,39 @@ func TestOutboxRefusedDeadLetterStalls(t *testing.T) {
 	}
 	if v := stalled(); v != 0 || o.Stalled() != nil {
 		t.Fatalf("after: hipq_consumer_stalled %v, Stalled() %v", v, o.Stalled())
+	}
+}
+
+// Issue 30.5: a refusal that stops between a row's try alone and the
+// comparison with the row after it (refusedTwice) is no refusal of the
+// row's own: tried again after the row after it, in the same
+// transaction, the row becomes its job; nothing is dead-lettered and the
+// drain does not wait.
+func TestOutboxRefusalThatStopsBeforeTheComparison(t *testing.T) {
+	t.Parallel()
+	st := pgtest.New(t)
+	o, m := newOutbox(t, st)
+	ctx := context.Background()
+	if _, err := st.Pool().Exec(ctx, refusedTwice("INSERT")); err != nil {
+		t.Fatal(err)
+	}
+	inTx(t, st, true, `{"job_type": "t", "job_key": "a"}`, `{"job_type": "t", "job_key": "b"}`)
+	if n, err := o.Drain(ctx); n != 2 || err != nil {
+		t.Fatalf("drained %d of 2: %v", n, err)
+	}
+	if n := count(t, st, `SELECT last_value FROM tries`); n != 3 {
+		t.Fatalf("the refused row was tried %d times, want 3 (the batch, alone, after the other)", n)
+	}
+	if n := count(t, st, `SELECT count(*) FROM hipq_job`); n != 2 {
+		t.Fatalf("%d of 2 jobs", n)
+	}
+	if n := count(t, st, `SELECT count(*) FROM hipq_dead_letter`); n != 0 {
+		t.Fatalf("%d dead letters, want none", n)
+	}
+	if v, _ := m.Value("hipq_consumer_stalled", map[string]string{"group": "outbox", "reason": "XX000"}); v != 0 || o.Stalled() != nil {
+		t.Fatalf("stalled: gauge %v, %v", v, o.Stalled())
+	}
+	if v, _ := m.Value("hipq_intake_records_total", map[string]string{"source": "outbox", "result": "accepted"}); v != 2 {
+		t.Fatalf("accepted %v, want 2", v)
 	}
 }

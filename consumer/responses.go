@@ -3,6 +3,7 @@ package consumer
 import (
 	"cmp"
 	"context"
+	"slices"
 	"strconv"
 	"time"
 
@@ -85,34 +86,55 @@ func (rs *Responses) match(r *kgo.Record, src store.Source) (*correlator.Reply, 
 	return m.Match(&correlator.Record{Key: r.Key, Value: r.Value, Headers: src.Headers})
 }
 
-func (rs *Responses) apply(ctx context.Context, recs []*kgo.Record, refused []refusal, adv []store.OffsetAdvance, mustWrite bool) (func(), error) {
+func (rs *Responses) apply(ctx context.Context, recs []*kgo.Record, refused []refusal, adv []store.OffsetAdvance, compare bool) (func(), error, error) {
 	start := time.Now()
-	b := store.ReplyBatch{Group: rs.cfg.Group, Offsets: adv, EarlyTTL: rs.cfg.EarlyTTL, Replies: make([]store.ReplyIn, 0, len(recs)),
-		MustWrite: mustWrite}
-	for _, r := range recs {
-		src := source(r)
-		reply, err := rs.match(r, src)
-		if err != nil {
-			b.DeadLetters = append(b.DeadLetters, store.DeadLetter{Kind: store.SourceReply, Source: src, Reason: err.Error()})
-			continue
-		}
-		b.Replies = append(b.Replies, store.ReplyIn{Reply: reply, Kind: store.SourceReply, Source: src})
+	b := store.ReplyBatch{Group: rs.cfg.Group, Offsets: adv, EarlyTTL: rs.cfg.EarlyTTL, MustWrite: compare}
+	b.Replies, b.DeadLetters = rs.decode(recs)
+	if compare && len(refused) > 0 {
+		b.Retry = &store.ReplyRetry{}
+		b.Retry.Replies, b.Retry.DeadLetters = rs.decode(recsOf(refused))
 	}
 	for _, r := range refused {
-		b.DeadLetters = append(b.DeadLetters, r.deadLetter(store.SourceReply))
+		if b.Retry != nil {
+			b.Retry.Refused = append(b.Retry.Refused, r.deadLetter(store.SourceReply))
+		} else {
+			b.DeadLetters = append(b.DeadLetters, r.deadLetter(store.SourceReply))
+		}
 	}
 	res, err := rs.g.st.ReplyApply(ctx, b, rs.cfg.Types)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
+	}
+	unreadable, ins := len(b.DeadLetters), b.Replies
+	if b.Retry != nil && res.RefusedAgain == nil {
+		unreadable += len(b.Retry.DeadLetters)
+		ins = append(slices.Clip(ins), b.Retry.Replies...)
 	}
 	return func() {
-		rs.countUnreadable(len(b.DeadLetters))
+		rs.countUnreadable(unreadable)
 		rs.cfg.Metrics.ObserveReplies(metrics.SourceKafka, res.Counts, res.RoundTrips)
 		rs.g.log.Debug("reply batch applied", zap.Int("records", len(recs)), zap.Int("applied", res.Counts[correlator.Apply]),
 			zap.Int("dead_lettered", len(res.DeadLetters)))
 		rs.g.copyDeadLetters(rs.cfg.DeadLetterTopic, res.DeadLetters)
-		rs.trace(ctx, start, b.Replies, res)
-	}, nil
+		rs.trace(ctx, start, ins, res)
+	}, res.RefusedAgain, nil
+}
+
+// decode matches response records to replies; a record that matches
+// nothing is a dead letter.
+func (rs *Responses) decode(recs []*kgo.Record) ([]store.ReplyIn, []store.DeadLetter) {
+	ins := make([]store.ReplyIn, 0, len(recs))
+	var dls []store.DeadLetter
+	for _, r := range recs {
+		src := source(r)
+		reply, err := rs.match(r, src)
+		if err != nil {
+			dls = append(dls, store.DeadLetter{Kind: store.SourceReply, Source: src, Reason: err.Error()})
+			continue
+		}
+		ins = append(ins, store.ReplyIn{Reply: reply, Kind: store.SourceReply, Source: src})
+	}
+	return ins, dls
 }
 
 // countUnreadable counts replies dead-lettered before matching.

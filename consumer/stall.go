@@ -26,10 +26,9 @@ import (
 // record after it on its partition (the next outbox row for the drainer)
 // that writes more than a dead letter:
 //
-//   - the record after it is written together with the record's dead
-//     letter, in one transaction, which must write: insert a job, apply
-//     a reply, keep it early or move its attempt's deadline (else it
-//     rolls back with store.ErrNoWrite). The records between them go
+//   - the record after it is written first, in one transaction with the
+//     record, and must write: insert a job, apply a reply or move its
+//     attempt's deadline (else it rolls back with store.ErrNoWrite). The records between them go
 //     with it, as the offset passes over them; the outbox has no offsets
 //     and leaves the rows between to the drain, reading none of them
 //     again. A record that does not decode, a duplicate request, or a
@@ -38,9 +37,13 @@ import (
 //     of it, so the transaction rolls back and the record after it is
 //     taken instead. Nor is a record of the same input (the same job; a
 //     reply to the same attempt) compared with: it would be refused for
-//     its own fault just the same, and is dead-lettered with the record.
-//     When the transaction commits, the refusal was the record's own and
-//     the partition moves on;
+//     its own fault just the same, and goes with the record. When the
+//     record after it went through, the record is tried again after it
+//     (store.IntakeRetry): refused again, the refusal is its own, and it
+//     is dead-lettered in the same transaction; taken, the refusal had
+//     stopped between the tries (a privilege granted back just then) and
+//     it is written as if never refused. Either way the partition moves
+//     on;
 //   - when the record after it is refused the same way (store.SameRefusal:
 //     the same SQLSTATE class), the refusal is systemic: nothing is
 //     dead-lettered and no offset moves. The partition waits, trying

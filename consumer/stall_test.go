@@ -578,3 +578,72 @@ func TestOffsetConflictEndsAPassedHold(t *testing.T) {
 		return n == 1, fmt.Sprintf("%d jobs", n)
 	}, "the partition read on")
 }
+
+// refusedTwice makes the first two inserts (or updates, with "UPDATE")
+// of the job with key "a" fail with XX000, and any later one go through:
+// a refusal that stops between a record's try alone and its comparison
+// with the record after it (a privilege granted back just then). The
+// sequence tries counts the tries, rolled back or not.
+func refusedTwice(event string) string {
+	return `
+		CREATE SEQUENCE tries;
+		CREATE FUNCTION refuse_twice() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+		  IF nextval('tries') <= 2 THEN RAISE EXCEPTION 'refused for %, try %', NEW.job_key, currval('tries') USING ERRCODE = 'XX000'; END IF;
+		  RETURN NEW;
+		END $$;
+		CREATE TRIGGER refuse_twice BEFORE ` + event + ` ON hipq_job FOR EACH ROW WHEN (NEW.job_key = 'a') EXECUTE FUNCTION refuse_twice();`
+}
+
+// Issue 30.5: a refusal that stops between a record's try alone and the
+// comparison with the record after it is no refusal of the record's own:
+// the record is tried again after the record after it went through, in
+// the same transaction, and becomes its job (its reply applied); nothing
+// is dead-lettered. Two records in one produce come in one fetch: the
+// batch is refused (try 1), the record alone (try 2), and the comparison
+// writes the record after it and then the record (try 3).
+func TestRefusalThatStopsBeforeTheComparison(t *testing.T) {
+	t.Parallel()
+	t.Run("intake", func(t *testing.T) {
+		t.Parallel()
+		r := newIntakeRig(t, time.Hour, refusedTwice("INSERT"))
+		r.produce(0, "a", "b")
+		testutil.Eventually(t, 30*time.Second, func() (bool, string) {
+			n := r.count(`SELECT count(*) FROM hipq_job`)
+			return n == 2, fmt.Sprintf("%d of 2 jobs", n)
+		}, "both records stored")
+		r.refusedOnceAfterTheOther()
+	})
+	t.Run("replies", func(t *testing.T) {
+		t.Parallel()
+		r := newResponsesRig(t, time.Hour, "")
+		r.running("a", "b")
+		if _, err := r.st.Pool().Exec(context.Background(), refusedTwice("UPDATE")); err != nil {
+			t.Fatal(err)
+		}
+		r.reply(0, "t/a", "t/b")
+		testutil.Eventually(t, 30*time.Second, func() (bool, string) {
+			n := r.count(`SELECT count(*) FROM hipq_job WHERE state = 'final' AND outcome = 'succeeded'`)
+			return n == 2, fmt.Sprintf("%d of 2 jobs succeeded", n)
+		}, "both replies applied")
+		r.refusedOnceAfterTheOther()
+	})
+}
+
+// refusedOnceAfterTheOther checks the end of TestRefusalThatStopsBeforeTheComparison:
+// three tries, no dead letter, no hold, no stall.
+func (r *intakeRig) refusedOnceAfterTheOther() {
+	r.t.Helper()
+	if n := r.count(`SELECT last_value FROM tries`); n != 3 {
+		r.t.Fatalf("the refused record was tried %d times, want 3 (the batch, alone, after the other)", n)
+	}
+	if n := r.count(`SELECT count(*) FROM hipq_dead_letter`); n != 0 {
+		r.t.Fatalf("%d dead letters, want none: the refusal had stopped when the record after it went through", n)
+	}
+	if all, _ := r.holds(); all != 0 {
+		r.t.Fatalf("%d partitions still wait", all)
+	}
+	if v, _ := r.stalled("XX000"); v != 0 || r.g.Stalled() != nil {
+		r.t.Fatalf("stalled: gauge %v, %v", v, r.g.Stalled())
+	}
+}

@@ -37,6 +37,25 @@ type IntakeBatch struct {
 	// IntakeApply returns ErrNoWrite (a consumer comparing a refused
 	// record with the records after it needs one that meets the write).
 	MustWrite bool
+	// Retry, when set, is tried again after the batch's own writes (see
+	// Retry).
+	Retry *IntakeRetry
+}
+
+// IntakeRetry is what a consumer comparing a record PostgreSQL refused
+// alone with the records after it (MustWrite) tries again once they are
+// written, in the same transaction: the refused records as decoded, jobs
+// (never claimed as stored) and dead letters. Tried after the records
+// after them went through, they meet what those met: should the refusal
+// have stopped meanwhile (a privilege granted back between the two
+// tries), they are written now, as if never refused; refused again, the
+// refusal is theirs alone, and Refused, their dead letters, are written
+// instead (under a savepoint rolled back, so nothing of them remains).
+type IntakeRetry struct {
+	Jobs        []IntakeJob
+	DeadLetters []DeadLetter
+	Duplicates  int // found before: counted in IntakeResult.Duplicates if they go through
+	Refused     []DeadLetter
 }
 
 // ErrNoWrite: a batch that had to write more than dead letters (MustWrite)
@@ -48,6 +67,9 @@ type IntakeResult struct {
 	Inserted    int
 	Duplicates  int          // a non-final job with the same job_data existed
 	DeadLetters []DeadLetter // the batch's own plus conflicts found here
+	// RefusedAgain is why a Retry was refused again (its Refused were
+	// written); nil when it went through, or there was none.
+	RefusedAgain error
 	// Claimed are the jobs claimed as they were stored (IntakeJob.Claim):
 	// running, attempt 1, their attempt rows written. Once the batch has
 	// committed they are the Instance's to send; if it never does, the
@@ -72,6 +94,9 @@ func (s *Store) IntakeApply(ctx context.Context, b IntakeBatch) (IntakeResult, e
 		res, err = intakeWrite(ctx, tx, b.Jobs, b.DeadLetters, b.Instance)
 		if err == nil && b.MustWrite && res.Inserted == 0 {
 			err = ErrNoWrite
+		}
+		if err == nil && b.Retry != nil {
+			err = intakeRetry(ctx, tx, b.Retry, &res)
 		}
 		return err
 	})
@@ -100,6 +125,33 @@ func intakeWrite(ctx context.Context, tx pgx.Tx, jobs []IntakeJob, dls []DeadLet
 			Reason: correlator.CodeConflict + ": a non-final job with this job_type and job_key has other job_data"})
 	}
 	return res, deadLettersInsert(ctx, tx, res.DeadLetters)
+}
+
+// intakeRetry writes r (see IntakeRetry) and adds what it did to res.
+func intakeRetry(ctx context.Context, tx pgx.Tx, r *IntakeRetry, res *IntakeResult) error {
+	jobs := make([]IntakeJob, len(r.Jobs))
+	for i, ij := range r.Jobs {
+		ij.Claim = false
+		jobs[i] = ij
+	}
+	var again IntakeResult
+	refused, err := tryAgain(ctx, tx, func(tx pgx.Tx) error {
+		var err error
+		again, err = intakeWrite(ctx, tx, jobs, r.DeadLetters, "")
+		return err
+	})
+	switch {
+	case err != nil:
+		return err
+	case refused != nil:
+		res.RefusedAgain = refused
+		res.DeadLetters = append(res.DeadLetters, r.Refused...)
+		return deadLettersInsert(ctx, tx, r.Refused)
+	}
+	res.Inserted += again.Inserted
+	res.Duplicates += again.Duplicates + r.Duplicates
+	res.DeadLetters = append(res.DeadLetters, again.DeadLetters...)
+	return nil
 }
 
 // jobsAccept inserts jobs as intake does: a job whose (type, key) has a

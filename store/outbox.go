@@ -26,7 +26,16 @@ type OutboxRow struct {
 // OutboxDecide makes jobs and dead letters of outbox rows (in id order):
 // what it cannot use is a dead letter. An error rolls the transaction
 // back, so nothing is taken, and OutboxApply returns it.
-type OutboxDecide func(rows []OutboxRow) (jobs []IntakeJob, dls []DeadLetter, err error)
+type OutboxDecide func(rows []OutboxRow) (OutboxDecision, error)
+
+// OutboxDecision is what a drain makes of its rows: jobs, dead letters,
+// and rows PostgreSQL refused alone, tried again after the others (see
+// IntakeRetry).
+type OutboxDecision struct {
+	Jobs        []IntakeJob
+	DeadLetters []DeadLetter
+	Retry       *IntakeRetry
+}
 
 // OutboxTake bounds what one drain transaction takes and reads.
 type OutboxTake struct {
@@ -127,13 +136,16 @@ func (s *Store) OutboxApply(ctx context.Context, t OutboxTake, decide OutboxDeci
 			return fmt.Errorf("take outbox rows: %w", err)
 		}
 		slices.SortFunc(got, func(a, b OutboxRow) int { return cmp.Compare(a.ID, b.ID) })
-		jobs, dls, err := decide(got)
+		d, err := decide(got)
 		if err != nil {
 			return err
 		}
-		res, err = intakeWrite(ctx, tx, jobs, dls, "")
+		res, err = intakeWrite(ctx, tx, d.Jobs, d.DeadLetters, "")
 		if err == nil && t.MustWrite && res.Inserted == 0 {
 			err = ErrNoWrite
+		}
+		if err == nil && d.Retry != nil {
+			err = intakeRetry(ctx, tx, d.Retry, &res)
 		}
 		return err
 	})

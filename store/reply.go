@@ -39,6 +39,19 @@ type ReplyBatch struct {
 	// rolls back and ReplyApply returns ErrNoWrite (see
 	// IntakeBatch.MustWrite).
 	MustWrite bool
+	// Retry, when set, is tried again after the batch's own writes (see
+	// IntakeRetry).
+	Retry *ReplyRetry
+}
+
+// ReplyRetry is the replies a consumer comparing a record PostgreSQL
+// refused alone with the records after it tries again (see IntakeRetry):
+// Replies and DeadLetters as decoded, Refused their dead letters should
+// they be refused again.
+type ReplyRetry struct {
+	Replies     []ReplyIn
+	DeadLetters []DeadLetter
+	Refused     []DeadLetter
 }
 
 // ReplyResult counts what became of each reply, in input order.
@@ -54,6 +67,10 @@ type ReplyResult struct {
 	// Deadlines are the new deadlines progress replies gave, by index in
 	// the batch.
 	Deadlines map[int]time.Time
+	// RefusedAgain is why a Retry was refused again (its Refused were
+	// written); nil when it went through (its replies follow the batch's
+	// in the indexes above), or there was none.
+	RefusedAgain error
 }
 
 // AppliedReply is a reply of a batch that ended its attempt.
@@ -108,9 +125,36 @@ func (s *Store) ReplyApply(ctx context.Context, b ReplyBatch, types correlator.T
 			return ErrNoWrite
 		}
 		res.DeadLetters = append(append([]DeadLetter(nil), b.DeadLetters...), res.DeadLetters...)
-		return deadLettersInsert(ctx, tx, res.DeadLetters)
+		if err := deadLettersInsert(ctx, tx, res.DeadLetters); err != nil || b.Retry == nil {
+			return err
+		}
+		return replyRetry(ctx, tx, b.Retry, types, b.EarlyTTL, now, &res)
 	})
 	return res, err
+}
+
+// replyRetry writes r (see ReplyRetry) and adds what it did to res.
+func replyRetry(ctx context.Context, tx pgx.Tx, r *ReplyRetry, types correlator.Types, earlyTTL time.Duration, now time.Time,
+	res *ReplyResult) error {
+	var again ReplyResult
+	refused, err := tryAgain(ctx, tx, func(tx pgx.Tx) error {
+		var err error
+		if again, err = applyReplies(ctx, tx, r.Replies, types, earlyTTL, now); err != nil {
+			return err
+		}
+		again.DeadLetters = append(append([]DeadLetter(nil), r.DeadLetters...), again.DeadLetters...)
+		return deadLettersInsert(ctx, tx, again.DeadLetters)
+	})
+	switch {
+	case err != nil:
+		return err
+	case refused != nil:
+		res.RefusedAgain = refused
+		res.DeadLetters = append(res.DeadLetters, r.Refused...)
+		return deadLettersInsert(ctx, tx, r.Refused)
+	}
+	res.Merge(again)
+	return nil
 }
 
 // applyReplies decides a batch of replies in one call to the domain
