@@ -1,0 +1,173 @@
+package dispatcher
+
+import (
+	"context"
+	"errors"
+	"maps"
+	"slices"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/hipq/hipq/correlator"
+	"github.com/hipq/hipq/store"
+)
+
+// claimAll claims batches, queue after queue, while due work and room in
+// flight are left, and starts their deliveries.
+func (d *Dispatcher) claimAll(ctx context.Context) (int, error) {
+	total := 0
+	var errs []error
+	for _, q := range d.cfg.Queues {
+		for {
+			n, more, err := d.round(ctx, q)
+			total += n
+			if err != nil {
+				errs = append(errs, err)
+				break
+			}
+			if !more || ctx.Err() != nil {
+				break // drained, or no room left in flight
+			}
+		}
+	}
+	return total, errors.Join(errs...)
+}
+
+// round claims one batch of a queue (as much as there is room for in
+// flight) and starts its deliveries, one per neighbour (topic, host). It returns how many
+// jobs it claimed or rescheduled, and whether the batch was full (more may
+// be due).
+//
+// Once the claim has committed, nothing may keep its jobs from their
+// deliveries: they start first, and the rescheduling of jobs found outside
+// their windows comes after (its failure only leaves those jobs waiting for
+// the next round).
+func (d *Dispatcher) round(ctx context.Context, q QueueConfig) (int, bool, error) {
+	open, capped := d.sendable(q)
+	// The types a claim could take now: none without room in flight (a
+	// delivery finishing wakes the dispatcher), a capped one only with
+	// room of its own.
+	var types []string
+	if d.inflight.Load() < int64(d.cfg.MaxInFlight) {
+		types = append(types, open...)
+		for name, room := range capped {
+			if room > 0 {
+				types = append(types, name)
+			}
+		}
+	}
+	if len(types) == 0 {
+		return 0, false, nil
+	}
+	// In a queue without limits whose last round did not claim a full
+	// batch, most wake-ups (a batch stored and claimed by the intake, a
+	// delivery recorded, a job ended) find nothing due. A probe says so for
+	// a tenth of a claim's cost, and is wider than the claim (the same
+	// due jobs, whatever their windows), so it never keeps a due job from
+	// its claim. (In a queue with limits a claim often finds nothing while
+	// jobs are due, waiting for a slot: a probe would only add to it.) A
+	// failed probe leaves the answer to the claim.
+	d.mu.Lock()
+	full := d.backlog[q.Name]
+	d.mu.Unlock()
+	if !full && !q.Throttle.Bounded() {
+		due, err := d.st.JobsDue(ctx, q.Name, types)
+		if err != nil {
+			d.log.Debug("probe for due jobs failed; claiming", zap.String("queue", q.Name), zap.Error(err))
+		} else if !due {
+			add(d.m.ClaimRounds.WithLabelValues(q.Name, "nothing_due"), 1)
+			return 0, false, nil
+		}
+	}
+	total, more, ran := 0, false, false
+	var errs []error
+	claim := func(types []string, limit int) {
+		if len(types) == 0 {
+			return
+		}
+		// The room is taken before the claim (the intake takes it too:
+		// Reserve), and what the claim did not use given back after its
+		// deliveries started, which count their own jobs.
+		limit = d.take(min(limit, d.cfg.BatchSize))
+		if limit <= 0 {
+			return // a delivery finishing wakes the dispatcher
+		}
+		n, full, err := d.claim(ctx, q, types, limit)
+		d.inflight.Add(-int64(limit))
+		total, more, ran = total+n, more || full, true
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	claim(open, d.cfg.BatchSize)
+	// A type with a MaxInFlight is claimed on its own, never more than its
+	// room: a slow downstream's jobs never wait for slots in numbers.
+	for _, name := range slices.Sorted(maps.Keys(capped)) {
+		claim([]string{name}, capped[name])
+	}
+	if ran { // (no room, no claim: whether work is left is not known)
+		d.mu.Lock()
+		d.backlog[q.Name] = more
+		d.mu.Unlock()
+	}
+	return total, more, errors.Join(errs...)
+}
+
+// claim claims up to limit due jobs of the given types and starts their
+// deliveries.
+func (d *Dispatcher) claim(ctx context.Context, q QueueConfig, types []string, limit int) (int, bool, error) {
+	claim, err := d.st.JobClaim(ctx, store.JobClaimParams{Queue: q.Name, Order: q.Order, Limit: limit,
+		Instance: d.cfg.Instance, Types: types, Throttle: q.Throttle, TypeWindows: d.typeWindows})
+	if err != nil {
+		return 0, false, err
+	}
+	if !claim.RateFreeAt.IsZero() {
+		d.wakeAt(time.Now().Add(claim.RateFreeAt.Sub(claim.Now())))
+	}
+	n := len(claim.Jobs) + len(claim.Closed)
+	more := n == limit
+	result := "empty"
+	if n > 0 {
+		result = "claimed"
+	}
+	add(d.m.ClaimRounds.WithLabelValues(q.Name, result), 1)
+	if len(claim.Jobs) > 0 {
+		add(d.m.Claimed.WithLabelValues(q.Name), len(claim.Jobs))
+		d.dispatch(ctx, q, claim.Jobs)
+	}
+	return n, more, d.deferClosed(ctx, q, &claim)
+}
+
+// deferClosed moves due jobs found outside their time windows to their next
+// opening without using an attempt, or ends them final / expired when that
+// opening is past their expiry (they are never sent). It reads PostgreSQL's
+// clock, the one the claim found them closed by.
+func (d *Dispatcher) deferClosed(ctx context.Context, q QueueConfig, claim *store.Claim) error {
+	if len(claim.Closed) == 0 {
+		return nil
+	}
+	now := claim.Now()
+	ds := make([]store.Deferral, 0, len(claim.Closed))
+	expired := 0
+	for _, c := range claim.Closed {
+		def := correlator.Defer(correlator.WindowsFor(d.cfg.Types.Get(c.JobType), c.TimeWindows), c.ExpiresAt, now)
+		if def.Disagree {
+			d.log.Warn("time window open here but closed in PostgreSQL; retrying in a minute",
+				zap.Int64("job_id", c.ID), zap.String("job_type", c.JobType), zap.NamedError("windows_error", c.WindowsErr))
+		}
+		if def.Expire {
+			expired++
+		}
+		ds = append(ds, store.Deferral{Queue: c.Queue, ID: c.ID, State: c.State, Attempt: c.Attempt, RunAt: def.RunAt, Expire: def.Expire})
+	}
+	n, err := d.st.JobDefer(ctx, ds)
+	if err != nil {
+		return err
+	}
+	add(d.m.Deferred.WithLabelValues(q.Name, "deferred"), n-expired)
+	add(d.m.Deferred.WithLabelValues(q.Name, "expired"), expired)
+	d.log.Debug("jobs outside their time windows rescheduled", zap.String("queue", q.Name),
+		zap.Int("jobs", n), zap.Int("expired", expired))
+	return nil
+}
