@@ -41,7 +41,7 @@ func (d *Dispatcher) dispatch(ctx context.Context, q QueueConfig, claimed []stor
 // start runs one delivery in its own goroutine, counting its jobs in flight
 // until their record lands.
 func (d *Dispatcher) start(ctx context.Context, q QueueConfig, s Sender, jobs []store.Claimed) {
-	d.inflight.Add(int64(len(jobs)))
+	d.room.hold(len(jobs))
 	d.mu.Lock()
 	for _, c := range jobs {
 		d.byType[c.JobType]++
@@ -51,7 +51,7 @@ func (d *Dispatcher) start(ctx context.Context, q QueueConfig, s Sender, jobs []
 	go func() {
 		defer d.sends.Done()
 		err := d.deliver(ctx, q, s, jobs)
-		d.inflight.Add(-int64(len(jobs)))
+		d.room.release(len(jobs))
 		d.mu.Lock()
 		for _, c := range jobs {
 			d.byType[c.JobType]--

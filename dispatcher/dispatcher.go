@@ -16,7 +16,6 @@ import (
 	"context"
 	"errors"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -165,13 +164,13 @@ type Dispatcher struct {
 	// typeWindows are the job types' time windows, for the claim.
 	typeWindows map[string][]correlator.TimeWindow
 
-	inflight atomic.Int64   // claimed jobs whose sends are not recorded yet
-	sends    sync.WaitGroup // deliveries running
-	mu       sync.Mutex
-	errs     []error            // of deliveries, for the next RunOnce to return
-	outages  map[string]*outage // by neighbour: those refusing now
-	byType   map[string]int     // claimed jobs whose sends are not recorded yet, by type
-	m        *metrics.Metrics
+	room    room           // claimed jobs whose sends are not recorded yet, within MaxInFlight
+	sends   sync.WaitGroup // deliveries running
+	mu      sync.Mutex
+	errs    []error            // of deliveries, for the next RunOnce to return
+	outages map[string]*outage // by neighbour: those refusing now
+	byType  map[string]int     // claimed jobs whose sends are not recorded yet, by type
+	m       *metrics.Metrics
 	// rateWake is the pending wake-up for the earliest full rate window
 	// to free, and when it fires (local monotonic clock).
 	rateWake   *time.Timer
@@ -193,6 +192,7 @@ func New(log *zap.Logger, st *store.Store, cfg Config) *Dispatcher {
 		}
 	}
 	return &Dispatcher{log: log.Named("dispatcher"), st: st, cfg: cfg, wake: make(chan struct{}, 1), typeWindows: tw,
+		room:    room{max: int64(cfg.MaxInFlight)},
 		outages: map[string]*outage{}, byType: map[string]int{}, backlog: map[string]bool{}, m: metrics.Or(cfg.Metrics)}
 }
 

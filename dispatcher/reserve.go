@@ -11,21 +11,6 @@ import (
 	"github.com/hipq/hipq/store"
 )
 
-// take takes up to n jobs of room in flight, never past MaxInFlight, and
-// returns how many it took.
-func (d *Dispatcher) take(n int) int {
-	for {
-		used := d.inflight.Load()
-		k := min(int64(n), int64(d.cfg.MaxInFlight)-used)
-		if k <= 0 {
-			return 0
-		}
-		if d.inflight.CompareAndSwap(used, used+k) {
-			return int(k)
-		}
-	}
-}
-
 // Reservation is room in flight the intake holds for jobs it may claim as
 // it stores them (store.IntakeJob.Claim). It must end in Deliver or
 // Release.
@@ -78,7 +63,7 @@ func (d *Dispatcher) Reserve(queue string, jobTypes []string) *Reservation {
 	if d.stopping || d.backlog[queue] {
 		return nil
 	}
-	k := d.take(min(n, d.cfg.BatchSize))
+	k := d.room.reserve(min(n, d.cfg.BatchSize))
 	if k <= 0 {
 		return nil
 	}
@@ -148,7 +133,7 @@ func (r *Reservation) Release() {
 	if r.n < 0 {
 		return
 	}
-	r.d.inflight.Add(-int64(r.n))
+	r.d.room.release(r.n)
 	r.n = -1
 	r.d.sends.Done()
 	r.d.Wake()

@@ -49,7 +49,7 @@ func (d *Dispatcher) round(ctx context.Context, q QueueConfig) (int, bool, error
 	// delivery finishing wakes the dispatcher), a capped one only with
 	// room of its own.
 	var types []string
-	if d.inflight.Load() < int64(d.cfg.MaxInFlight) {
+	if d.room.available() > 0 {
 		types = append(types, open...)
 		for name, room := range capped {
 			if room > 0 {
@@ -89,12 +89,12 @@ func (d *Dispatcher) round(ctx context.Context, q QueueConfig) (int, bool, error
 		// The room is taken before the claim (the intake takes it too:
 		// Reserve), and what the claim did not use given back after its
 		// deliveries started, which count their own jobs.
-		limit = d.take(min(limit, d.cfg.BatchSize))
+		limit = d.room.reserve(min(limit, d.cfg.BatchSize))
 		if limit <= 0 {
 			return // a delivery finishing wakes the dispatcher
 		}
 		n, full, err := d.claim(ctx, q, types, limit)
-		d.inflight.Add(-int64(limit))
+		d.room.release(limit)
 		total, more, ran = total+n, more || full, true
 		if err != nil {
 			errs = append(errs, err)
