@@ -528,3 +528,84 @@ func BenchmarkPlanClaim(b *testing.B) {
 		}
 	}
 }
+
+// The narrowing of a claim's read (NarrowClaim) leaves out only jobs the
+// walk would not take: planning the candidates it keeps takes the same
+// jobs, in the same order, as planning them all; and a read in two parts,
+// the second narrowed by the usage after the first's plan (ClaimPlan.Add),
+// does too.
+func TestNarrowClaimChangesNoPlan(t *testing.T) {
+	rng := rand.New(rand.NewPCG(32, 1))
+	left := 0 // candidates the narrowing left out, over all iterations
+	defer func() {
+		if left == 0 && !t.Failed() {
+			t.Fatal("the narrowing never left a candidate out: the test tests nothing")
+		}
+	}()
+	for iter := range 5000 {
+		in := randomClaim(t, rng)
+		// (Deferrals need the clock of the whole read; the narrowing is of
+		// limits, so the comparison is of takes.)
+		full, err := PlanClaim(in)
+		if err != nil {
+			t.Fatalf("iteration %d: %v", iter, err)
+		}
+		n := NarrowClaim(in.Throttle, in.Usage)
+		kept := in
+		kept.Candidates = nil
+		for i := range in.Candidates {
+			if !n.Skips(&in.Throttle, &in.Candidates[i]) {
+				kept.Candidates = append(kept.Candidates, in.Candidates[i])
+			} else {
+				left++
+			}
+		}
+		for _, take := range full.Take {
+			if n.Skips(&in.Throttle, &in.Candidates[take.Index]) {
+				t.Fatalf("iteration %d: the narrowing leaves out job %d, which the plan takes\ninput %+v\nnarrow %+v", iter, take.ID, in, n)
+			}
+		}
+		narrowed, err := PlanClaim(kept)
+		if err != nil {
+			t.Fatalf("iteration %d: %v", iter, err)
+		}
+		if a, b := takenIDs(full), takenIDs(narrowed); !slices.Equal(a, b) {
+			t.Fatalf("iteration %d: takes %v of all candidates, %v of the narrowed read\ninput %+v\nnarrow %+v", iter, a, b, in, n)
+		}
+		// In two parts: the first half planned, the second narrowed by the
+		// usage after it.
+		half := len(in.Candidates) / 2
+		first := in
+		first.Candidates = in.Candidates[:half]
+		p1, err := PlanClaim(first)
+		if err != nil {
+			t.Fatalf("iteration %d: %v", iter, err)
+		}
+		if len(p1.Take) >= in.Batch {
+			continue
+		}
+		n2 := NarrowClaim(in.Throttle, p1.Add(&first))
+		both := first
+		both.Candidates = slices.Clone(first.Candidates)
+		for i := half; i < len(in.Candidates); i++ {
+			if !n2.Skips(&in.Throttle, &in.Candidates[i]) {
+				both.Candidates = append(both.Candidates, in.Candidates[i])
+			}
+		}
+		p2, err := PlanClaim(both)
+		if err != nil {
+			t.Fatalf("iteration %d: %v", iter, err)
+		}
+		if a, b := takenIDs(full), takenIDs(p2); !slices.Equal(a, b) {
+			t.Fatalf("iteration %d: takes %v of all candidates, %v read in two parts\ninput %+v", iter, a, b, in)
+		}
+	}
+}
+
+func takenIDs(p ClaimPlan) []int64 {
+	var ids []int64
+	for _, t := range p.Take {
+		ids = append(ids, t.ID)
+	}
+	return ids
+}

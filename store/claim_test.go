@@ -425,63 +425,6 @@ func TestClaimThrottleConcurrent(t *testing.T) {
 	t.Logf("%d claims, peak running weight %d of %d", total, peak.Load(), limit)
 }
 
-// hipq_window_open (the claim's check, in SQL) and TimeWindow.Contains (Go)
-// agree on random windows, zones and instants, DST changes included.
-func TestWindowOpenAgreesWithGo(t *testing.T) {
-	t.Parallel()
-	st := pgtest.New(t)
-	zones := []string{"UTC", "Europe/Berlin", "America/New_York", "Australia/Lord_Howe", "Asia/Kolkata", "America/Sao_Paulo", ""}
-	clock := func(m int) string { return fmt.Sprintf("%02d:%02d", m/60, m%60) }
-	r := rand.New(rand.NewPCG(42, 7))
-	const n = 3000
-	windows, instants := make([]string, n), make([]time.Time, n)
-	want := make([]bool, n)
-	for i := range n {
-		ws := make([]correlator.TimeWindow, 1+r.IntN(3))
-		for k := range ws {
-			ws[k] = correlator.TimeWindow{Start: clock(r.IntN(1440)), End: clock(r.IntN(1440)), TZ: zones[r.IntN(len(zones))]}
-		}
-		if r.IntN(20) == 0 {
-			ws[0].End = ws[0].Start
-		}
-		if err := correlator.CompileWindows(ws); err != nil {
-			t.Fatal(err)
-		}
-		// Spread over a year, with extra weight on the hours around DST changes.
-		instants[i] = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).Add(time.Duration(r.Int64N(int64(365 * 24 * time.Hour))))
-		if r.IntN(3) == 0 {
-			instants[i] = time.Date(2026, 3, 29, 0, 0, 0, 0, time.UTC).Add(time.Duration(r.Int64N(int64(4 * time.Hour))))
-		}
-		for k := range ws {
-			want[i] = want[i] || ws[k].Contains(instants[i])
-		}
-		b, _ := json.Marshal(ws)
-		windows[i] = string(b)
-	}
-	rows, err := st.Pool().Query(ctx, `SELECT hipq_window_open(w, t) FROM unnest($1::jsonb[], $2::timestamptz[]) WITH ORDINALITY AS u(w, t, i) ORDER BY i`, windows, instants)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rows.Close()
-	i := 0
-	for rows.Next() {
-		var got bool
-		if err := rows.Scan(&got); err != nil {
-			t.Fatal(err)
-		}
-		if got != want[i] {
-			t.Errorf("windows %s at %v: PostgreSQL says open=%v, Go %v", windows[i], instants[i], got, want[i])
-		}
-		i++
-	}
-	if rows.Err() != nil || i != n {
-		t.Fatalf("%d rows, err %v", i, rows.Err())
-	}
-	var open bool
-	if err := st.Pool().QueryRow(ctx, `SELECT hipq_window_open('[{"start":"01:00","end":"02:00","tz":"Not/AZone"}]', now())`).Scan(&open); err != nil || !open {
-		t.Fatalf("a zone PostgreSQL does not know: open=%v err=%v, want open", open, err)
-	}
-}
 
 // The dispatcher's probe for due jobs is never narrower than the claim:
 // wherever a claim of some types takes or defers a job, JobsDue of those

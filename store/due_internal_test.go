@@ -4,8 +4,11 @@ import (
 	"context"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/hipq/hipq/correlator"
 )
 
 // blocksRead counts the blocks of hipq_job and of its indexes that f's
@@ -70,24 +73,83 @@ func TestDueReadsSkipOtherTypesBacklog(t *testing.T) {
 	}); n > most {
 		t.Errorf("the due probe of type t read %d blocks, want at most %d", n, most)
 	}
-	for _, order := range []string{"scheduled_first", "priority_first"} {
+	one := oneConn(t, st)
+	for _, order := range []correlator.Order{correlator.OrderScheduledFirst, correlator.OrderPriorityFirst} {
 		for _, limit := range []int{0, 1 << 20} {
 			name := fmt.Sprintf("%s, throttle_limit %d", order, limit)
-			var claimed int
-			if n := blocksRead(t, st, func(tx pgx.Tx) error {
-				return tx.QueryRow(ctx, `SELECT count(*) FROM hipq_claim('q', $1, 100, 'i', '{t}', NULL, $2, NULL, NULL, NULL, NULL, NULL, NULL)`,
-					order, limit).Scan(&claimed)
-			}); n > most || claimed != 10 {
-				t.Errorf("%s: the claim of type t took %d of 10 and read %d blocks, want at most %d", name, claimed, n, most)
+			var c Claim
+			if n := claimBlocksRead(t, one, func() (err error) {
+				c, err = one.JobClaim(ctx, JobClaimParams{Queue: "q", Order: order, Limit: 100, Instance: "i", Types: []string{"t"},
+					Throttle: correlator.Throttle{Limit: limit}})
+				return err
+			}); n > most || len(c.Jobs) != 10 {
+				t.Errorf("%s: the claim of type t took %d of 10 and read %d blocks, want at most %d", name, len(c.Jobs), n, most)
 			}
+			undoAll(t, one, c)
 		}
 	}
 	// Two types, one stuck, the other's jobs taken in order through the merge.
-	var claimed int
-	if n := blocksRead(t, st, func(tx pgx.Tx) error {
-		return tx.QueryRow(ctx, `SELECT count(*) FROM hipq_claim('q', 'scheduled_first', 5, 'i', '{t,u}', NULL, 0, NULL, NULL, NULL, NULL, NULL, NULL)`).Scan(&claimed)
-	}); n > most || claimed != 5 {
-		t.Errorf("the claim of types t and u took %d of 5 and read %d blocks, want at most %d", claimed, n, most)
+	var c Claim
+	if n := claimBlocksRead(t, one, func() (err error) {
+		c, err = one.JobClaim(ctx, JobClaimParams{Queue: "q", Limit: 5, Instance: "i", Types: []string{"t", "u"}})
+		return err
+	}); n > most || len(c.Jobs) != 5 {
+		t.Errorf("the claim of types t and u took %d of 5 and read %d blocks, want at most %d", len(c.Jobs), n, most)
+	}
+}
+
+// oneConn is a store on st's database with one connection: what it reads
+// is its one backend's (claimBlocksRead).
+func oneConn(t *testing.T, st *Store) *Store {
+	t.Helper()
+	one, err := Open(context.Background(), Config{URL: st.pool.Config().ConnString(), MaxConns: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(one.Close)
+	return one
+}
+
+// claimBlocksRead is how many blocks of hipq_job and its indexes f read
+// through st, a store of one connection (oneConn): the backend's counters
+// are flushed before and after.
+func claimBlocksRead(t *testing.T, st *Store, f func() error) int64 {
+	t.Helper()
+	ctx := context.Background()
+	read := func() int64 {
+		// (The flush happens once the backend is idle: after this
+		// statement, before the next.)
+		if _, err := st.pool.Exec(ctx, "SELECT pg_stat_force_next_flush()"); err != nil {
+			t.Fatal(err)
+		}
+		var n int64
+		if err := st.pool.QueryRow(ctx, `SELECT sum(pg_stat_get_blocks_fetched(c.oid))::bigint FROM pg_class c
+			WHERE c.oid = 'hipq_job'::regclass OR c.oid IN (SELECT indexrelid FROM pg_index WHERE indrelid = 'hipq_job'::regclass)`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	before := read()
+	if err := f(); err != nil {
+		t.Fatal(err)
+	}
+	n := read() - before
+	if n == 0 {
+		t.Fatal("the claim read no block: the counters were not flushed")
+	}
+	t.Logf("%d blocks read", n)
+	return n
+}
+
+// undoAll undoes c's claims, leaving the jobs due again.
+func undoAll(t *testing.T, st *Store, c Claim) {
+	t.Helper()
+	var refs []AttemptRef
+	for _, j := range c.Jobs {
+		refs = append(refs, j.Ref())
+	}
+	if _, err := st.JobUndoClaim(context.Background(), refs); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -100,12 +162,17 @@ func TestClaimSkipsTypesWithFullWindows(t *testing.T) {
 	if _, err := st.pool.Exec(ctx, "INSERT INTO hipq_rate_count (rate, part, n) VALUES ('t:stuck#0', '', 5)"); err != nil {
 		t.Fatal(err)
 	}
-	const rates = `[{"key": "t:stuck#0", "limit": 5, "secs": 3600, "type": "stuck", "path": null}]`
-	var claimed int
-	if n := blocksRead(t, st, func(tx pgx.Tx) error {
-		return tx.QueryRow(ctx, `SELECT count(*) FROM hipq_claim('q', 'scheduled_first', 100, 'i', '{stuck,t}', NULL, 0, NULL, NULL, NULL, NULL, NULL, $1)`,
-			rates).Scan(&claimed)
-	}); n > 300 || claimed != 10 {
-		t.Errorf("the claim took %d of 10 and read %d blocks, want at most 300", claimed, n)
+	rate, err := correlator.NewRate("t:stuck#0", 5, time.Hour, "stuck", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	one := oneConn(t, st)
+	var c Claim
+	if n := claimBlocksRead(t, one, func() (err error) {
+		c, err = one.JobClaim(ctx, JobClaimParams{Queue: "q", Limit: 100, Instance: "i", Types: []string{"stuck", "t"},
+			Throttle: correlator.Throttle{Rates: []correlator.Rate{rate}}})
+		return err
+	}); n > 300 || len(c.Jobs) != 10 {
+		t.Errorf("the claim took %d of 10 and read %d blocks, want at most 300", len(c.Jobs), n)
 	}
 }

@@ -50,7 +50,7 @@ func (m Migration) Checksum() string {
 }
 
 // String names the migration as its file does: 0001_init, or repeatable
-// hipq_claim.
+// hipq_intake_notify.
 func (m Migration) String() string {
 	if m.Repeatable() {
 		return "repeatable " + m.Name

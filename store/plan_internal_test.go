@@ -255,61 +255,106 @@ func TestClaimFastPathPlans(t *testing.T) {
 					}
 				}
 			}
-			var settings []string
-			if err := st.pool.QueryRow(ctx, `SELECT proconfig FROM pg_proc WHERE oid = 'hipq_claim'::regproc`).Scan(&settings); err != nil ||
-				!slices.Contains(settings, "enable_sort=off") || !slices.Contains(settings, "enable_seqscan=off") || !slices.Contains(settings, "jit=off") {
-				t.Fatalf("hipq_claim's settings: %v (%v), want enable_sort, enable_seqscan and jit off", settings, err)
-			}
 			conn, notices := explainedConn(t, pg.URL("postgres"), st.schema, true)
 			for _, c := range []struct {
-				order, index, plans string
-				limit               int // a throttle: the claim walks its candidates in PL/pgSQL
+				order correlator.Order
+				index string
+				plans string
+				limit int // a throttle: read, planned in Go, then written
 			}{
-				{"scheduled_first", "hipq_job_due_type_sched", "force_generic_plan", 0}, {"priority_first", "hipq_job_due_type_prio", "force_generic_plan", 0},
-				{"scheduled_first", "hipq_job_due_type_sched", "force_custom_plan", 0}, {"priority_first", "hipq_job_due_type_prio", "force_custom_plan", 0},
-				{"scheduled_first", "hipq_job_due_type_sched", "force_custom_plan", 1 << 20}, {"priority_first", "hipq_job_due_type_prio", "force_custom_plan", 1 << 20},
+				{correlator.OrderScheduledFirst, "hipq_job_due_type_sched", "force_generic_plan", 0},
+				{correlator.OrderPriorityFirst, "hipq_job_due_type_prio", "force_generic_plan", 0},
+				{correlator.OrderScheduledFirst, "hipq_job_due_type_sched", "force_custom_plan", 0},
+				{correlator.OrderPriorityFirst, "hipq_job_due_type_prio", "force_custom_plan", 0},
+				{correlator.OrderScheduledFirst, "hipq_job_due_type_sched", "force_custom_plan", 1 << 20},
+				{correlator.OrderPriorityFirst, "hipq_job_due_type_prio", "force_custom_plan", 1 << 20},
+				{correlator.OrderScheduledFirst, "hipq_job_due_type_sched", "force_generic_plan", 1 << 20},
 			} {
 				name := fmt.Sprintf("%s (%s, throttle_limit %d)", c.order, c.plans, c.limit)
 				if _, err := conn.Exec(ctx, "SET plan_cache_mode = "+c.plans); err != nil {
 					t.Fatal(err)
 				}
-				var last []string
+				p := JobClaimParams{Queue: "q", Order: c.order, Limit: 500, Instance: "i", Types: []string{"t"},
+					Throttle: correlator.Throttle{Limit: c.limit}}
+				var pick, move string
 				for range 3 { // past the first calls, into the cached plans
 					notices()
-					var n int
-					if err := conn.QueryRow(ctx, `SELECT count(*) FROM hipq_claim('q', $1, 500, 'i', '{t}', NULL, $2, NULL, NULL, NULL, NULL, NULL, NULL)`,
-						c.order, c.limit).Scan(&n); err != nil || n != 500 {
-						t.Fatalf("%s: claimed %d: %v", name, n, err)
+					n := explainClaim(t, conn, p)
+					if n != 500 {
+						t.Fatalf("%s: claimed %d", name, n)
 					}
-					last = notices()
-				}
-				var pick, move string
-				for _, m := range last {
-					if strings.Contains(m, "JIT:") {
-						// (a disabled plan costs more than jit_above_cost)
-						t.Errorf("%s: a statement of the claim was compiled by JIT:\n%s", name, m)
-					}
-					switch {
-					case strings.Contains(m, "FOR UPDATE OF j SKIP LOCKED"), strings.Contains(m, "array_agg(c.id)"):
-						pick = m
-					case strings.Contains(m, "UPDATE hipq_job j"):
-						move = m
+					pick, move = "", ""
+					for _, m := range notices() {
+						if strings.Contains(m, "JIT:") {
+							// (a disabled plan costs more than jit_above_cost)
+							t.Errorf("%s: a statement of the claim was compiled by JIT:\n%s", name, m)
+						}
+						switch {
+						case strings.Contains(m, "/* claim */"):
+							pick, move = m, m
+						case strings.Contains(m, "/* claim read */"):
+							pick = m
+						case strings.Contains(m, "/* claim write */"):
+							move = m
+						}
 					}
 				}
 				if !strings.Contains(pick, "Index Scan using "+c.index) || strings.Contains(pick, "Seq Scan") ||
 					strings.Contains(pick, "Sort Key: j.") || strings.Contains(pick, "Bitmap") {
-					t.Errorf("%s: the pick does not read %s in order:\n%s", name, c.index, pick)
+					t.Errorf("%s: the read does not read %s in order:\n%s", name, c.index, pick)
 				}
-				byID := "Tid Scan on hipq_job"
-				if c.limit > 0 {
-					byID = "Index Scan using hipq_job_pkey"
-				}
-				if !strings.Contains(move, byID) || strings.Contains(move, "hipq_job_due") || strings.Contains(move, "Seq Scan on hipq_job") {
-					t.Errorf("%s: the move is not by tuple id or key:\n%s", name, move)
+				if !strings.Contains(move, "Index Scan using hipq_job_pkey") || strings.Contains(move, "Seq Scan on hipq_job") {
+					t.Errorf("%s: the move is not by key:\n%s", name, move)
 				}
 			}
 		})
 	}
+}
+
+// explainClaim runs the statements of p's claim as JobClaim does, on
+// conn (auto_explain's), and returns how many jobs it moved.
+func explainClaim(t *testing.T, conn *pgx.Conn, p JobClaimParams) int {
+	t.Helper()
+	ctx := context.Background()
+	var moved []Claimed
+	b := &pgx.Batch{}
+	b.Queue("BEGIN")
+	b.Queue(claimSettings)
+	if !p.Throttle.Bounded() {
+		args := pgx.NamedArgs{"queue": p.Queue, "limit": p.Limit, "instance": p.Instance, "windowed": []string{}, "type_0": p.Types[0]}
+		b.Queue(unboundedSQL(p.Order, 1), args).Exec(func(ct pgconn.CommandTag) error {
+			moved = make([]Claimed, ct.RowsAffected())
+			return nil
+		})
+		b.Queue("COMMIT")
+		if err := conn.SendBatch(ctx, b).Close(); err != nil {
+			t.Fatal(err)
+		}
+		return len(moved)
+	}
+	if err := conn.SendBatch(ctx, b).Close(); err != nil {
+		t.Fatal(err)
+	}
+	narrow := correlator.NarrowClaim(p.Throttle, correlator.ClaimUsage{})
+	cands, err := claimRead(ctx, conn, p, &narrow, p.Limit, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := correlator.ClaimInput{Throttle: p.Throttle, Batch: p.Limit, Now: time.Now()}
+	for _, c := range cands {
+		in.Candidates = append(in.Candidates, c.ClaimCandidate)
+	}
+	plan, err := correlator.PlanClaim(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b = &pgx.Batch{}
+	claimWrite(b, p, &plan, &moved)
+	b.Queue("COMMIT")
+	if err := conn.SendBatch(ctx, b).Close(); err != nil {
+		t.Fatal(err)
+	}
+	return len(moved)
 }
 
 // Retention reads the oldest rows due in every queue, then deletes each
@@ -703,7 +748,7 @@ func TestStatementFamilies(t *testing.T) {
 	for _, f := range families {
 		seen[f.Family] = f.Rows
 	}
-	for _, want := range []string{"claim (hipq_claim)", "resolve (replies, timeouts)", "job inserts (intake, API, outbox)",
+	for _, want := range []string{"claim (reads, plan writes, rate settling)", "resolve (replies, timeouts)", "job inserts (intake, API, outbox)",
 		"sent marks", "job locks (deliveries, resolves)", "reply lookup"} {
 		if seen[want] == 0 {
 			t.Errorf("no rows in family %q: %v", want, families)

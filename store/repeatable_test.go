@@ -94,36 +94,32 @@ func names(ms []store.Migration) []string {
 }
 
 // A repeatable migration whose text differs from the one recorded is
-// applied again, and only it; until then the schema is not current. Here
-// the database holds another text of hipq_window_open (its recorded
-// checksum and its body differ) and a changed hipq_intake_notify whose
-// checksum is this build's: only the first is replaced.
+// applied again; one whose recorded checksum is this build's is not, even
+// when its body was changed by hand; until then the schema is not
+// current.
 func TestRepeatableAppliedWhenItsTextChanges(t *testing.T) {
 	t.Parallel()
 	st := pgtest.New(t)
 	notify := prosrc(t, st, "hipq_intake_notify")
-	for _, q := range []string{
-		`CREATE OR REPLACE FUNCTION hipq_window_open(windows jsonb, t timestamptz) RETURNS boolean LANGUAGE sql AS 'SELECT false'`,
-		`CREATE OR REPLACE FUNCTION hipq_intake_notify() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NULL; END $$`,
-	} {
-		if _, err := st.Pool().Exec(ctx, q); err != nil {
-			t.Fatal(err)
-		}
+	if _, err := st.Pool().Exec(ctx, `CREATE OR REPLACE FUNCTION hipq_intake_notify() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NULL; END $$`); err != nil {
+		t.Fatal(err)
 	}
-	recordChecksum(t, st, "hipq_window_open", "another text")
-	if err := st.CheckSchema(ctx); err == nil || !strings.Contains(err.Error(), "hipq_window_open") || strings.Contains(err.Error(), "hipq_claim") {
-		t.Fatalf("check with hipq_window_open from another text: %v, want an error naming it alone", err)
-	}
-	applied, err := st.Migrate(ctx)
-	if err != nil || !slices.Equal(names(applied), []string{"repeatable hipq_window_open"}) {
-		t.Fatalf("migrate applied %v (%v), want hipq_window_open alone", names(applied), err)
-	}
-	var open bool
-	if err := st.Pool().QueryRow(ctx, "SELECT hipq_window_open(NULL, now())").Scan(&open); err != nil || !open {
-		t.Fatalf("hipq_window_open is not this build's again: %v %v", open, err)
+	if applied, err := st.Migrate(ctx); err != nil || len(applied) != 0 {
+		t.Fatalf("migrate applied %v (%v), want nothing: the recorded checksum is this build's", names(applied), err)
 	}
 	if got := prosrc(t, st, "hipq_intake_notify"); got == notify {
-		t.Fatal("hipq_intake_notify, whose text did not change, was applied again")
+		t.Fatal("hipq_intake_notify, whose recorded text did not change, was applied again")
+	}
+	recordChecksum(t, st, "hipq_intake_notify", "another text")
+	if err := st.CheckSchema(ctx); err == nil || !strings.Contains(err.Error(), "hipq_intake_notify") {
+		t.Fatalf("check with hipq_intake_notify from another text: %v, want an error naming it", err)
+	}
+	applied, err := st.Migrate(ctx)
+	if err != nil || !slices.Equal(names(applied), []string{"repeatable hipq_intake_notify"}) {
+		t.Fatalf("migrate applied %v (%v), want hipq_intake_notify alone", names(applied), err)
+	}
+	if got := prosrc(t, st, "hipq_intake_notify"); got != notify {
+		t.Fatal("hipq_intake_notify is not this build's again")
 	}
 	if err := st.CheckSchema(ctx); err != nil {
 		t.Fatalf("check after migrate: %v", err)
@@ -152,28 +148,28 @@ func TestRepeatablesFollowVersionedMigrations(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	window := prosrc(t, st, "hipq_window_open")
+	notify := prosrc(t, st, "hipq_intake_notify")
 	stale := func() {
 		t.Helper()
-		if _, err := st.Pool().Exec(ctx, `CREATE OR REPLACE FUNCTION hipq_window_open(windows jsonb, t timestamptz)
-			RETURNS boolean LANGUAGE sql AS 'SELECT false'`); err != nil {
+		if _, err := st.Pool().Exec(ctx, `CREATE OR REPLACE FUNCTION hipq_intake_notify() RETURNS trigger LANGUAGE plpgsql
+			AS $$ BEGIN RETURN NULL; END $$`); err != nil {
 			t.Fatal(err)
 		}
 	}
 	stale()
-	if _, err := st.Pool().Exec(ctx, "DELETE FROM hipq_schema_migration WHERE version >= 18"); err != nil {
+	if _, err := st.Pool().Exec(ctx, "DELETE FROM hipq_schema_migration WHERE version >= 19"); err != nil {
 		t.Fatal(err)
 	}
 	applied, err := st.Migrate(ctx)
-	want := []string{"0018_ui_sessions", "0019_due_by_type"}
+	want := []string{"0019_due_by_type", "0020_claim_in_go"}
 	for _, r := range rs {
 		want = append(want, r.String())
 	}
 	if err != nil || !slices.Equal(names(applied), want) {
 		t.Fatalf("migrate applied %v (%v), want %v", names(applied), err, want)
 	}
-	if prosrc(t, st, "hipq_window_open") != window {
-		t.Fatal("hipq_window_open was not applied again after the versioned migrations")
+	if prosrc(t, st, "hipq_intake_notify") != notify {
+		t.Fatal("hipq_intake_notify was not applied again after the versioned migrations")
 	}
 	// Cut short after the versioned migrations: their checksums are gone.
 	stale()
@@ -186,8 +182,8 @@ func TestRepeatablesFollowVersionedMigrations(t *testing.T) {
 	if applied, err := st.Migrate(ctx); err != nil || !slices.Equal(names(applied), want[2:]) {
 		t.Fatalf("migrate after a cut-short run applied %v (%v), want %v", names(applied), err, want[2:])
 	}
-	if prosrc(t, st, "hipq_window_open") != window {
-		t.Fatal("hipq_window_open was not applied after a cut-short run")
+	if prosrc(t, st, "hipq_intake_notify") != notify {
+		t.Fatal("hipq_intake_notify was not applied after a cut-short run")
 	}
 }
 

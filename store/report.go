@@ -172,7 +172,8 @@ func (s *Store) StatementsRead(ctx context.Context) ([]StatementTime, error) {
 	rows, err := s.pool.Query(ctx, `
 		SELECT family, sum(calls)::bigint, sum(rows)::bigint, sum(total_exec_time)::float8
 		FROM (SELECT calls, rows, total_exec_time, CASE
-		        WHEN q ILIKE '%hipq_claim(%' THEN 'claim (hipq_claim)'
+		        WHEN q ILIKE '%/* claim%' OR q ILIKE '%hipq_claim/%' OR q ILIKE '%hipq_rate_%' OR q ILIKE 'SELECT set_config(''enable_sort''%'
+		          THEN 'claim (reads, plan writes, rate settling)'
 		        WHEN q ILIKE '%due probe%' OR q ILIKE 'SET LOCAL enable_seqscan%' THEN 'due probes (dispatcher), planner settings'
 		        WHEN q ILIKE '%INSERT INTO hipq_job%' THEN 'job inserts (intake, API, outbox)'
 		        WHEN q ILIKE '%SET state = t.state%' THEN 'resolve (replies, timeouts)'
