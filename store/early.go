@@ -11,6 +11,8 @@ import (
 	"github.com/hipq/hipq/correlator"
 )
 
+// earlyInsert keeps early replies, each until its expires, in one
+// statement.
 func earlyInsert(ctx context.Context, tx pgx.Tx, early []ReplyIn) error {
 	if len(early) == 0 {
 		return nil
@@ -66,6 +68,18 @@ func earlyInsert(ctx context.Context, tx pgx.Tx, early []ReplyIn) error {
 		types, keys, jobIDs, atts, succ, retry, errs, replies, headers, kinds, topics, parts, offs, rkeys, rvals, exp, retryAt, retryIn)
 	if err != nil {
 		return fmt.Errorf("keep early replies: %w", err)
+	}
+	return nil
+}
+
+// earlyDelete deletes the kept early replies of ids, used up (applied,
+// dead-lettered, or found duplicate or stale: decided, no longer early).
+func earlyDelete(ctx context.Context, tx pgx.Tx, ids []int64) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	if _, err := tx.Exec(ctx, "DELETE FROM hipq_early_reply WHERE id = ANY($1)", ids); err != nil {
+		return fmt.Errorf("delete early replies: %w", err)
 	}
 	return nil
 }

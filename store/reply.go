@@ -234,10 +234,8 @@ func applyReplies(ctx context.Context, tx pgx.Tx, ins []ReplyIn, types correlato
 	if err := earlyInsert(ctx, tx, early); err != nil {
 		return res, err
 	}
-	if len(drop) > 0 {
-		if _, err := tx.Exec(ctx, "DELETE FROM hipq_early_reply WHERE id = ANY($1)", drop); err != nil {
-			return res, fmt.Errorf("delete early replies: %w", err)
-		}
+	if err := earlyDelete(ctx, tx, drop); err != nil {
+		return res, err
 	}
 	return res, nil
 }
