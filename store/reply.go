@@ -54,19 +54,18 @@ type ReplyRetry struct {
 	Refused     []DeadLetter
 }
 
-// ReplyResult counts what became of each reply, in input order.
+// ReplyResult says what became of each reply of a batch, in input order.
 type ReplyResult struct {
-	Verdicts    []correlator.Verdict
-	Applied     []AttemptRef
-	RoundTrips  []correlator.RoundTrip // of Applied
-	DeadLetters []DeadLetter
-	Counts      map[correlator.Verdict]int
-	// Applies say, for each reply applied, its index in the batch, the
-	// attempt it ended and how.
-	Applies []AppliedReply
+	// Verdicts are the replies' verdicts, by index in the batch.
+	Verdicts []correlator.Verdict
+	// Applied are the replies that ended their attempt, in batch order.
+	Applied []AppliedReply
 	// Deadlines are the new deadlines progress replies gave, by index in
 	// the batch.
 	Deadlines map[int]time.Time
+	// DeadLetters are the dead letters written: the batch's unreadable
+	// replies, then those the verdicts dead-lettered.
+	DeadLetters []DeadLetter
 	// RefusedAgain is why a Retry was refused again (its Refused were
 	// written); nil when it went through (its replies follow the batch's
 	// in the indexes above), or there was none.
@@ -75,33 +74,48 @@ type ReplyResult struct {
 
 // AppliedReply is a reply of a batch that ended its attempt.
 type AppliedReply struct {
-	Index int
+	Index int // in the batch
 	AttemptRef
-	Res correlator.Resolution
+	Res       correlator.Resolution // how the attempt ended
+	RoundTrip correlator.RoundTrip  // how long it ran
 }
 
-// Merge adds what another batch did to r.
+// Counts counts the replies by verdict.
+func (r ReplyResult) Counts() map[correlator.Verdict]int {
+	n := map[correlator.Verdict]int{}
+	for _, v := range r.Verdicts {
+		n[v]++
+	}
+	return n
+}
+
+// RoundTrips are the round trips of the attempts the replies ended.
+func (r ReplyResult) RoundTrips() []correlator.RoundTrip {
+	if len(r.Applied) == 0 {
+		return nil
+	}
+	out := make([]correlator.RoundTrip, len(r.Applied))
+	for i, a := range r.Applied {
+		out[i] = a.RoundTrip
+	}
+	return out
+}
+
+// Merge adds what another batch, whose replies follow r's, did to r.
 func (r *ReplyResult) Merge(o ReplyResult) {
+	shift := len(r.Verdicts) // o's indexes count from the first of its replies
 	r.Verdicts = append(r.Verdicts, o.Verdicts...)
-	r.Applied = append(r.Applied, o.Applied...)
-	r.RoundTrips = append(r.RoundTrips, o.RoundTrips...)
-	r.DeadLetters = append(r.DeadLetters, o.DeadLetters...)
-	for _, a := range o.Applies {
-		a.Index += len(r.Verdicts) - len(o.Verdicts) // o's replies follow r's
-		r.Applies = append(r.Applies, a)
+	for _, a := range o.Applied {
+		a.Index += shift
+		r.Applied = append(r.Applied, a)
 	}
 	for i, d := range o.Deadlines {
 		if r.Deadlines == nil {
 			r.Deadlines = map[int]time.Time{}
 		}
-		r.Deadlines[i+len(r.Verdicts)-len(o.Verdicts)] = d
+		r.Deadlines[i+shift] = d
 	}
-	if len(o.Counts) > 0 && r.Counts == nil {
-		r.Counts = map[correlator.Verdict]int{}
-	}
-	for v, n := range o.Counts {
-		r.Counts[v] += n
-	}
+	r.DeadLetters = append(r.DeadLetters, o.DeadLetters...)
 }
 
 // ReplyApply applies a batch of replies (SPEC §6) in one transaction with
@@ -121,7 +135,7 @@ func (s *Store) ReplyApply(ctx context.Context, b ReplyBatch, types correlator.T
 			return err
 		}
 		// (The batch's replies are all fresh: one decided early is kept.)
-		if b.MustWrite && res.Counts[correlator.Apply]+res.Counts[correlator.Progressed] == 0 {
+		if n := res.Counts(); b.MustWrite && n[correlator.Apply]+n[correlator.Progressed] == 0 {
 			return ErrNoWrite
 		}
 		res.DeadLetters = append(append([]DeadLetter(nil), b.DeadLetters...), res.DeadLetters...)
@@ -164,7 +178,7 @@ func replyRetry(ctx context.Context, tx pgx.Tx, r *ReplyRetry, types correlator.
 // letters. now is the database's clock in tx (now()), or zero: then it
 // is read here.
 func applyReplies(ctx context.Context, tx pgx.Tx, ins []ReplyIn, types correlator.Types, earlyTTL time.Duration, now time.Time) (ReplyResult, error) {
-	res := ReplyResult{Verdicts: make([]correlator.Verdict, len(ins)), Counts: map[correlator.Verdict]int{}}
+	res := ReplyResult{Verdicts: make([]correlator.Verdict, len(ins))}
 	if len(ins) == 0 {
 		return res, nil
 	}
@@ -187,19 +201,18 @@ func applyReplies(ctx context.Context, tx pgx.Tx, ins []ReplyIn, types correlato
 		return res, err
 	}
 	resolves := make([]Resolve, 0, len(ins))
-	res.Applies = make([]AppliedReply, 0, len(ins))
 	var early []ReplyIn
 	var drop []int64 // early rows used up
 	var news []progressNews
 	for i, d := range correlator.DecideReplies(batch, targets, types, now, earlyTTL) {
 		in := ins[i]
 		res.Verdicts[i] = d.Verdict
-		res.Counts[d.Verdict]++
 		switch {
 		case d.Verdict == correlator.Apply:
-			resolves = append(resolves, Resolve{Queue: d.Target.Queue, JobID: d.Target.ID, Attempt: d.Target.Attempt, Reply: in.Reply.Result,
+			ref := AttemptRef{Queue: d.Target.Queue, JobID: d.Target.ID, Attempt: d.Target.Attempt}
+			resolves = append(resolves, Resolve{Queue: ref.Queue, JobID: ref.JobID, Attempt: ref.Attempt, Reply: in.Reply.Result,
 				ResultIsReply: true, Res: d.Res})
-			res.Applies = append(res.Applies, AppliedReply{Index: i, AttemptRef: AttemptRef{Queue: d.Target.Queue, JobID: d.Target.ID, Attempt: d.Target.Attempt}, Res: d.Res})
+			res.Applied = append(res.Applied, AppliedReply{Index: i, AttemptRef: ref, Res: d.Res})
 		case d.Verdict == correlator.Progressed:
 			news = append(news, progressNews{AttemptRef{Queue: d.Target.Queue, JobID: d.Target.ID, Attempt: d.Target.Attempt}, d.Deadline, in.Reply.Result})
 			if res.Deadlines == nil {
@@ -220,13 +233,19 @@ func applyReplies(ctx context.Context, tx pgx.Tx, ins []ReplyIn, types correlato
 	if err != nil {
 		return res, err
 	}
-	res.Applied = refsOf(done)
+	// The writes come back grouped by queue, in no set order: matched by
+	// attempt (a batch applies at most one reply per job).
+	trips := make(map[AttemptRef]correlator.RoundTrip, len(done))
 	for _, d := range done {
-		res.RoundTrips = append(res.RoundTrips, d.RoundTrip)
+		trips[d.AttemptRef] = d.RoundTrip
 	}
-	if len(res.Applied) != len(resolves) {
-		// Rows are locked, so this cannot happen; refuse to commit if it does.
-		return res, fmt.Errorf("apply replies: %d of %d guarded writes took effect", len(res.Applied), len(resolves))
+	for i, a := range res.Applied {
+		rt, ok := trips[a.AttemptRef]
+		if !ok {
+			// Rows are locked, so this cannot happen; refuse to commit if it does.
+			return res, fmt.Errorf("apply replies: %d of %d guarded writes took effect", len(done), len(resolves))
+		}
+		res.Applied[i].RoundTrip = rt
 	}
 	if err := progressWrite(ctx, tx, news); err != nil {
 		return res, err
