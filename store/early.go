@@ -61,11 +61,17 @@ func earlyInsert(ctx context.Context, tx pgx.Tx, early []ReplyIn) error {
 		SELECT t, k, id, att, ok, rt, err, rep, hdr, src, top, part, off, rk, rv, exp,
 		       -- a delay counts from the reply's arrival, on the database's clock
 		       coalesce(rat, now() + make_interval(secs => rin))
-		FROM unnest($1::text[], $2::text[], $3::bigint[], $4::int[], $5::bool[], $6::bool[], $7::text[], $8::jsonb[],
-		            $9::jsonb[], $10::text[], $11::text[], $12::int[], $13::bigint[], $14::bytea[], $15::bytea[], $16::timestamptz[],
-		            $17::timestamptz[], $18::float8[])
+		FROM unnest(@job_type::text[], @job_key::text[], @job_id::bigint[], @attempt::int[], @success::bool[], @retryable::bool[],
+		            @error_text::text[], @reply::jsonb[], @headers::jsonb[], @source::text[], @topic::text[], @kafka_partition::int[],
+		            @kafka_offset::bigint[], @record_key::bytea[], @record_value::bytea[], @expires_at::timestamptz[],
+		            @retry_at::timestamptz[], @retry_in::float8[])
 		  AS u(t, k, id, att, ok, rt, err, rep, hdr, src, top, part, off, rk, rv, exp, rat, rin)`,
-		types, keys, jobIDs, atts, succ, retry, errs, replies, headers, kinds, topics, parts, offs, rkeys, rvals, exp, retryAt, retryIn)
+		pgx.StrictNamedArgs{
+			"job_type": types, "job_key": keys, "job_id": jobIDs, "attempt": atts, "success": succ, "retryable": retry,
+			"error_text": errs, "reply": replies, "headers": headers, "source": kinds, "topic": topics, "kafka_partition": parts,
+			"kafka_offset": offs, "record_key": rkeys, "record_value": rvals, "expires_at": exp,
+			"retry_at": retryAt, "retry_in": retryIn, // one of the two, or neither
+		})
 	if err != nil {
 		return fmt.Errorf("keep early replies: %w", err)
 	}
