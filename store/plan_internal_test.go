@@ -71,8 +71,9 @@ func TestSentMarksProbeByKey(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := planText(t)(tx.Query(ctx, "EXPLAIN ANALYZE "+findUnsentSQL, []string{"new"}, []float64{1}, "1 second", 100, "q", 1.0,
-		pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}))
+	p := planText(t)(tx.Query(ctx, "EXPLAIN ANALYZE "+findUnsentSQL, pgx.StrictNamedArgs{"job_type": []string{"new"},
+		"send_bound": []float64{1}, "grace": "1 second", "limit": 100, "queue": "q", "least_bound": 1.0,
+		"since": pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}}))
 	_ = tx.Rollback(ctx)
 	if strings.Contains(p, "Seq Scan on hipq_attempt") || !strings.Contains(p, "hipq_attempt_pkey") {
 		t.Errorf("unsent claims:\n%s\nwant primary-key probes of the running jobs' attempts", p)
