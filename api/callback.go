@@ -71,7 +71,7 @@ func (s *Server) callback(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	s.cfg.Metrics.ObserveReplies(metrics.SourceCallback, res.Counts, res.RoundTrips)
+	s.cfg.Metrics.ObserveReplies(metrics.SourceCallback, res.Counts(), res.RoundTrips())
 	s.traceCallback(r, start, res)
 	s.cfg.DeadLetters.Copy(res.DeadLetters)
 	switch v := res.Verdicts[0]; v {
@@ -140,10 +140,10 @@ func (s *Server) callbackAuthorized(r *http.Request, jobType, jobKey string, job
 // callback, a child of its attempt's send span linked to the call's own
 // trace context (tracing on).
 func (s *Server) traceCallback(r *http.Request, start time.Time, res store.ReplyResult) {
-	if s.cfg.Tracer == nil || len(res.Applies) == 0 {
+	if s.cfg.Tracer == nil || len(res.Applied) == 0 {
 		return
 	}
-	a := res.Applies[0]
+	a := res.Applied[0]
 	sends, err := s.st.AttemptTraces(r.Context(), []store.AttemptRef{a.AttemptRef})
 	if err != nil {
 		s.log.Debug("cannot read the attempt's send span", zap.Error(err))

@@ -132,7 +132,7 @@ func (s *Server) replayDeadLetter(w http.ResponseWriter, r *http.Request) error 
 			}
 			return errorf(http.StatusUnprocessableEntity, "still_refused", "%s", reason)
 		}
-		s.cfg.Metrics.ObserveReplies(metrics.SourceReplay, res.Counts, res.RoundTrips)
+		s.cfg.Metrics.ObserveReplies(metrics.SourceReplay, res.Counts(), res.RoundTrips())
 		out.Result = res.Verdicts[0].String()
 	default:
 		return errorf(http.StatusUnprocessableEntity, "not_replayable", "dead letters of source %q cannot be replayed", d.Kind)

@@ -49,7 +49,7 @@ func (s *Server) heartbeat(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	s.cfg.Metrics.ObserveReplies(metrics.SourceHeartbeat, res.Counts, nil)
+	s.cfg.Metrics.ObserveReplies(metrics.SourceHeartbeat, res.Counts(), nil)
 	s.cfg.DeadLetters.Copy(res.DeadLetters)
 	if v := res.Verdicts[0]; v == correlator.Progressed {
 		writeJSON(w, http.StatusOK, map[string]any{"accepted": true, "deadline": res.Deadlines[0]})

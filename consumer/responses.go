@@ -112,8 +112,8 @@ func (rs *Responses) apply(ctx context.Context, recs []*kgo.Record, refused []re
 	}
 	return func() {
 		rs.countUnreadable(unreadable)
-		rs.cfg.Metrics.ObserveReplies(metrics.SourceKafka, res.Counts, res.RoundTrips)
-		rs.g.log.Debug("reply batch applied", zap.Int("records", len(recs)), zap.Int("applied", res.Counts[correlator.Apply]),
+		rs.cfg.Metrics.ObserveReplies(metrics.SourceKafka, res.Counts(), res.RoundTrips())
+		rs.g.log.Debug("reply batch applied", zap.Int("records", len(recs)), zap.Int("applied", len(res.Applied)),
 			zap.Int("dead_lettered", len(res.DeadLetters)))
 		rs.g.copyDeadLetters(rs.cfg.DeadLetterTopic, res.DeadLetters)
 		rs.trace(ctx, start, ins, res)
@@ -150,18 +150,18 @@ func (rs *Responses) countUnreadable(n int) {
 // context, saying how the attempt ended.
 func (rs *Responses) trace(ctx context.Context, start time.Time, ins []store.ReplyIn, res store.ReplyResult) {
 	tr := rs.cfg.Tracer
-	if tr == nil || len(res.Applies) == 0 {
+	if tr == nil || len(res.Applied) == 0 {
 		return
 	}
-	refs := make([]store.AttemptRef, len(res.Applies))
-	for i, a := range res.Applies {
+	refs := make([]store.AttemptRef, len(res.Applied))
+	for i, a := range res.Applied {
 		refs[i] = a.AttemptRef
 	}
 	sends, err := rs.g.st.AttemptTraces(ctx, refs)
 	if err != nil {
 		rs.g.log.Debug("cannot read the attempts' send spans; reply spans start traces of their own", zap.Error(err))
 	}
-	for _, a := range res.Applies {
+	for _, a := range res.Applied {
 		src := ins[a.Index].Source
 		res := a.Res
 		tracing.RecordEnded(ctx, tr, tracing.Ended{Name: "process " + src.Topic, Kind: trace.SpanKindConsumer, Start: start,

@@ -168,12 +168,12 @@ func (d *Dispatcher) deliver(ctx context.Context, q QueueConfig, s Sender, jobs 
 			zap.String("queue", q.Name), zap.String("to", n), zap.Int("jobs", k))
 	}
 	if len(rec.Replies) > 0 {
-		d.m.ObserveReplies(metrics.SourceSync, res.Replies.Counts, res.Replies.RoundTrips)
+		d.m.ObserveReplies(metrics.SourceSync, res.Replies.Counts(), res.Replies.RoundTrips())
 		d.traceSyncReplies(ctx, jobs, res.Replies)
 	}
-	d.m.ObserveReplies(metrics.SourceEarly, res.Early.Counts, res.Early.RoundTrips)
+	d.m.ObserveReplies(metrics.SourceEarly, res.Early.Counts(), res.Early.RoundTrips())
 	d.cfg.DeadLetters.Copy(append(res.Replies.DeadLetters, res.Early.DeadLetters...))
-	if n := res.Early.Counts[correlator.Apply]; n > 0 {
+	if n := len(res.Early.Applied); n > 0 {
 		d.log.Info("early replies applied", zap.Int("replies", n))
 	}
 	return nil

@@ -103,7 +103,7 @@ func (d *Dispatcher) traceSyncReplies(ctx context.Context, jobs []store.Claimed,
 	for _, c := range jobs {
 		sends[c.ID] = c.Trace[correlator.HeaderTraceParent]
 	}
-	for _, a := range res.Applies {
+	for _, a := range res.Applied {
 		end := a.Res
 		tracing.RecordEnded(ctx, d.cfg.Tracer, tracing.Ended{Name: "process sync reply", Kind: trace.SpanKindInternal,
 			Send: correlator.TraceContext{Parent: sends[a.JobID]}, Result: &end, Attrs: tracing.AttemptAttrs(a.JobID, a.Attempt)})

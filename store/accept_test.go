@@ -67,8 +67,8 @@ func TestReplyToAJobWithUnreadableWindows(t *testing.T) {
 	}
 	claim(t, st, 1)
 	res := applyReplies(t, st, reply("w", 1, false))
-	if res.Counts[correlator.Apply] != 1 {
-		t.Fatalf("counts %v", res.Counts)
+	if res.Counts()[correlator.Apply] != 1 {
+		t.Fatalf("counts %v", res.Counts())
 	}
 	wantState(t, get(t, st, "w"), correlator.StateRetry, "", 1)
 }

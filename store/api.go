@@ -41,18 +41,22 @@ func (s *Store) JobEnqueue(ctx context.Context, j *correlator.Job) (*correlator.
 			WITH ins AS (
 			  INSERT INTO hipq_job (queue, job_type, job_key, job_data, max_attempts, priority, throttle_factor,
 			                        timeout_seconds, scheduled_run_time, expires_at, time_windows, trace_parent, trace_state)
-			  VALUES ($1, $2, $3, $4::jsonb, $5, $6, $7, $8, coalesce($9::timestamptz, now()), $10, $11::jsonb, $12, $13)
+			  VALUES (@queue, @job_type, @job_key, @job_data::jsonb, @max_attempts, @priority, @throttle_factor, @timeout_seconds,
+			          coalesce(@scheduled_run_time::timestamptz, now()), @expires_at, @time_windows::jsonb, @trace_parent, @trace_state)
 			  ON CONFLICT (job_type, job_key) WHERE state <> 'final' DO NOTHING
 			  RETURNING `+jobColumns+`
 			), notify AS (
-			  SELECT pg_notify('`+channelJobReady+`', $1) FROM ins
+			  SELECT pg_notify('`+channelJobReady+`', @queue) FROM ins
 			)
 			SELECT ins.*, true, true FROM ins WHERE (SELECT count(*) FROM notify) >= 0
 			UNION ALL
-			SELECT `+jobColumns+`, false, job_data = $4::jsonb FROM hipq_job
-			WHERE job_type = $2 AND job_key = $3 AND state <> 'final' AND NOT EXISTS (SELECT 1 FROM ins)`,
-			j.Queue, j.JobType, j.JobKey, string(j.JobData), j.MaxAttempts, j.Priority, j.ThrottleFactor, j.TimeoutSeconds,
-			scheduled(j), j.ExpiresAt, windows, nullable(j.Trace.Parent), nullable(j.Trace.State)), &created, &same)
+			SELECT `+jobColumns+`, false, job_data = @job_data::jsonb FROM hipq_job
+			WHERE job_type = @job_type AND job_key = @job_key AND state <> 'final' AND NOT EXISTS (SELECT 1 FROM ins)`,
+			pgx.StrictNamedArgs{"queue": j.Queue, "job_type": j.JobType, "job_key": j.JobKey, "job_data": string(j.JobData),
+				"max_attempts": j.MaxAttempts, "priority": j.Priority, "throttle_factor": j.ThrottleFactor,
+				"timeout_seconds": j.TimeoutSeconds, "scheduled_run_time": scheduled(j), "expires_at": j.ExpiresAt,
+				"time_windows": windows, "trace_parent": nullable(j.Trace.Parent), "trace_state": nullable(j.Trace.State)}),
+			&created, &same)
 		switch {
 		case errors.Is(err, correlator.ErrNotFound):
 			continue // the insert met a row committed after the statement's snapshot: look again

@@ -183,7 +183,6 @@ func (s *Store) JobDefer(ctx context.Context, ds []Deferral) (int, error) {
 	return moved, nil
 }
 
-
 // dueSQL is the one definition, in SQL, of a due job j: waiting (initial
 // or retry), its time come, not expired (correlator.Job.Due in Go).
 const dueSQL = `j.state IN ('initial', 'retry') AND j.scheduled_run_time <= now() AND (j.expires_at IS NULL OR j.expires_at > now())`

@@ -425,7 +425,6 @@ func TestClaimThrottleConcurrent(t *testing.T) {
 	t.Logf("%d claims, peak running weight %d of %d", total, peak.Load(), limit)
 }
 
-
 // The dispatcher's probe for due jobs is never narrower than the claim:
 // wherever a claim of some types takes or defers a job, JobsDue of those
 // types says a job is due. And it is as narrow as it can be: no job due

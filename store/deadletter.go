@@ -37,9 +37,11 @@ func deadLettersInsert(ctx context.Context, tx pgx.Tx, dls []DeadLetter) error {
 	_, err := tx.Exec(ctx, `
 		INSERT INTO hipq_dead_letter (source, topic, kafka_partition, kafka_offset, record_key, record_value, headers, reason, received_at)
 		SELECT s, t, p, o, k, v, h, r, coalesce(rc, now())
-		FROM unnest($1::text[], $2::text[], $3::int[], $4::bigint[], $5::bytea[], $6::bytea[], $7::jsonb[], $8::text[], $9::timestamptz[])
+		FROM unnest(@source::text[], @topic::text[], @kafka_partition::int[], @kafka_offset::bigint[], @record_key::bytea[],
+		            @record_value::bytea[], @headers::jsonb[], @reason::text[], @received_at::timestamptz[])
 		  AS u(s, t, p, o, k, v, h, r, rc)`,
-		kinds, topics, parts, offs, keys, vals, headers, reasons, recv)
+		pgx.StrictNamedArgs{"source": kinds, "topic": topics, "kafka_partition": parts, "kafka_offset": offs, "record_key": keys,
+			"record_value": vals, "headers": headers, "reason": reasons, "received_at": recv})
 	if err != nil {
 		return fmt.Errorf("insert dead letters: %w", err)
 	}

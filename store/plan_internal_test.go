@@ -71,8 +71,9 @@ func TestSentMarksProbeByKey(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := planText(t)(tx.Query(ctx, "EXPLAIN ANALYZE "+findUnsentSQL, []string{"new"}, []float64{1}, "1 second", 100, "q", 1.0,
-		pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}))
+	p := planText(t)(tx.Query(ctx, "EXPLAIN ANALYZE "+findUnsentSQL, pgx.StrictNamedArgs{"job_type": []string{"new"},
+		"send_bound": []float64{1}, "grace": "1 second", "limit": 100, "queue": "q", "least_bound": 1.0,
+		"since": pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}}))
 	_ = tx.Rollback(ctx)
 	if strings.Contains(p, "Seq Scan on hipq_attempt") || !strings.Contains(p, "hipq_attempt_pkey") {
 		t.Errorf("unsent claims:\n%s\nwant primary-key probes of the running jobs' attempts", p)
@@ -128,7 +129,9 @@ func TestRepliesProbeByKey(t *testing.T) {
 	for i := range ids {
 		atts[i], states[i], errs[i], attOutcomes[i], outcomes[i] = 1, "final", "NONE", "succeeded", &ok
 	}
-	resolveArgs := []any{ids, atts, states, outcomes, errs, next, results, attOutcomes, attErrs, replies, sent, "q", make([]bool, n), []*time.Time(nil)}
+	resolveArgs := pgx.StrictNamedArgs{"id": ids, "attempt": atts, "state": states, "outcome": outcomes, "error": errs, "next_run": next,
+		"result": results, "att_outcome": attOutcomes, "att_error": attErrs, "reply": replies, "sent": sent,
+		"result_is_reply": make([]bool, n), "claim": []*time.Time(nil), "queue": "q"}
 	plan := func(q string, generic bool, args ...any) string { return explainAnalyze(t, st, q, generic, args...) }
 	oldLookup := `SELECT id FROM hipq_job WHERE id IN (SELECT unnest($1::bigint[]) UNION ALL
 		SELECT j.id FROM hipq_job j JOIN unnest($2::text[], $3::text[]) AS k(t, k)
@@ -147,7 +150,7 @@ func TestRepliesProbeByKey(t *testing.T) {
 			!strings.Contains(p, "rows=1500 loops=1") {
 			t.Errorf("reply lookup, generic plan %v:\n%s\nwant a probe per key and per id, 1500 rows locked", generic, p)
 		}
-		p = plan(resolveManySQL, generic, resolveArgs...)
+		p = plan(resolveManySQL, generic, resolveArgs)
 		if strings.Contains(p, "rows=5000") || strings.Contains(p, "Seq Scan") || !strings.Contains(p, "Tid Scan") ||
 			!strings.Contains(p, "hipq_job_pkey") {
 			t.Errorf("resolve, generic plan %v:\n%s\nwant a probe per job and an update by tuple id", generic, p)

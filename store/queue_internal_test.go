@@ -336,9 +336,9 @@ func queueLife(t *testing.T, st, plain *Store) {
 		byKey("ta", "later", true),
 	}}, types)
 	must("replies applied", len(rr.Applied), 4, err)
-	must("replies kept", rr.Counts[correlator.Early], 1, nil)
-	must("progress", rr.Counts[correlator.Progressed], 1, nil)
-	must("duplicates", rr.Counts[correlator.Duplicate], 1, nil)
+	must("replies kept", rr.Counts()[correlator.Early], 1, nil)
+	must("progress", rr.Counts()[correlator.Progressed], 1, nil)
+	must("duplicates", rr.Counts()[correlator.Duplicate], 1, nil)
 	// The kept reply's job comes, is claimed and sent: the reply applies.
 	later := *jobs[0]
 	later.JobKey = "later"

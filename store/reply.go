@@ -54,19 +54,18 @@ type ReplyRetry struct {
 	Refused     []DeadLetter
 }
 
-// ReplyResult counts what became of each reply, in input order.
+// ReplyResult says what became of each reply of a batch, in input order.
 type ReplyResult struct {
-	Verdicts    []correlator.Verdict
-	Applied     []AttemptRef
-	RoundTrips  []correlator.RoundTrip // of Applied
-	DeadLetters []DeadLetter
-	Counts      map[correlator.Verdict]int
-	// Applies say, for each reply applied, its index in the batch, the
-	// attempt it ended and how.
-	Applies []AppliedReply
+	// Verdicts are the replies' verdicts, by index in the batch.
+	Verdicts []correlator.Verdict
+	// Applied are the replies that ended their attempt, in batch order.
+	Applied []AppliedReply
 	// Deadlines are the new deadlines progress replies gave, by index in
 	// the batch.
 	Deadlines map[int]time.Time
+	// DeadLetters are the dead letters written: the batch's unreadable
+	// replies, then those the verdicts dead-lettered.
+	DeadLetters []DeadLetter
 	// RefusedAgain is why a Retry was refused again (its Refused were
 	// written); nil when it went through (its replies follow the batch's
 	// in the indexes above), or there was none.
@@ -75,33 +74,48 @@ type ReplyResult struct {
 
 // AppliedReply is a reply of a batch that ended its attempt.
 type AppliedReply struct {
-	Index int
+	Index int // in the batch
 	AttemptRef
-	Res correlator.Resolution
+	Res       correlator.Resolution // how the attempt ended
+	RoundTrip correlator.RoundTrip  // how long it ran
 }
 
-// Merge adds what another batch did to r.
+// Counts counts the replies by verdict.
+func (r ReplyResult) Counts() map[correlator.Verdict]int {
+	n := map[correlator.Verdict]int{}
+	for _, v := range r.Verdicts {
+		n[v]++
+	}
+	return n
+}
+
+// RoundTrips are the round trips of the attempts the replies ended.
+func (r ReplyResult) RoundTrips() []correlator.RoundTrip {
+	if len(r.Applied) == 0 {
+		return nil
+	}
+	out := make([]correlator.RoundTrip, len(r.Applied))
+	for i, a := range r.Applied {
+		out[i] = a.RoundTrip
+	}
+	return out
+}
+
+// Merge adds what another batch, whose replies follow r's, did to r.
 func (r *ReplyResult) Merge(o ReplyResult) {
+	shift := len(r.Verdicts) // o's indexes count from the first of its replies
 	r.Verdicts = append(r.Verdicts, o.Verdicts...)
-	r.Applied = append(r.Applied, o.Applied...)
-	r.RoundTrips = append(r.RoundTrips, o.RoundTrips...)
-	r.DeadLetters = append(r.DeadLetters, o.DeadLetters...)
-	for _, a := range o.Applies {
-		a.Index += len(r.Verdicts) - len(o.Verdicts) // o's replies follow r's
-		r.Applies = append(r.Applies, a)
+	for _, a := range o.Applied {
+		a.Index += shift
+		r.Applied = append(r.Applied, a)
 	}
 	for i, d := range o.Deadlines {
 		if r.Deadlines == nil {
 			r.Deadlines = map[int]time.Time{}
 		}
-		r.Deadlines[i+len(r.Verdicts)-len(o.Verdicts)] = d
+		r.Deadlines[i+shift] = d
 	}
-	if len(o.Counts) > 0 && r.Counts == nil {
-		r.Counts = map[correlator.Verdict]int{}
-	}
-	for v, n := range o.Counts {
-		r.Counts[v] += n
-	}
+	r.DeadLetters = append(r.DeadLetters, o.DeadLetters...)
 }
 
 // ReplyApply applies a batch of replies (SPEC §6) in one transaction with
@@ -121,7 +135,7 @@ func (s *Store) ReplyApply(ctx context.Context, b ReplyBatch, types correlator.T
 			return err
 		}
 		// (The batch's replies are all fresh: one decided early is kept.)
-		if b.MustWrite && res.Counts[correlator.Apply]+res.Counts[correlator.Progressed] == 0 {
+		if n := res.Counts(); b.MustWrite && n[correlator.Apply]+n[correlator.Progressed] == 0 {
 			return ErrNoWrite
 		}
 		res.DeadLetters = append(append([]DeadLetter(nil), b.DeadLetters...), res.DeadLetters...)
@@ -164,7 +178,7 @@ func replyRetry(ctx context.Context, tx pgx.Tx, r *ReplyRetry, types correlator.
 // letters. now is the database's clock in tx (now()), or zero: then it
 // is read here.
 func applyReplies(ctx context.Context, tx pgx.Tx, ins []ReplyIn, types correlator.Types, earlyTTL time.Duration, now time.Time) (ReplyResult, error) {
-	res := ReplyResult{Verdicts: make([]correlator.Verdict, len(ins)), Counts: map[correlator.Verdict]int{}}
+	res := ReplyResult{Verdicts: make([]correlator.Verdict, len(ins))}
 	if len(ins) == 0 {
 		return res, nil
 	}
@@ -187,19 +201,18 @@ func applyReplies(ctx context.Context, tx pgx.Tx, ins []ReplyIn, types correlato
 		return res, err
 	}
 	resolves := make([]Resolve, 0, len(ins))
-	res.Applies = make([]AppliedReply, 0, len(ins))
 	var early []ReplyIn
 	var drop []int64 // early rows used up
 	var news []progressNews
 	for i, d := range correlator.DecideReplies(batch, targets, types, now, earlyTTL) {
 		in := ins[i]
 		res.Verdicts[i] = d.Verdict
-		res.Counts[d.Verdict]++
 		switch {
 		case d.Verdict == correlator.Apply:
-			resolves = append(resolves, Resolve{Queue: d.Target.Queue, JobID: d.Target.ID, Attempt: d.Target.Attempt, Reply: in.Reply.Result,
+			ref := AttemptRef{Queue: d.Target.Queue, JobID: d.Target.ID, Attempt: d.Target.Attempt}
+			resolves = append(resolves, Resolve{Queue: ref.Queue, JobID: ref.JobID, Attempt: ref.Attempt, Reply: in.Reply.Result,
 				ResultIsReply: true, Res: d.Res})
-			res.Applies = append(res.Applies, AppliedReply{Index: i, AttemptRef: AttemptRef{Queue: d.Target.Queue, JobID: d.Target.ID, Attempt: d.Target.Attempt}, Res: d.Res})
+			res.Applied = append(res.Applied, AppliedReply{Index: i, AttemptRef: ref, Res: d.Res})
 		case d.Verdict == correlator.Progressed:
 			news = append(news, progressNews{AttemptRef{Queue: d.Target.Queue, JobID: d.Target.ID, Attempt: d.Target.Attempt}, d.Deadline, in.Reply.Result})
 			if res.Deadlines == nil {
@@ -220,13 +233,19 @@ func applyReplies(ctx context.Context, tx pgx.Tx, ins []ReplyIn, types correlato
 	if err != nil {
 		return res, err
 	}
-	res.Applied = refsOf(done)
+	// The writes come back grouped by queue, in no set order: matched by
+	// attempt (a batch applies at most one reply per job).
+	trips := make(map[AttemptRef]correlator.RoundTrip, len(done))
 	for _, d := range done {
-		res.RoundTrips = append(res.RoundTrips, d.RoundTrip)
+		trips[d.AttemptRef] = d.RoundTrip
 	}
-	if len(res.Applied) != len(resolves) {
-		// Rows are locked, so this cannot happen; refuse to commit if it does.
-		return res, fmt.Errorf("apply replies: %d of %d guarded writes took effect", len(res.Applied), len(resolves))
+	for i, a := range res.Applied {
+		rt, ok := trips[a.AttemptRef]
+		if !ok {
+			// Rows are locked, so this cannot happen; refuse to commit if it does.
+			return res, fmt.Errorf("apply replies: %d of %d guarded writes took effect", len(done), len(resolves))
+		}
+		res.Applied[i].RoundTrip = rt
 	}
 	if err := progressWrite(ctx, tx, news); err != nil {
 		return res, err
@@ -234,10 +253,8 @@ func applyReplies(ctx context.Context, tx pgx.Tx, ins []ReplyIn, types correlato
 	if err := earlyInsert(ctx, tx, early); err != nil {
 		return res, err
 	}
-	if len(drop) > 0 {
-		if _, err := tx.Exec(ctx, "DELETE FROM hipq_early_reply WHERE id = ANY($1)", drop); err != nil {
-			return res, fmt.Errorf("delete early replies: %w", err)
-		}
+	if err := earlyDelete(ctx, tx, drop); err != nil {
+		return res, err
 	}
 	return res, nil
 }
@@ -516,171 +533,4 @@ func progressWrite(ctx context.Context, tx pgx.Tx, news []progressNews) error {
 		return fmt.Errorf("record progress: %w", err)
 	}
 	return nil
-}
-
-func earlyInsert(ctx context.Context, tx pgx.Tx, early []ReplyIn) error {
-	if len(early) == 0 {
-		return nil
-	}
-	n := len(early)
-	types, keys, errs, replies, headers, kinds := make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
-	jobIDs := make([]*int64, n)
-	atts := make([]*int32, n)
-	succ, retry := make([]bool, n), make([]bool, n)
-	topics := make([]*string, n)
-	parts := make([]*int32, n)
-	offs := make([]*int64, n)
-	rkeys, rvals := make([][]byte, n), make([][]byte, n)
-	exp := make([]time.Time, n)
-	retryAt, retryIn := make([]*time.Time, n), make([]*float64, n)
-	for i, in := range early {
-		r := in.Reply
-		types[i], keys[i], errs[i], kinds[i] = r.JobType, r.JobKey, r.Error, in.Kind
-		replies[i] = string(r.Result)
-		if replies[i] == "" {
-			replies[i] = "null"
-		}
-		headers[i] = headersJSON(in.Source.Headers)
-		jobIDs[i] = r.JobID
-		if r.Attempt != nil {
-			a := int32(*r.Attempt)
-			atts[i] = &a
-		}
-		succ[i], retry[i] = r.Success, r.Retryable
-		if in.Source.Topic != "" {
-			t, p, o := in.Source.Topic, in.Source.Partition, in.Source.Offset
-			topics[i], parts[i], offs[i] = &t, &p, &o
-		}
-		rkeys[i], rvals[i], exp[i] = in.Source.Key, in.Source.Value, in.expires
-		switch ra := r.RetryAfter; {
-		case !ra.At.IsZero():
-			retryAt[i] = &ra.At
-		case ra.Delay > 0:
-			secs := ra.Delay.Seconds()
-			retryIn[i] = &secs
-		}
-	}
-	_, err := tx.Exec(ctx, `
-		INSERT INTO hipq_early_reply (job_type, job_key, job_id, attempt, success, retryable, error_text, reply, headers,
-		                              source, topic, kafka_partition, kafka_offset, record_key, record_value, expires_at, retry_at)
-		SELECT t, k, id, att, ok, rt, err, rep, hdr, src, top, part, off, rk, rv, exp,
-		       -- a delay counts from the reply's arrival, on the database's clock
-		       coalesce(rat, now() + make_interval(secs => rin))
-		FROM unnest($1::text[], $2::text[], $3::bigint[], $4::int[], $5::bool[], $6::bool[], $7::text[], $8::jsonb[],
-		            $9::jsonb[], $10::text[], $11::text[], $12::int[], $13::bigint[], $14::bytea[], $15::bytea[], $16::timestamptz[],
-		            $17::timestamptz[], $18::float8[])
-		  AS u(t, k, id, att, ok, rt, err, rep, hdr, src, top, part, off, rk, rv, exp, rat, rin)`,
-		types, keys, jobIDs, atts, succ, retry, errs, replies, headers, kinds, topics, parts, offs, rkeys, rvals, exp, retryAt, retryIn)
-	if err != nil {
-		return fmt.Errorf("keep early replies: %w", err)
-	}
-	return nil
-}
-
-// EarlyReplyApply re-checks the kept early replies for the given jobs
-// (just sent): by (type, key) or by job id. Replies now applicable are
-// applied; those past their TTL are dead-lettered.
-func (s *Store) EarlyReplyApply(ctx context.Context, sent []AttemptRef, types correlator.Types) (ReplyResult, error) {
-	var res ReplyResult
-	err := s.inTx(ctx, func(tx pgx.Tx) error {
-		var err error
-		res, _, err = earlyReplyApply(ctx, tx, sent, 0, 0, types)
-		return err
-	})
-	return res, err
-}
-
-// EarlyReplySweep re-checks one page of kept early replies: up to limit
-// of those with an id above after, in id order, in one transaction. It
-// returns what became of them and the last id it looked at (0: the page
-// was empty), so a sweep pages through every one of them.
-func (s *Store) EarlyReplySweep(ctx context.Context, after int64, limit int, types correlator.Types) (ReplyResult, int64, error) {
-	var res ReplyResult
-	var last int64
-	err := s.inTx(ctx, func(tx pgx.Tx) error {
-		var err error
-		res, last, err = earlyReplyApply(ctx, tx, nil, after, limit, types)
-		return err
-	})
-	return res, last, err
-}
-
-func earlyReplyApply(ctx context.Context, tx pgx.Tx, sent []AttemptRef, after int64, limit int, types correlator.Types) (ReplyResult, int64, error) {
-	var res ReplyResult
-	var last int64
-	var ins []ReplyIn
-	load := func(queue, q string, args ...any) error {
-		var err error
-		ins, last, err = earlyLoad(ctx, tx, ins, queue, q, args...)
-		return err
-	}
-	var err error
-	if sent != nil {
-		err = perQueue(sent, refQueue, func(q string, refs []AttemptRef) error {
-			ids, _ := refArrays(refs)
-			// A reply kept by job id has no type or key: it is found by its id.
-			return load(q, earlyByJobSQL, ids, q)
-		})
-	} else {
-		err = load("", earlyPageSQL, after, limit)
-	}
-	if err != nil {
-		return res, 0, fmt.Errorf("load early replies: %w", err)
-	}
-	res, err = applyReplies(ctx, tx, ins, types, 0, time.Time{})
-	if err != nil {
-		return res, 0, err
-	}
-	return res, last, deadLettersInsert(ctx, tx, res.DeadLetters)
-}
-
-const earlyColumns = `SELECT e.id, e.job_type, e.job_key, e.job_id, e.attempt, e.success, e.retryable, e.error_text, e.reply,
-	             e.headers, e.source, coalesce(e.topic, ''), coalesce(e.kafka_partition, 0), coalesce(e.kafka_offset, 0),
-	             e.record_key, e.record_value, e.received_at, e.expires_at, e.retry_at
-	      FROM hipq_early_reply e `
-
-// earlyByJobSQL loads the kept replies for jobs $1 of queue $2.
-const earlyByJobSQL = earlyColumns + `
-	WHERE e.id IN (SELECT e2.id FROM hipq_early_reply e2 JOIN hipq_job j
-	                 ON j.job_type = e2.job_type AND j.job_key = e2.job_key WHERE j.queue = $2 AND j.id = ANY($1)
-	               UNION
-	               SELECT e3.id FROM hipq_early_reply e3 WHERE e3.job_id = ANY($1))
-	ORDER BY e.id FOR UPDATE OF e SKIP LOCKED`
-
-// earlyPageSQL loads up to $2 kept replies of ids above $1.
-const earlyPageSQL = earlyColumns + `WHERE e.id > $1 ORDER BY e.id LIMIT $2 FOR UPDATE SKIP LOCKED`
-
-// earlyLoad appends to ins the kept replies q selects (replies to jobs of
-// queue, when it is not ""), and says the last id.
-func earlyLoad(ctx context.Context, tx pgx.Tx, ins []ReplyIn, queue, q string, args ...any) ([]ReplyIn, int64, error) {
-	var last int64
-	rows, err := tx.Query(ctx, q, args...)
-	if err != nil {
-		return ins, 0, err
-	}
-	in := ReplyIn{Queue: queue}
-	var r correlator.Reply
-	var att *int32
-	var reply, hdr []byte
-	var retryAt *time.Time
-	_, err = pgx.ForEachRow(rows, []any{&in.earlyID, &r.JobType, &r.JobKey, &r.JobID, &att, &r.Success, &r.Retryable,
-		&r.Error, &reply, &hdr, &in.Kind, &in.Source.Topic, &in.Source.Partition, &in.Source.Offset,
-		&in.Source.Key, &in.Source.Value, &in.Source.Received, &in.expires, &retryAt}, func() error {
-		rc := r
-		rc.RetryAfter = correlator.RetryAfter{}
-		if retryAt != nil {
-			rc.RetryAfter.At = *retryAt
-		}
-		if att != nil {
-			a := int(*att)
-			rc.Attempt = &a
-		}
-		rc.Result = append(json.RawMessage(nil), reply...)
-		in.Source.Headers = decodeHeaders(hdr)
-		in.Reply = &rc
-		ins = append(ins, in)
-		last = in.earlyID
-		return nil
-	})
-	return ins, last, err
 }

@@ -108,8 +108,8 @@ func TestRepliesReducedWithinBatch(t *testing.T) {
 	byID := reply("a", 1, false)
 	byID.Reply.JobID = &c.ID
 	res := applyReplies(t, st, first, byID, reply("a", 1, false))
-	if res.Counts[correlator.Apply] != 1 || res.Counts[correlator.Duplicate] != 2 {
-		t.Fatalf("counts %v", res.Counts)
+	if res.Counts()[correlator.Apply] != 1 || res.Counts()[correlator.Duplicate] != 2 {
+		t.Fatalf("counts %v", res.Counts())
 	}
 	wantState(t, get(t, st, "a"), correlator.StateFinal, correlator.OutcomeSucceeded, 1)
 }
@@ -123,7 +123,7 @@ func TestEarlyReplies(t *testing.T) {
 	insert(t, st, job("soon"))
 	c := claim(t, st, 1)[0]
 	res, err := st.EarlyReplyApply(ctx, []store.AttemptRef{c.Ref()}, typeInfo)
-	if err != nil || res.Counts[correlator.Apply] != 1 {
+	if err != nil || res.Counts()[correlator.Apply] != 1 {
 		t.Fatalf("early apply: %+v %v", res, err)
 	}
 	wantState(t, get(t, st, "soon"), correlator.StateFinal, correlator.OutcomeSucceeded, 1)
@@ -214,7 +214,7 @@ func TestConcurrentRepliesAndSweeps(t *testing.T) {
 				t.Error(err)
 				return
 			}
-			applied[w] = res.Counts[correlator.Apply]
+			applied[w] = res.Counts()[correlator.Apply]
 		}()
 	}
 	var timedOut int
@@ -301,6 +301,54 @@ func TestReplyFindsItsJobInAnyQueue(t *testing.T) {
 	}
 	for _, j := range c.Jobs {
 		wantState(t, get(t, st, j.JobKey), correlator.StateFinal, correlator.OutcomeSucceeded, 1)
+	}
+}
+
+// Each applied reply says its index in the batch, the attempt it ended
+// and that attempt's own round trip, though the writes come back grouped
+// by queue: here the later reply's job is of the queue written first.
+func TestAppliedRepliesCarryTheirRoundTrips(t *testing.T) {
+	t.Parallel()
+	st := pgtest.New(t)
+	insert(t, st, job("x"), job("y", func(j *correlator.Job) { j.Queue = "a" }))
+	ran := map[string]time.Duration{"x": 10 * time.Minute, "y": 20 * time.Minute}
+	ids := map[string]int64{}
+	for _, q := range []string{"a", "default"} {
+		c, err := st.JobClaim(ctx, store.JobClaimParams{Queue: q, Limit: 1, Instance: "test"})
+		if err != nil || len(c.Jobs) != 1 {
+			t.Fatalf("claim %s: %v %v", q, c.Jobs, err)
+		}
+		k := c.Jobs[0].JobKey
+		ids[k] = c.Jobs[0].ID
+		if _, err := st.Pool().Exec(ctx, "UPDATE hipq_job SET started_at = now() - $2::interval WHERE id = $1", ids[k], ran[k]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	y := ids["y"]
+	toY := reply("", 0, true) // by job id alone
+	toY.Reply.JobType, toY.Reply.JobKey, toY.Reply.JobID = "", "", &y
+	res := applyReplies(t, st, reply("x", 1, true), reply("nojob", 0, true), toY)
+	if len(res.Applied) != 2 {
+		t.Fatalf("applied %+v (verdicts %v), want 2", res.Applied, res.Verdicts)
+	}
+	for i, want := range []struct {
+		index int
+		key   string
+	}{{0, "x"}, {2, "y"}} {
+		a := res.Applied[i]
+		if a.Index != want.index || a.JobID != ids[want.key] || a.Attempt != 1 || a.Res.Outcome != correlator.OutcomeSucceeded {
+			t.Errorf("applied[%d]: got index %d job %d attempt %d outcome %q, want index %d job %d (%s) attempt 1 succeeded",
+				i, a.Index, a.JobID, a.Attempt, a.Res.Outcome, want.index, ids[want.key], want.key)
+		}
+		if rt := a.RoundTrip; rt.JobType != "t" || rt.Elapsed < ran[want.key] || rt.Elapsed > ran[want.key]+time.Minute {
+			t.Errorf("applied[%d] (%s): got round trip %+v, want type t, about %v", i, want.key, rt, ran[want.key])
+		}
+		if res.RoundTrips()[i] != a.RoundTrip {
+			t.Errorf("RoundTrips()[%d] = %+v, want %+v", i, res.RoundTrips()[i], a.RoundTrip)
+		}
+	}
+	if n := res.Counts(); n[correlator.Apply] != 2 || n[correlator.Early] != 1 || len(n) != 2 {
+		t.Errorf("counts %v, want 2 applied and 1 early", n)
 	}
 }
 

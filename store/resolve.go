@@ -83,8 +83,9 @@ func refsOf(rs []resolved) []AttemptRef {
 // every path that writes jobs or attempts does: see DeliveryRecord).
 const resolveManySQL = `
 		WITH u AS (
-		  SELECT * FROM unnest($1::bigint[], $2::int[], $3::text[], $4::text[], $5::text[], $6::timestamptz[],
-		                       $7::jsonb[], $8::text[], $9::text[], $10::jsonb[], $11::bool[], $13::bool[], $14::timestamptz[])
+		  SELECT * FROM unnest(@id::bigint[], @attempt::int[], @state::text[], @outcome::text[], @error::text[],
+		                       @next_run::timestamptz[], @result::jsonb[], @att_outcome::text[], @att_error::text[], @reply::jsonb[],
+		                       @sent::bool[], @result_is_reply::bool[], @claim::timestamptz[])
 		    AS u(id, att, state, outcome, error, next_run, result, att_outcome, att_error, reply, sent, result_is_reply, claim)
 		), t AS (
 		  -- Each job found by its key, then updated by its tuple id: never
@@ -95,14 +96,14 @@ const resolveManySQL = `
 		  -- them: the guard (state running, the attempt) reads them.
 		  SELECT u.*, b.tid, b.state AS cur_state, b.attempt AS cur_att, b.started_at AS cur_claim
 		  FROM u CROSS JOIN LATERAL (
-		    SELECT j.ctid AS tid, j.state, j.attempt, j.started_at FROM hipq_job j WHERE j.queue = $12 AND j.id = u.id OFFSET 0) b
+		    SELECT j.ctid AS tid, j.state, j.attempt, j.started_at FROM hipq_job j WHERE j.queue = @queue AND j.id = u.id OFFSET 0) b
 		), done AS (
 		  UPDATE hipq_job j
 		  SET state = t.state, outcome = t.outcome, error = t.error,
 		      scheduled_run_time = coalesce(t.next_run, j.scheduled_run_time),
 		      result = coalesce(t.result, CASE WHEN t.result_is_reply THEN t.reply END, j.result), update_time = now()
 		  FROM t
-		  WHERE j.queue = $12 AND j.ctid = t.tid AND t.cur_state = 'running' AND t.cur_att = t.att
+		  WHERE j.queue = @queue AND j.ctid = t.tid AND t.cur_state = 'running' AND t.cur_att = t.att
 		    AND (t.claim IS NULL OR t.cur_claim = t.claim)
 		  RETURNING j.id, j.queue, j.job_type, j.attempt, j.started_at, t.att_outcome, t.att_error, t.reply, t.sent
 		), notify AS (
@@ -117,7 +118,7 @@ const resolveManySQL = `
 		      replied_at = CASE WHEN done.reply IS NOT NULL THEN now() END,
 		      sent_at = CASE WHEN done.reply IS NOT NULL OR done.sent THEN coalesce(a.sent_at, now()) ELSE a.sent_at END
 		  FROM done
-		  WHERE a.queue = $12 AND a.job_id = done.id AND a.attempt = done.attempt
+		  WHERE a.queue = @queue AND a.job_id = done.id AND a.attempt = done.attempt
 		)
 		SELECT id, attempt, job_type, extract(epoch FROM now() - started_at)::float8 FROM done
 		WHERE (SELECT count(*) FROM notify) >= 0`
@@ -184,9 +185,11 @@ func resolveQueue(ctx context.Context, tx pgx.Tx, queue string, rs []Resolve) ([
 			replies[i] = nullable(string(r.Reply))
 		}
 	}
-	rows, err := tx.Query(ctx, resolveManySQL,
-		ids, atts, states, outcomes, errs, next, results, attOutcomes, attErrs, replies, sent, queue, resultIsReply,
-		claimsOf(rs, func(r Resolve) time.Time { return r.Claim }))
+	rows, err := tx.Query(ctx, resolveManySQL, pgx.StrictNamedArgs{
+		"id": ids, "attempt": atts, "state": states, "outcome": outcomes, "error": errs, "next_run": next, "result": results,
+		"att_outcome": attOutcomes, "att_error": attErrs, "reply": replies, "sent": sent, "result_is_reply": resultIsReply,
+		"claim": claimsOf(rs, func(r Resolve) time.Time { return r.Claim }), "queue": queue,
+	})
 	if err != nil {
 		return nil, err
 	}

@@ -256,39 +256,40 @@ type Unsent struct {
 	DispatchedAt time.Time
 }
 
-// findUnsentSQL finds the unsent claims of queue $5, of the types $1 (with
-// their send bounds $2), through its running jobs claimed since $7 and
-// longer ago than the least send bound ($6) plus grace ($3): for each of the queue's timeouts (runningTimeouts), a range of
+// findUnsentSQL finds the unsent claims of queue @queue, of the types
+// @job_type (with their send bounds @send_bound), through its running jobs
+// claimed since @since and longer ago than the least send bound
+// (@least_bound) plus @grace: for each of the queue's timeouts (runningTimeouts), a range of
 // hipq_job_running_timeout (queue, timeout_seconds, started_at; a running
 // job's started_at is its attempt's dispatched_at), so a burst of recent
 // claims is not read, nor the old ones a sweep before examined (but for
 // the tail's index entries, when the queue's jobs carry more than
 // runningTimeoutValues timeouts). Each one's current attempt is looked up
 // by its key (OFFSET 0: never flattened into a scan of hipq_attempt for
-// unsent rows, which statistics may say do not exist). It returns up to $4
+// unsent rows, which statistics may say do not exist). It returns up to @limit
 // claims past their own type's bound (due, oldest first), then one row
 // (id NULL) with the earliest start of the unsent claims not yet past
 // theirs, and the range's end.
-var findUnsentSQL = runningTimeouts("$5") + `, cand AS (
+var findUnsentSQL = runningTimeouts("@queue") + `, cand AS (
 		SELECT j.queue, j.id, j.attempt, j.job_type, a.dispatched_at, j.started_at,
-		       a.dispatched_at < now() - make_interval(secs => t.secs) - $3::interval AS due
+		       a.dispatched_at < now() - make_interval(secs => t.secs) - @grace::interval AS due
 		FROM (SELECT x.* FROM vals
 		      CROSS JOIN LATERAL (SELECT r.queue, r.id, r.attempt, r.job_type, r.started_at FROM hipq_job r
-		                          WHERE r.queue = $5 AND r.state = 'running' AND r.timeout_seconds = vals.secs
-		                            AND r.started_at >= $7 AND r.started_at < now() - make_interval(secs => $6) - $3::interval
+		                          WHERE r.queue = @queue AND r.state = 'running' AND r.timeout_seconds = vals.secs
+		                            AND r.started_at >= @since AND r.started_at < now() - make_interval(secs => @least_bound) - @grace::interval
 		                          OFFSET 0) x
 		      UNION ALL
 		      SELECT r.queue, r.id, r.attempt, r.job_type, r.started_at FROM hipq_job r
-		      WHERE r.queue = $5 AND r.state = 'running' AND r.timeout_seconds > (SELECT max(secs) FROM vals)
-		        AND r.started_at >= $7 AND r.started_at < now() - make_interval(secs => $6) - $3::interval) j
+		      WHERE r.queue = @queue AND r.state = 'running' AND r.timeout_seconds > (SELECT max(secs) FROM vals)
+		        AND r.started_at >= @since AND r.started_at < now() - make_interval(secs => @least_bound) - @grace::interval) j
 		CROSS JOIN LATERAL (SELECT b.dispatched_at, b.sent_at, b.outcome, b.progress_at FROM hipq_attempt b
 		                    WHERE b.queue = j.queue AND b.job_id = j.id AND b.attempt = j.attempt OFFSET 0) a
-		JOIN unnest($1::text[], $2::float8[]) AS t(job_type, secs) ON t.job_type = j.job_type
+		JOIN unnest(@job_type::text[], @send_bound::float8[]) AS t(job_type, secs) ON t.job_type = j.job_type
 		WHERE ` + notKnownSent + `
 		)
-		(SELECT queue, id, attempt, job_type, dispatched_at, started_at FROM cand WHERE due ORDER BY started_at LIMIT $4)
+		(SELECT queue, id, attempt, job_type, dispatched_at, started_at FROM cand WHERE due ORDER BY started_at LIMIT @limit)
 		UNION ALL
-		SELECT NULL, NULL, NULL, NULL, now() - make_interval(secs => $6) - $3::interval, min(started_at) FROM cand WHERE NOT due`
+		SELECT NULL, NULL, NULL, NULL, now() - make_interval(secs => @least_bound) - @grace::interval, min(started_at) FROM cand WHERE NOT due`
 
 // runningQueuesSQL lists the queues with running jobs, read from their
 // index one queue at a time (a skip scan: as cheap with a million running
@@ -375,7 +376,8 @@ func (s *Store) AttemptFindUnsent(ctx context.Context, types correlator.Types, g
 			if m, ok := from[q]; ok {
 				since = pgtype.Timestamptz{Time: m.Add(-LateClaimMargin), Valid: true}
 			}
-			rows, err := tx.Query(ctx, findUnsentSQL, names, secs, grace, limit, q, least, since)
+			rows, err := tx.Query(ctx, findUnsentSQL, pgx.StrictNamedArgs{"job_type": names, "send_bound": secs, "grace": grace,
+				"limit": limit, "queue": q, "least_bound": least, "since": since})
 			if err != nil {
 				return err
 			}

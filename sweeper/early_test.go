@@ -127,8 +127,8 @@ func TestEarlyReplyByJobIDAppliedAfterSend(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rec.Early.Counts[correlator.Apply] != 1 {
-		t.Fatalf("early replies after the send: %v, want the one by id applied", rec.Early.Counts)
+	if len(rec.Early.Applied) != 1 {
+		t.Fatalf("early replies after the send: %v, want the one by id applied", rec.Early.Counts())
 	}
 	if j, _ := st.JobGet(ctx, "alo", "by-id"); j.State != correlator.StateFinal || j.Outcome != correlator.OutcomeSucceeded {
 		t.Fatalf("job %s %s", j.State, j.Outcome)

@@ -169,9 +169,9 @@ func (s *Sweeper) earlyReplies(ctx context.Context, rep *Report, types correlato
 		if err != nil {
 			return err
 		}
-		rep.EarlyApplied += res.Counts[correlator.Apply]
+		rep.EarlyApplied += len(res.Applied)
 		rep.EarlyDeadLettered += len(res.DeadLetters)
-		s.cfg.Metrics.ObserveReplies(metrics.SourceEarly, res.Counts, res.RoundTrips)
+		s.cfg.Metrics.ObserveReplies(metrics.SourceEarly, res.Counts(), res.RoundTrips())
 		s.cfg.DeadLetters.Copy(res.DeadLetters)
 		if last == 0 || len(res.Verdicts) < s.cfg.BatchSize {
 			return nil

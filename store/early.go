@@ -1,0 +1,199 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/hipq/hipq/correlator"
+)
+
+// earlyInsert keeps early replies, each until its expires, in one
+// statement.
+func earlyInsert(ctx context.Context, tx pgx.Tx, early []ReplyIn) error {
+	if len(early) == 0 {
+		return nil
+	}
+	n := len(early)
+	types, keys, errs, replies, headers, kinds := make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+	jobIDs := make([]*int64, n)
+	atts := make([]*int32, n)
+	succ, retry := make([]bool, n), make([]bool, n)
+	topics := make([]*string, n)
+	parts := make([]*int32, n)
+	offs := make([]*int64, n)
+	rkeys, rvals := make([][]byte, n), make([][]byte, n)
+	exp := make([]time.Time, n)
+	retryAt, retryIn := make([]*time.Time, n), make([]*float64, n)
+	for i, in := range early {
+		r := in.Reply
+		types[i], keys[i], errs[i], kinds[i] = r.JobType, r.JobKey, r.Error, in.Kind
+		replies[i] = string(r.Result)
+		if replies[i] == "" {
+			replies[i] = "null"
+		}
+		headers[i] = headersJSON(in.Source.Headers)
+		jobIDs[i] = r.JobID
+		if r.Attempt != nil {
+			a := int32(*r.Attempt)
+			atts[i] = &a
+		}
+		succ[i], retry[i] = r.Success, r.Retryable
+		if in.Source.Topic != "" {
+			t, p, o := in.Source.Topic, in.Source.Partition, in.Source.Offset
+			topics[i], parts[i], offs[i] = &t, &p, &o
+		}
+		rkeys[i], rvals[i], exp[i] = in.Source.Key, in.Source.Value, in.expires
+		switch ra := r.RetryAfter; {
+		case !ra.At.IsZero():
+			retryAt[i] = &ra.At
+		case ra.Delay > 0:
+			secs := ra.Delay.Seconds()
+			retryIn[i] = &secs
+		}
+	}
+	_, err := tx.Exec(ctx, `
+		INSERT INTO hipq_early_reply (job_type, job_key, job_id, attempt, success, retryable, error_text, reply, headers,
+		                              source, topic, kafka_partition, kafka_offset, record_key, record_value, expires_at, retry_at)
+		SELECT t, k, id, att, ok, rt, err, rep, hdr, src, top, part, off, rk, rv, exp,
+		       -- a delay counts from the reply's arrival, on the database's clock
+		       coalesce(rat, now() + make_interval(secs => rin))
+		FROM unnest(@job_type::text[], @job_key::text[], @job_id::bigint[], @attempt::int[], @success::bool[], @retryable::bool[],
+		            @error_text::text[], @reply::jsonb[], @headers::jsonb[], @source::text[], @topic::text[], @kafka_partition::int[],
+		            @kafka_offset::bigint[], @record_key::bytea[], @record_value::bytea[], @expires_at::timestamptz[],
+		            @retry_at::timestamptz[], @retry_in::float8[])
+		  AS u(t, k, id, att, ok, rt, err, rep, hdr, src, top, part, off, rk, rv, exp, rat, rin)`,
+		pgx.StrictNamedArgs{
+			"job_type": types, "job_key": keys, "job_id": jobIDs, "attempt": atts, "success": succ, "retryable": retry,
+			"error_text": errs, "reply": replies, "headers": headers, "source": kinds, "topic": topics, "kafka_partition": parts,
+			"kafka_offset": offs, "record_key": rkeys, "record_value": rvals, "expires_at": exp,
+			"retry_at": retryAt, "retry_in": retryIn, // one of the two, or neither
+		})
+	if err != nil {
+		return fmt.Errorf("keep early replies: %w", err)
+	}
+	return nil
+}
+
+// earlyDelete deletes the kept early replies of ids, used up (applied,
+// dead-lettered, or found duplicate or stale: decided, no longer early).
+func earlyDelete(ctx context.Context, tx pgx.Tx, ids []int64) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	if _, err := tx.Exec(ctx, "DELETE FROM hipq_early_reply WHERE id = ANY($1)", ids); err != nil {
+		return fmt.Errorf("delete early replies: %w", err)
+	}
+	return nil
+}
+
+// EarlyReplyApply re-checks the kept early replies for the given jobs
+// (just sent): by (type, key) or by job id. Replies now applicable are
+// applied; those past their TTL are dead-lettered.
+func (s *Store) EarlyReplyApply(ctx context.Context, sent []AttemptRef, types correlator.Types) (ReplyResult, error) {
+	var res ReplyResult
+	err := s.inTx(ctx, func(tx pgx.Tx) error {
+		var err error
+		res, _, err = earlyReplyApply(ctx, tx, sent, 0, 0, types)
+		return err
+	})
+	return res, err
+}
+
+// EarlyReplySweep re-checks one page of kept early replies: up to limit
+// of those with an id above after, in id order, in one transaction. It
+// returns what became of them and the last id it looked at (0: the page
+// was empty), so a sweep pages through every one of them.
+func (s *Store) EarlyReplySweep(ctx context.Context, after int64, limit int, types correlator.Types) (ReplyResult, int64, error) {
+	var res ReplyResult
+	var last int64
+	err := s.inTx(ctx, func(tx pgx.Tx) error {
+		var err error
+		res, last, err = earlyReplyApply(ctx, tx, nil, after, limit, types)
+		return err
+	})
+	return res, last, err
+}
+
+func earlyReplyApply(ctx context.Context, tx pgx.Tx, sent []AttemptRef, after int64, limit int, types correlator.Types) (ReplyResult, int64, error) {
+	var res ReplyResult
+	var last int64
+	var ins []ReplyIn
+	load := func(queue, q string, args ...any) error {
+		var err error
+		ins, last, err = earlyLoad(ctx, tx, ins, queue, q, args...)
+		return err
+	}
+	var err error
+	if sent != nil {
+		err = perQueue(sent, refQueue, func(q string, refs []AttemptRef) error {
+			ids, _ := refArrays(refs)
+			// A reply kept by job id has no type or key: it is found by its id.
+			return load(q, earlyByJobSQL, ids, q)
+		})
+	} else {
+		err = load("", earlyPageSQL, after, limit)
+	}
+	if err != nil {
+		return res, 0, fmt.Errorf("load early replies: %w", err)
+	}
+	res, err = applyReplies(ctx, tx, ins, types, 0, time.Time{})
+	if err != nil {
+		return res, 0, err
+	}
+	return res, last, deadLettersInsert(ctx, tx, res.DeadLetters)
+}
+
+const earlyColumns = `SELECT e.id, e.job_type, e.job_key, e.job_id, e.attempt, e.success, e.retryable, e.error_text, e.reply,
+	             e.headers, e.source, coalesce(e.topic, ''), coalesce(e.kafka_partition, 0), coalesce(e.kafka_offset, 0),
+	             e.record_key, e.record_value, e.received_at, e.expires_at, e.retry_at
+	      FROM hipq_early_reply e `
+
+// earlyByJobSQL loads the kept replies for jobs $1 of queue $2.
+const earlyByJobSQL = earlyColumns + `
+	WHERE e.id IN (SELECT e2.id FROM hipq_early_reply e2 JOIN hipq_job j
+	                 ON j.job_type = e2.job_type AND j.job_key = e2.job_key WHERE j.queue = $2 AND j.id = ANY($1)
+	               UNION
+	               SELECT e3.id FROM hipq_early_reply e3 WHERE e3.job_id = ANY($1))
+	ORDER BY e.id FOR UPDATE OF e SKIP LOCKED`
+
+// earlyPageSQL loads up to $2 kept replies of ids above $1.
+const earlyPageSQL = earlyColumns + `WHERE e.id > $1 ORDER BY e.id LIMIT $2 FOR UPDATE SKIP LOCKED`
+
+// earlyLoad appends to ins the kept replies q selects (replies to jobs of
+// queue, when it is not ""), and says the last id.
+func earlyLoad(ctx context.Context, tx pgx.Tx, ins []ReplyIn, queue, q string, args ...any) ([]ReplyIn, int64, error) {
+	var last int64
+	rows, err := tx.Query(ctx, q, args...)
+	if err != nil {
+		return ins, 0, err
+	}
+	in := ReplyIn{Queue: queue}
+	var r correlator.Reply
+	var att *int32
+	var reply, hdr []byte
+	var retryAt *time.Time
+	_, err = pgx.ForEachRow(rows, []any{&in.earlyID, &r.JobType, &r.JobKey, &r.JobID, &att, &r.Success, &r.Retryable,
+		&r.Error, &reply, &hdr, &in.Kind, &in.Source.Topic, &in.Source.Partition, &in.Source.Offset,
+		&in.Source.Key, &in.Source.Value, &in.Source.Received, &in.expires, &retryAt}, func() error {
+		rc := r
+		rc.RetryAfter = correlator.RetryAfter{}
+		if retryAt != nil {
+			rc.RetryAfter.At = *retryAt
+		}
+		if att != nil {
+			a := int(*att)
+			rc.Attempt = &a
+		}
+		rc.Result = append(json.RawMessage(nil), reply...)
+		in.Source.Headers = decodeHeaders(hdr)
+		in.Reply = &rc
+		ins = append(ins, in)
+		last = in.earlyID
+		return nil
+	})
+	return ins, last, err
+}
