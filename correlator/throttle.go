@@ -69,6 +69,14 @@ func (t *Throttle) Bounded() bool {
 	return t.Limit >= 1 || len(t.MaxConcurrency) > 0 || len(t.Rates) > 0
 }
 
+// CountsRunning reports whether the claim counts the running jobs (a
+// Limit, or per-type caps): then it reads them, and its walk may pass due
+// jobs over for them, so it reads more candidates than the batch. Rates
+// alone count requests, not running jobs.
+func (t *Throttle) CountsRunning() bool {
+	return len(t.MaxConcurrency) > 0 || t.Limit >= 1
+}
+
 // OtherPartition names the pooled partition of values not listed in the
 // weights (SPEC §8: the weight of key "*").
 const OtherPartition = "*"

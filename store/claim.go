@@ -704,7 +704,7 @@ func (s *Store) claimBounded(ctx context.Context, p JobClaimParams) (Claim, erro
 			return err
 		})
 	}
-	if t.Limit >= 1 || len(t.MaxConcurrency) > 0 {
+	if t.CountsRunning() {
 		b.Queue(`SELECT j.job_type, j.job_data #>> @share_path::text[], count(*)::int, sum(j.throttle_factor)::int
 			FROM hipq_job j WHERE j.queue = @queue AND j.state = 'running' GROUP BY 1, 2`,
 			pgx.NamedArgs{"queue": p.Queue, "share_path": sharePath}).Query(func(rows pgx.Rows) error {
@@ -729,7 +729,7 @@ func (s *Store) claimBounded(ctx context.Context, p JobClaimParams) (Claim, erro
 	// Round trip 2 (and more, while the plan would take jobs past the
 	// read): the due jobs the limits leave room for, in the queue's order.
 	fetch := p.Limit
-	if t.Limit >= 1 || len(t.MaxConcurrency) > 0 {
+	if t.CountsRunning() {
 		// Limits that pass jobs over read more than the batch; rates alone
 		// need not (a walk that fills a window reads again without it).
 		fetch = max(p.Limit*4, 1000)

@@ -53,13 +53,13 @@ func TestMigrateCommand(t *testing.T) {
 		if code := runMain([]string{"migrate", "--config", cfgPath}, &out, &errOut); code != 0 || !strings.Contains(out.String(), want) {
 			t.Fatalf("migrate #%d: exit %d, out %q, err %q", i+1, code, out.String(), errOut.String())
 		}
-		if i == 0 && !strings.HasSuffix(out.String(), "applied repeatable hipq_window_open\n") {
+		if i == 0 && !strings.HasSuffix(out.String(), "applied repeatable hipq_intake_notify\n") {
 			t.Fatalf("migrate does not end with the repeatable migrations: %q", out.String())
 		}
 	}
 	out.Reset()
 	if code := runMain([]string{"migrate", "status", "--config", cfgPath}, &out, &errOut); code != 0 ||
-		!strings.Contains(out.String(), "0001_init  applied") || !strings.Contains(out.String(), "repeatable hipq_claim  applied") {
+		!strings.Contains(out.String(), "0001_init  applied") || !strings.Contains(out.String(), "repeatable hipq_intake_notify  applied") {
 		t.Fatalf("status: exit %d, out %q", code, out.String())
 	}
 	if code := runMain([]string{"run", "--config", cfgPath, "--only", "bogus"}, &out, &errOut); code != 2 {
