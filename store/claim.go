@@ -409,22 +409,25 @@ func (s *Store) claimUnbounded(ctx context.Context, p JobClaimParams) (Claim, er
 	for _, w := range windowed {
 		in.Candidates = append(in.Candidates, w.ClaimCandidate)
 	}
+	// The first statement committed: whatever happens to the second, its
+	// jobs are returned, to be sent. A second that fails leaves the open
+	// jobs waiting, for a later claim (or, should its commit be in doubt,
+	// running unsent, for the sweeper's rescue).
 	plan, err := correlator.PlanClaim(in)
-	if err != nil {
-		return Claim{}, err
+	if err == nil {
+		for _, d := range plan.Defer {
+			out.Closed = append(out.Closed, closedOf(p.Queue, windowed, d))
+		}
 	}
-	for _, d := range plan.Defer {
-		out.Closed = append(out.Closed, closedOf(p.Queue, windowed, d))
-	}
-	if len(plan.Take) == 0 {
-		return out, nil
-	}
-	b = &pgx.Batch{}
-	b.Queue("BEGIN")
-	claimWrite(b, p, &plan, &out.Jobs)
-	b.Queue("COMMIT")
-	if err := s.pool.SendBatch(ctx, b).Close(); err != nil {
-		return Claim{}, err
+	if err == nil && len(plan.Take) > 0 {
+		var open []Claimed
+		b = &pgx.Batch{}
+		b.Queue("BEGIN")
+		claimWrite(b, p, &plan, &open)
+		b.Queue("COMMIT")
+		if s.pool.SendBatch(ctx, b).Close() == nil {
+			out.Jobs = append(out.Jobs, open...)
+		}
 	}
 	// The open jobs among the others, in the queue's order.
 	slices.SortFunc(out.Jobs, func(a, b Claimed) int { return p.Order.Compare(keys[a.ID], keys[b.ID]) })
@@ -490,7 +493,9 @@ func unboundedSQL(o correlator.Order, n int) string {
 }
 
 // claimWrite queues on b the write of plan: its takes moved to running,
-// each guarded by the state and attempt it was read in, with their attempt
+// each guarded by the state and attempt it was read in (compared with
+// the values read, not constants, so no partial index of due jobs is
+// walked instead of the key), with their attempt
 // rows and rate units, in one statement. The jobs moved are added to out,
 // in the plan's order: a job another writer moved since it was read is
 // not.
@@ -805,7 +810,7 @@ func claimRead(ctx context.Context, conn interface {
 		return nil, nil
 	}
 	args := pgx.NamedArgs{"queue": p.Queue, "fetch": fetch, "critical": t.Critical, "max_factor": narrow.MaxFactor}
-	if args["critical"] == nil {
+	if len(t.Critical) == 0 {
 		args["critical"] = []string{}
 	}
 	order := orderSQL(p.Order, "j")
