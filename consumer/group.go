@@ -154,6 +154,15 @@ func recsOf(refused []refusal) []*kgo.Record {
 	return recs
 }
 
+// deadLetters are the dead letters of refused, of kind.
+func deadLetters(refused []refusal, kind string) []store.DeadLetter {
+	var dls []store.DeadLetter
+	for _, r := range refused {
+		dls = append(dls, r.deadLetter(kind))
+	}
+	return dls
+}
+
 // deadLetter is the dead letter of a refused record.
 func (r refusal) deadLetter(kind string) store.DeadLetter {
 	src := source(r.rec)

@@ -102,16 +102,11 @@ func (in *Intake) apply(ctx context.Context, recs []*kgo.Record, refused []refus
 	b := store.IntakeBatch{Group: in.cfg.Group, Offsets: adv, MustWrite: compare}
 	var dups int
 	b.Jobs, b.DeadLetters, dups = in.decode(recs, now)
-	if compare && len(refused) > 0 {
-		b.Retry = &store.IntakeRetry{}
+	if dls := deadLetters(refused, store.SourceIntake); compare && len(refused) > 0 {
+		b.Retry = &store.IntakeRetry{Refused: dls}
 		b.Retry.Jobs, b.Retry.DeadLetters, b.Retry.Duplicates = in.decode(recsOf(refused), now)
-	}
-	for _, r := range refused {
-		if b.Retry != nil {
-			b.Retry.Refused = append(b.Retry.Refused, r.deadLetter(store.SourceIntake))
-		} else {
-			b.DeadLetters = append(b.DeadLetters, r.deadLetter(store.SourceIntake))
-		}
+	} else {
+		b.DeadLetters = append(b.DeadLetters, dls...)
 	}
 	rs := in.reserve(b.Jobs)
 	b.Instance = in.cfg.Instance

@@ -168,11 +168,7 @@ func TestOutboxPoisonRow(t *testing.T) {
 	st := pgtest.New(t)
 	o, _ := newOutbox(t, st)
 	ctx := context.Background()
-	if _, err := st.Pool().Exec(ctx, `
-		CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$
-		BEGIN RAISE EXCEPTION 'refused for %', NEW.job_key USING ERRCODE = 'XX000'; END $$;
-		CREATE TRIGGER refuse BEFORE INSERT ON hipq_job FOR EACH ROW WHEN (NEW.job_key = 'poison')
-		EXECUTE FUNCTION refuse();`); err != nil {
+	if _, err := st.Pool().Exec(ctx, refuseWhen("NEW.job_key = 'poison'")); err != nil {
 		t.Fatal(err)
 	}
 	var values []string
@@ -436,10 +432,7 @@ func TestOutboxLoneRefusedRow(t *testing.T) {
 	st := pgtest.New(t)
 	o, m := newOutbox(t, st)
 	ctx := context.Background()
-	if _, err := st.Pool().Exec(ctx, `
-		CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$
-		BEGIN RAISE EXCEPTION 'refused for %', NEW.job_key USING ERRCODE = 'XX000'; END $$;
-		CREATE TRIGGER refuse BEFORE INSERT ON hipq_job FOR EACH ROW WHEN (NEW.job_key LIKE 'poison%') EXECUTE FUNCTION refuse();`); err != nil {
+	if _, err := st.Pool().Exec(ctx, refuseWhen("NEW.job_key LIKE 'poison%'")); err != nil {
 		t.Fatal(err)
 	}
 	inTx(t, st, true, `{"job_type": "t", "job_key": "k0"}`, `{"job_type": "t", "job_key": "poison"}`)
@@ -541,10 +534,7 @@ func TestOutboxComparisonReadsRowsOnce(t *testing.T) {
 	st := pgtest.New(t)
 	o, _ := newOutbox(t, st)
 	ctx := context.Background()
-	if _, err := st.Pool().Exec(ctx, `
-		CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$
-		BEGIN RAISE EXCEPTION 'refused for %', NEW.job_key USING ERRCODE = 'XX000'; END $$;
-		CREATE TRIGGER refuse BEFORE INSERT ON hipq_job FOR EACH ROW WHEN (NEW.job_key = 'poison') EXECUTE FUNCTION refuse();
+	if _, err := st.Pool().Exec(ctx, refuseWhen("NEW.job_key = 'poison'")+`
 		CREATE SEQUENCE reads;
 		CREATE FUNCTION count_read() RETURNS trigger LANGUAGE plpgsql AS $$
 		BEGIN PERFORM nextval('reads'); RETURN OLD; END $$;
@@ -578,10 +568,7 @@ func TestOutboxSameInputTwiceIsNoComparison(t *testing.T) {
 	st := pgtest.New(t)
 	o, m := newOutbox(t, st)
 	ctx := context.Background()
-	if _, err := st.Pool().Exec(ctx, `
-		CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$
-		BEGIN RAISE EXCEPTION 'refused for %', NEW.job_key USING ERRCODE = 'XX000'; END $$;
-		CREATE TRIGGER refuse BEFORE INSERT ON hipq_job FOR EACH ROW WHEN (NEW.job_key = 'poison') EXECUTE FUNCTION refuse();`); err != nil {
+	if _, err := st.Pool().Exec(ctx, refuseWhen("NEW.job_key = 'poison'")); err != nil {
 		t.Fatal(err)
 	}
 	row := func(key string) string { return fmt.Sprintf(`{"job_type": "t", "job_key": %q}`, key) }

@@ -90,16 +90,11 @@ func (rs *Responses) apply(ctx context.Context, recs []*kgo.Record, refused []re
 	start := time.Now()
 	b := store.ReplyBatch{Group: rs.cfg.Group, Offsets: adv, EarlyTTL: rs.cfg.EarlyTTL, MustWrite: compare}
 	b.Replies, b.DeadLetters = rs.decode(recs)
-	if compare && len(refused) > 0 {
-		b.Retry = &store.ReplyRetry{}
+	if dls := deadLetters(refused, store.SourceReply); compare && len(refused) > 0 {
+		b.Retry = &store.ReplyRetry{Refused: dls}
 		b.Retry.Replies, b.Retry.DeadLetters = rs.decode(recsOf(refused))
-	}
-	for _, r := range refused {
-		if b.Retry != nil {
-			b.Retry.Refused = append(b.Retry.Refused, r.deadLetter(store.SourceReply))
-		} else {
-			b.DeadLetters = append(b.DeadLetters, r.deadLetter(store.SourceReply))
-		}
+	} else {
+		b.DeadLetters = append(b.DeadLetters, dls...)
 	}
 	res, err := rs.g.st.ReplyApply(ctx, b, rs.cfg.Types)
 	if err != nil {

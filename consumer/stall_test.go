@@ -253,10 +253,7 @@ func TestSystemicRefusalStallsInsteadOfDeadLettering(t *testing.T) {
 // refusal was the record's own. Nothing stalls.
 func TestOneRecordsRefusalDeadLettersItAlone(t *testing.T) {
 	t.Parallel()
-	r := newIntakeRig(t, time.Hour, `
-		CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$
-		BEGIN RAISE EXCEPTION 'refused for %', NEW.job_key USING ERRCODE = 'XX000'; END $$;
-		CREATE TRIGGER refuse BEFORE INSERT ON hipq_job FOR EACH ROW WHEN (NEW.job_key = 'poison') EXECUTE FUNCTION refuse();`)
+	r := newIntakeRig(t, time.Hour, refuseWhen("NEW.job_key = 'poison'"))
 	r.produce(0, "k0", "k1", "poison", "k3", "k4")
 	r.produce(1, "m0", "m1")
 	testutil.Eventually(t, 30*time.Second, func() (bool, string) {
@@ -284,10 +281,7 @@ func TestOneRecordsRefusalDeadLettersItAlone(t *testing.T) {
 // StallAfter, until a record after it settles it or the error stops.
 func TestLoneRefusedRecord(t *testing.T) {
 	t.Parallel()
-	const refuse = `
-		CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$
-		BEGIN RAISE EXCEPTION 'refused for %', NEW.job_key USING ERRCODE = 'XX000'; END $$;
-		CREATE TRIGGER refuse BEFORE INSERT ON hipq_job FOR EACH ROW WHEN (NEW.job_key LIKE 'poison%') EXECUTE FUNCTION refuse();`
+	refuse := refuseWhen("NEW.job_key LIKE 'poison%'")
 	t.Run("a record after it comes", func(t *testing.T) {
 		t.Parallel()
 		r := newIntakeRig(t, time.Hour, refuse)
@@ -553,10 +547,7 @@ func TestRefusedDeadLetterStalls(t *testing.T) {
 // it reported goes back to 0.
 func TestOffsetConflictEndsAPassedHold(t *testing.T) {
 	t.Parallel()
-	r := newIntakeRig(t, time.Nanosecond, `
-		CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$
-		BEGIN RAISE EXCEPTION 'refused for %', NEW.job_key USING ERRCODE = 'XX000'; END $$;
-		CREATE TRIGGER refuse BEFORE INSERT ON hipq_job FOR EACH ROW WHEN (NEW.job_key = 'poison') EXECUTE FUNCTION refuse();`)
+	r := newIntakeRig(t, time.Nanosecond, refuseWhen("NEW.job_key = 'poison'"))
 	r.produce(1, "poison")
 	testutil.Eventually(t, 30*time.Second, func() (bool, string) {
 		v, _ := r.stalled("XX000")
@@ -646,4 +637,14 @@ func (r *intakeRig) refusedOnceAfterTheOther() {
 	if v, _ := r.stalled("XX000"); v != 0 || r.g.Stalled() != nil {
 		r.t.Fatalf("stalled: gauge %v, %v", v, r.g.Stalled())
 	}
+}
+
+// refuseWhen makes every insert into hipq_job of a row meeting when fail
+// with SQLSTATE XX000 ("refused for KEY"): a refusal of those records
+// alone, not of their data.
+func refuseWhen(when string) string {
+	return `
+		CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN RAISE EXCEPTION 'refused for %', NEW.job_key USING ERRCODE = 'XX000'; END $$;
+		CREATE TRIGGER refuse BEFORE INSERT ON hipq_job FOR EACH ROW WHEN (` + when + `) EXECUTE FUNCTION refuse();`
 }

@@ -9,7 +9,6 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/hipq/hipq/correlator"
 	"github.com/hipq/hipq/store"
 )
 
@@ -141,25 +140,19 @@ func (d *Dispatcher) claim(ctx context.Context, q QueueConfig, types []string, l
 
 // deferClosed moves due jobs found outside their time windows to their next
 // opening without using an attempt, or ends them final / expired when that
-// opening is past their expiry (they are never sent). It reads PostgreSQL's
-// clock, the one the claim found them closed by.
+// opening is past their expiry (they are never sent), as the claim
+// decided (store.Closed.Deferral, on the claim's clock).
 func (d *Dispatcher) deferClosed(ctx context.Context, q QueueConfig, claim *store.Claim) error {
 	if len(claim.Closed) == 0 {
 		return nil
 	}
-	now := claim.Now()
 	ds := make([]store.Deferral, 0, len(claim.Closed))
 	expired := 0
 	for _, c := range claim.Closed {
-		def := correlator.Defer(correlator.WindowsFor(d.cfg.Types.Get(c.JobType), c.TimeWindows), c.ExpiresAt, now)
-		if def.Disagree {
-			d.log.Warn("time window open here but closed in PostgreSQL; retrying in a minute",
-				zap.Int64("job_id", c.ID), zap.String("job_type", c.JobType), zap.NamedError("windows_error", c.WindowsErr))
-		}
-		if def.Expire {
+		if c.Deferral.Expire {
 			expired++
 		}
-		ds = append(ds, store.Deferral{Queue: c.Queue, ID: c.ID, State: c.State, Attempt: c.Attempt, RunAt: def.RunAt, Expire: def.Expire})
+		ds = append(ds, c.Deferral)
 	}
 	n, err := d.st.JobDefer(ctx, ds)
 	if err != nil {

@@ -85,6 +85,9 @@ type Closed struct {
 	ExpiresAt   *time.Time
 	TimeWindows []correlator.TimeWindow // nil = the type's
 	WindowsErr  error                   // its own windows could not be read
+	// Deferral is what the claim decided for it (correlator.PlanClaim):
+	// its next opening, or its end when that is past its expiry.
+	Deferral Deferral
 }
 
 // Claim is what one claim statement did.
@@ -105,9 +108,7 @@ func (c *Claim) Now() time.Time { return c.DBNow.Add(time.Since(c.Local)) }
 // dueProbeSQL is JobsDue's probe: $1 the queue, $2 the types.
 const dueProbeSQL = `/* due probe */ SELECT NOT EXISTS (SELECT 1 FROM hipq_queue p WHERE p.name = $1 AND p.paused)
 	AND EXISTS (SELECT 1 FROM unnest($2::text[]) AS t(job_type)
-	            WHERE (SELECT j.id FROM hipq_job j WHERE j.queue = $1 AND j.job_type = t.job_type
-	                   AND j.state IN ('initial', 'retry') AND j.scheduled_run_time <= now()
-	                   AND (j.expires_at IS NULL OR j.expires_at > now())
+	            WHERE (SELECT j.id FROM hipq_job j WHERE j.queue = $1 AND j.job_type = t.job_type AND ` + dueSQL + `
 	                   ORDER BY j.scheduled_run_time LIMIT 1) IS NOT NULL)`
 
 // JobsDue says whether a queue, not paused, has a due job of one of the
@@ -184,7 +185,7 @@ func (s *Store) JobDefer(ctx context.Context, ds []Deferral) (int, error) {
 }
 
 // dueSQL is the one definition, in SQL, of a due job j: waiting (initial
-// or retry), its time come, not expired (correlator.Job.Due in Go).
+// or retry), its time come, not expired.
 const dueSQL = `j.state IN ('initial', 'retry') AND j.scheduled_run_time <= now() AND (j.expires_at IS NULL OR j.expires_at > now())`
 
 // claimSettings are the claim's planner settings: every statement reaches
@@ -358,7 +359,8 @@ func candidateOf(c correlator.ClaimCandidate, windows []byte) candidate {
 func closedOf(queue string, cs []candidate, d correlator.ClaimDeferral) Closed {
 	c := &cs[d.Index]
 	cl := Closed{Queue: queue, ID: c.ID, JobType: c.JobType, State: c.State, Attempt: c.Attempt, ExpiresAt: c.ExpiresAt,
-		WindowsErr: c.windowsErr}
+		WindowsErr: c.windowsErr,
+		Deferral:   Deferral{Queue: queue, ID: c.ID, State: c.State, Attempt: c.Attempt, RunAt: d.RunAt, Expire: d.Expire}}
 	if c.windowsErr == nil {
 		cl.TimeWindows = c.TimeWindows
 	}
@@ -768,9 +770,9 @@ func (s *Store) claimBounded(ctx context.Context, p JobClaimParams) (Claim, erro
 		}
 		usage = plan.Add(&in)
 	}
-	if len(in.Candidates) == 0 && len(t.Rates) > 0 {
+	if len(in.Candidates) == 0 {
 		// (Nothing read: the plan of no candidates still says when a full
-		// window frees.)
+		// rate window frees.)
 		if plan, err = correlator.PlanClaim(in); err != nil {
 			return Claim{}, err
 		}

@@ -139,14 +139,11 @@ func intakeRetry(ctx context.Context, tx pgx.Tx, r *IntakeRetry, res *IntakeResu
 		var err error
 		again, err = intakeWrite(ctx, tx, jobs, r.DeadLetters, "")
 		return err
-	})
-	switch {
-	case err != nil:
-		return err
-	case refused != nil:
+	}, r.Refused)
+	if err != nil || refused != nil {
 		res.RefusedAgain = refused
 		res.DeadLetters = append(res.DeadLetters, r.Refused...)
-		return deadLettersInsert(ctx, tx, r.Refused)
+		return err
 	}
 	res.Inserted += again.Inserted
 	res.Duplicates += again.Duplicates + r.Duplicates

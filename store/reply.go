@@ -158,14 +158,11 @@ func replyRetry(ctx context.Context, tx pgx.Tx, r *ReplyRetry, types correlator.
 		}
 		again.DeadLetters = append(append([]DeadLetter(nil), r.DeadLetters...), again.DeadLetters...)
 		return deadLettersInsert(ctx, tx, again.DeadLetters)
-	})
-	switch {
-	case err != nil:
-		return err
-	case refused != nil:
+	}, r.Refused)
+	if err != nil || refused != nil {
 		res.RefusedAgain = refused
 		res.DeadLetters = append(res.DeadLetters, r.Refused...)
-		return deadLettersInsert(ctx, tx, r.Refused)
+		return err
 	}
 	res.Merge(again)
 	return nil

@@ -248,24 +248,26 @@ func (s *Store) WriteStalled(deadline time.Duration) error {
 
 // tryAgain runs write under a savepoint of tx. Should PostgreSQL refuse
 // it (an error neither transient nor of ctx), the savepoint rolls back,
-// leaving tx as it was before, and the refusal is returned as refused;
-// any other error is err, and tx is no more of use.
-func tryAgain(ctx context.Context, tx pgx.Tx, write func(pgx.Tx) error) (refused, err error) {
+// leaving tx as it was before, the dead letters instead are written, and
+// the refusal is returned as refused; any other error is err, and tx is
+// no more of use.
+func tryAgain(ctx context.Context, tx pgx.Tx, write func(pgx.Tx) error, instead []DeadLetter) (refused, err error) {
 	sp, err := tx.Begin(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("savepoint: %w", err)
 	}
-	if werr := write(sp); werr != nil {
-		if IsTransient(werr) || ctx.Err() != nil {
-			return nil, werr
+	werr := write(sp)
+	if werr == nil {
+		if err := sp.Commit(ctx); err != nil {
+			return nil, fmt.Errorf("release savepoint: %w", err)
 		}
-		if err := sp.Rollback(ctx); err != nil {
-			return nil, fmt.Errorf("rollback to savepoint: %w (after %w)", err, werr)
-		}
-		return werr, nil
+		return nil, nil
 	}
-	if err := sp.Commit(ctx); err != nil {
-		return nil, fmt.Errorf("release savepoint: %w", err)
+	if IsTransient(werr) || ctx.Err() != nil {
+		return nil, werr
 	}
-	return nil, nil
+	if err := sp.Rollback(ctx); err != nil {
+		return nil, fmt.Errorf("rollback to savepoint: %w (after %w)", err, werr)
+	}
+	return werr, deadLettersInsert(ctx, tx, instead)
 }
