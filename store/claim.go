@@ -457,18 +457,21 @@ func unboundedSQL(o correlator.Order, n int) string {
 		// Each type's first due jobs from its own range of the due index,
 		// merged in the queue's order (a Merge Append, which reads each type
 		// only as far as the merge takes it), then locked: rows locked in
-		// each type's read would make every type lock a whole batch. A row
-		// another claim holds is passed over; that claim takes it.
+		// each type's read would make every type lock a whole batch. The
+		// merge reads twice the batch, so a row another claim holds is
+		// passed over for the next (two claims of the same types at once
+		// both take a whole batch).
 		branches := make([]string, n)
 		for i := range branches {
 			branches[i] = fmt.Sprintf(`(SELECT j.id, j.scheduled_run_time, j.priority FROM hipq_job j
-				WHERE j.queue = @queue AND j.job_type = @type_%d AND %s ORDER BY %s LIMIT @limit)`, i, dueSQL, order)
+				WHERE j.queue = @queue AND j.job_type = @type_%d AND %s ORDER BY %s LIMIT 2 * @limit::int)`, i, dueSQL, order)
 		}
 		read = fmt.Sprintf(`SELECT j.id, j.state, j.attempt, j.job_type, j.expires_at, j.time_windows, j.scheduled_run_time, j.priority
-			FROM (SELECT m.id FROM (%s) m ORDER BY %s LIMIT @limit) m
+			FROM (SELECT m.id, m.scheduled_run_time, m.priority FROM (%s) m ORDER BY %s LIMIT 2 * @limit::int) m
 			JOIN hipq_job j ON j.queue = @queue AND j.id = m.id
 			WHERE %s AND NOT EXISTS (SELECT 1 FROM hipq_queue q WHERE q.name = @queue AND q.paused)
-			FOR UPDATE OF j SKIP LOCKED`, strings.Join(branches, " UNION ALL "), orderSQL(o, "m"), dueSQL)
+			ORDER BY %s LIMIT @limit
+			FOR UPDATE OF j SKIP LOCKED`, strings.Join(branches, " UNION ALL "), orderSQL(o, "m"), dueSQL, orderSQL(o, "m"))
 	}
 	return fmt.Sprintf(`/* claim */ WITH c AS (%s
 	), moved AS (

@@ -179,6 +179,37 @@ func TestClaimUnboundedConcurrent(t *testing.T) {
 	}
 }
 
+// A claim of several types passes over the due jobs another transaction
+// holds (another instance's claim, say) and takes the next ones: a whole
+// batch, not what is left of the first batch's worth.
+func TestClaimOfTypesPassesOverHeldRows(t *testing.T) {
+	t.Parallel()
+	st := pgtest.New(t)
+	var js []*correlator.Job
+	for i := range 40 {
+		typ := "t"
+		if i%2 == 1 {
+			typ = "u"
+		}
+		js = append(js, job(fmt.Sprintf("j%02d", i), ofType(typ), at(time.Duration(100-i)*time.Second)))
+	}
+	insert(t, st, js...)
+	tx, err := st.Pool().Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	// The ten oldest, held.
+	if _, err := tx.Exec(ctx, `SELECT id FROM hipq_job ORDER BY scheduled_run_time LIMIT 10 FOR UPDATE`); err != nil {
+		t.Fatal(err)
+	}
+	c := claimWith(t, st, store.JobClaimParams{Limit: 10, Types: []string{"t", "u"}})
+	want := []string{"j10", "j11", "j12", "j13", "j14", "j15", "j16", "j17", "j18", "j19"}
+	if got := keys(c.Jobs); !slices.Equal(got, want) {
+		t.Fatalf("claimed %v beside ten held rows, want %v", got, want)
+	}
+}
+
 // A partition runs at most floor(limit × weight ÷ total), at least 1;
 // values not listed share the "*" weight as one pool, or with no "*" only
 // the queue limit bounds them.
