@@ -391,8 +391,10 @@ func (s *Store) claimUnbounded(ctx context.Context, p JobClaimParams) (Claim, er
 				out.Jobs = append(out.Jobs, r.claimed(p.Queue))
 				return nil
 			}
-			windowed = append(windowed, candidateOf(correlator.ClaimCandidate{ID: r.c.ID, State: correlator.State(r.state),
-				Attempt: r.c.Attempt, JobType: r.c.JobType, ExpiresAt: r.c.ExpiresAt}, r.windows))
+			w := candidateOf(correlator.ClaimCandidate{ID: r.c.ID, State: correlator.State(r.state),
+				Attempt: r.c.Attempt, JobType: r.c.JobType, ExpiresAt: r.c.ExpiresAt}, r.windows)
+			w.scheduled, w.priority = sched, prio
+			windowed = append(windowed, w)
 			return nil
 		})
 		return err
@@ -425,7 +427,7 @@ func (s *Store) claimUnbounded(ctx context.Context, p JobClaimParams) (Claim, er
 		var open []Claimed
 		b = &pgx.Batch{}
 		b.Queue("BEGIN")
-		claimWrite(b, p, &plan, &open)
+		claimWrite(b, p, &plan, windowed, &open)
 		b.Queue("COMMIT")
 		if s.pool.SendBatch(ctx, b).Close() == nil {
 			out.Jobs = append(out.Jobs, open...)
@@ -497,19 +499,21 @@ func unboundedSQL(o correlator.Order, n int) string {
 	) x ORDER BY %s`, read, claimColumns, orderSQL(o, "x"))
 }
 
-// claimWrite queues on b the write of plan: its takes moved to running,
-// each guarded by the state and attempt it was read in (compared with
-// the values read, not constants, so no partial index of due jobs is
-// walked instead of the key), with their attempt
+// claimWrite queues on b the write of plan, made of cands: its takes
+// moved to running, each guarded by the state, attempt and
+// scheduled_run_time it was read in (a job deferred since is not moved)
+// and by its expiry (compared with the values read, not with the
+// constants of a due job, so no partial index of due jobs is walked
+// instead of the key), with their attempt
 // rows and rate units, in one statement. The jobs moved are added to out,
 // in the plan's order: a job another writer moved since it was read is
 // not.
-func claimWrite(b *pgx.Batch, p JobClaimParams, plan *correlator.ClaimPlan, out *[]Claimed) {
+func claimWrite(b *pgx.Batch, p JobClaimParams, plan *correlator.ClaimPlan, cands []candidate, out *[]Claimed) {
 	n := len(plan.Take)
-	ids, states, atts := make([]int64, n), make([]string, n), make([]int32, n)
+	ids, states, atts, sched := make([]int64, n), make([]string, n), make([]int32, n), make([]time.Time, n)
 	pos := make(map[int64]int, n)
 	for i, t := range plan.Take {
-		ids[i], states[i], atts[i] = t.ID, string(t.State), int32(t.Attempt)
+		ids[i], states[i], atts[i], sched[i] = t.ID, string(t.State), int32(t.Attempt), cands[t.Index].scheduled
 		pos[t.ID] = i
 	}
 	rates, parts, jobs := []string{}, []string{}, []int64{}
@@ -519,6 +523,7 @@ func claimWrite(b *pgx.Batch, p JobClaimParams, plan *correlator.ClaimPlan, out 
 		}
 	}
 	b.Queue(claimWriteSQL, pgx.NamedArgs{"queue": p.Queue, "instance": p.Instance, "ids": ids, "states": states, "attempts": atts,
+		"scheduled":  sched,
 		"unit_rates": rates, "unit_parts": parts, "unit_jobs": jobs}).Query(func(rows pgx.Rows) error {
 		var r claimedRow
 		moved := make([]Claimed, 0, n)
@@ -536,12 +541,14 @@ func claimWrite(b *pgx.Batch, p JobClaimParams, plan *correlator.ClaimPlan, out 
 
 // claimWriteSQL is claimWrite's statement.
 const claimWriteSQL = `/* claim write */ WITH pick AS (
-	    SELECT * FROM unnest(@ids::bigint[], @states::text[], @attempts::int[]) AS p(id, state, attempt)
+	    SELECT * FROM unnest(@ids::bigint[], @states::text[], @attempts::int[], @scheduled::timestamptz[])
+	        AS p(id, state, attempt, scheduled_run_time)
 	), moved AS (
 	    UPDATE hipq_job j
 	    SET state = 'running', attempt = j.attempt + 1, started_at = now(), update_time = now(), error = 'NONE'
 	    FROM pick
 	    WHERE j.queue = @queue AND j.id = pick.id AND j.state = pick.state AND j.attempt = pick.attempt
+	      AND j.scheduled_run_time = pick.scheduled_run_time AND (j.expires_at IS NULL OR j.expires_at > now())
 	    RETURNING ` + claimColumns + `
 	), att AS (
 	    INSERT INTO hipq_attempt (queue, job_id, attempt, instance, dispatched_at)
@@ -788,7 +795,7 @@ func (s *Store) claimBounded(ctx context.Context, p JobClaimParams) (Claim, erro
 	// Round trip 3: the plan written, and the commit.
 	b = &pgx.Batch{}
 	if len(plan.Take) > 0 {
-		claimWrite(b, p, &plan, &out.Jobs)
+		claimWrite(b, p, &plan, cands, &out.Jobs)
 	}
 	b.Queue("COMMIT")
 	if err := conn.SendBatch(ctx, b).Close(); err != nil {

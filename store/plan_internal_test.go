@@ -352,7 +352,7 @@ func explainClaim(t *testing.T, conn *pgx.Conn, p JobClaimParams) int {
 		t.Fatal(err)
 	}
 	b = &pgx.Batch{}
-	claimWrite(b, p, &plan, &moved)
+	claimWrite(b, p, &plan, cands, &moved)
 	b.Queue("COMMIT")
 	if err := conn.SendBatch(ctx, b).Close(); err != nil {
 		t.Fatal(err)
@@ -1227,5 +1227,51 @@ func TestDueProbeReadsTheDueIndex(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// A claim's write moves only what is still as the claim read it: a job
+// deferred to its next window meanwhile (same state and attempt, another
+// scheduled_run_time) or past its expiry meanwhile is not moved.
+func TestClaimWriteSkipsJobsMovedSinceTheRead(t *testing.T) {
+	t.Parallel()
+	_, st := planStore(t)
+	ctx := context.Background()
+	if _, err := st.pool.Exec(ctx, `INSERT INTO hipq_job (queue, job_type, job_key, scheduled_run_time)
+		SELECT 'q', 't', k, now() - interval '1 minute' FROM unnest(ARRAY['deferred', 'expired', 'kept']) k`); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := st.pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	p := JobClaimParams{Queue: "q", Limit: 10, Instance: "i", Types: []string{"t"}, Throttle: correlator.Throttle{Limit: 100}}
+	narrow := correlator.NarrowClaim(p.Throttle, correlator.ClaimUsage{})
+	cands, err := claimRead(ctx, conn, p, &narrow, p.Limit, nil)
+	if err != nil || len(cands) != 3 {
+		t.Fatalf("read %d of 3 candidates: %v", len(cands), err)
+	}
+	in := correlator.ClaimInput{Throttle: p.Throttle, Batch: p.Limit, Now: time.Now()}
+	for _, c := range cands {
+		in.Candidates = append(in.Candidates, c.ClaimCandidate)
+	}
+	plan, err := correlator.PlanClaim(in)
+	if err != nil || len(plan.Take) != 3 {
+		t.Fatalf("plan takes %d of 3: %v", len(plan.Take), err)
+	}
+	if _, err := st.pool.Exec(ctx, `
+		UPDATE hipq_job SET scheduled_run_time = now() + interval '1 hour' WHERE job_key = 'deferred';
+		UPDATE hipq_job SET expires_at = now() - interval '1 second' WHERE job_key = 'expired'`); err != nil {
+		t.Fatal(err)
+	}
+	var moved []Claimed
+	b := &pgx.Batch{}
+	claimWrite(b, p, &plan, cands, &moved)
+	if err := conn.SendBatch(ctx, b).Close(); err != nil {
+		t.Fatal(err)
+	}
+	if len(moved) != 1 || moved[0].JobKey != "kept" {
+		t.Fatalf("moved %+v, want the job that stayed as read alone", moved)
 	}
 }
