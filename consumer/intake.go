@@ -170,7 +170,7 @@ func (in *Intake) reserve(jobs []store.IntakeJob) map[string]Reservation {
 	by := map[string][]int{}
 	for i := range jobs {
 		j := jobs[i].Job
-		if j.TimeWindows == nil && !at(j).After(now) && (j.ExpiresAt == nil || j.ExpiresAt.After(now)) {
+		if j.ClaimableAtIntake(now) {
 			by[j.Queue] = append(by[j.Queue], i)
 		}
 	}

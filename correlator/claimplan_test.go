@@ -413,3 +413,30 @@ func TestPlanClaimRefusesBadInput(t *testing.T) {
 		})
 	}
 }
+
+// Due and ClaimableAtIntake, the one definition of each in Go.
+func TestJobDueAndClaimableAtIntake(t *testing.T) {
+	now := time.Date(2026, 11, 27, 12, 0, 0, 0, time.UTC)
+	past, future := now.Add(-time.Minute), now.Add(time.Minute)
+	for _, tc := range []struct {
+		name           string
+		job            Job
+		due, claimable bool
+	}{
+		{"scheduled at once (zero)", Job{MaxAttempts: 1}, true, true},
+		{"its time come", Job{ScheduledRunTime: past, MaxAttempts: 1}, true, true},
+		{"its time exactly now", Job{ScheduledRunTime: now, MaxAttempts: 1}, true, true},
+		{"later", Job{ScheduledRunTime: future, MaxAttempts: 1}, false, false},
+		{"expired", Job{ExpiresAt: &past, MaxAttempts: 1}, false, false},
+		{"expiring exactly now", Job{ExpiresAt: &now, MaxAttempts: 1}, false, false},
+		{"expiring later", Job{ExpiresAt: &future, MaxAttempts: 1}, true, true},
+		{"windows of its own", Job{TimeWindows: []TimeWindow{{Start: "00:00", End: "23:59"}}, MaxAttempts: 1}, true, false},
+	} {
+		if got := tc.job.Due(now); got != tc.due {
+			t.Errorf("%s: Due %v, want %v", tc.name, got, tc.due)
+		}
+		if got := tc.job.ClaimableAtIntake(now); got != tc.claimable {
+			t.Errorf("%s: ClaimableAtIntake %v, want %v", tc.name, got, tc.claimable)
+		}
+	}
+}

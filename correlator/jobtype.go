@@ -225,3 +225,19 @@ func (jt *JobType) fits(j *Job) error {
 	}
 	return nil
 }
+
+// Due reports whether the job, waiting, may run at now: its time has come
+// (a zero ScheduledRunTime is at once) and it has not expired. (In SQL,
+// on PostgreSQL's clock, the store's dueSQL says the same.)
+func (j *Job) Due(now time.Time) bool {
+	return !j.ScheduledRunTime.After(now) && (j.ExpiresAt == nil || j.ExpiresAt.After(now))
+}
+
+// ClaimableAtIntake reports whether the new job may be claimed as it is
+// stored, as far as the job alone decides: due at now, and no time
+// windows of its own (the windows of its type, its queue's limits and the
+// room of the instance that would send it are its queue's and type's to
+// decide).
+func (j *Job) ClaimableAtIntake(now time.Time) bool {
+	return j.TimeWindows == nil && j.Due(now)
+}

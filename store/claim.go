@@ -185,8 +185,12 @@ func (s *Store) JobDefer(ctx context.Context, ds []Deferral) (int, error) {
 }
 
 // dueSQL is the one definition, in SQL, of a due job j: waiting (initial
-// or retry), its time come, not expired.
-const dueSQL = `j.state IN ('initial', 'retry') AND j.scheduled_run_time <= now() AND (j.expires_at IS NULL OR j.expires_at > now())`
+// or retry) and dueTimeSQL (correlator.Job.Due in Go).
+const dueSQL = `j.state IN ('initial', 'retry') AND ` + dueTimeSQL
+
+// dueTimeSQL says, on PostgreSQL's clock, that the time of a job j has
+// come and it has not expired.
+const dueTimeSQL = `j.scheduled_run_time <= now() AND (j.expires_at IS NULL OR j.expires_at > now())`
 
 // claimSettings are the claim's planner settings: every statement reaches
 // its rows through an index or by id, whatever the statistics say (taken

@@ -230,9 +230,11 @@ func scheduled(j *correlator.Job) *time.Time {
 // jobsInsert inserts jobs (unique per (type, key)) in one statement and
 // says, on that statement's snapshot, what became of each. Jobs that ask
 // to be claimed (IntakeJob.Claim) and may be are stored running, attempt
-// 1, with their attempt rows, as a claim stores them (no time windows,
-// due, not expired, their queue not paused and without a due job waiting),
-// and returned: one write of the row instead of an insert and a claim.
+// 1, with their attempt rows, as a claim stores them (claimable as the
+// job alone decides, correlator.Job.ClaimableAtIntake; still due on
+// PostgreSQL's clock; their queue not paused and without a due job
+// waiting), and returned: one write of the row instead of an insert and a
+// claim.
 func jobsInsert(ctx context.Context, tx pgx.Tx, jobs []IntakeJob, instance string) ([]acceptStatus, []Claimed, error) {
 	if len(jobs) == 0 {
 		return nil, nil, nil
@@ -246,6 +248,7 @@ func jobsInsert(ctx context.Context, tx pgx.Tx, jobs []IntakeJob, instance strin
 	tparents, tstates := make([]*string, n), make([]*string, n)
 	claim := make([]bool, n)
 	traced, claiming := false, false
+	now := time.Now()
 	for i, ij := range jobs {
 		j := ij.Job
 		tparents[i], tstates[i] = nullable(j.Trace.Parent), nullable(j.Trace.State)
@@ -258,8 +261,8 @@ func jobsInsert(ctx context.Context, tx pgx.Tx, jobs []IntakeJob, instance strin
 			w := string(b)
 			windows[i] = &w
 		}
-		claim[i] = ij.Claim
-		claiming = claiming || ij.Claim
+		claim[i] = ij.Claim && j.ClaimableAtIntake(now)
+		claiming = claiming || claim[i]
 	}
 	if !traced {
 		// No trace context in the batch: NULL arrays, which unnest pads
@@ -309,16 +312,16 @@ func jobsInsert(ctx context.Context, tx pgx.Tx, jobs []IntakeJob, instance strin
 		      SELECT 1 FROM t WHERE t.job_type IS NOT NULL
 		        -- (a scalar subquery with LIMIT 1: a probe per type, never
 		        -- a join that reads every due job)
-		        AND (SELECT j.id FROM hipq_job j WHERE j.queue = q.queue AND j.job_type = t.job_type
-		             AND j.state IN ('initial', 'retry') AND j.scheduled_run_time <= now()
+		        AND (SELECT j.id FROM hipq_job j WHERE j.queue = q.queue AND j.job_type = t.job_type AND `+dueSQL+`
 		             -- (in time order: the type's range of the due index by
 		             -- time, never the one by priority, which holds its waiting
 		             -- jobs, a day ahead or not, before its due ones)
 		             ORDER BY j.scheduled_run_time LIMIT 1) IS NOT NULL)
 		), m AS (
-		  SELECT n.*, coalesce(n.claim, false) AND n.time_windows IS NULL AND n.max_attempts >= 1
-		              AND coalesce(n.scheduled_run_time, now()) <= now() AND (n.expires_at IS NULL OR n.expires_at > now())
-		              AND n.queue IN (SELECT queue FROM open) AS run
+		  -- (Claimable as far as the job alone decides, by this process's
+		  -- clock: claim; still due by PostgreSQL's.)
+		  SELECT n.*, coalesce(n.claim, false) AND n.queue IN (SELECT queue FROM open)
+		              AND (SELECT `+dueTimeSQL+` FROM (SELECT coalesce(n.scheduled_run_time, now()) AS scheduled_run_time, n.expires_at) j) AS run
 		  FROM n
 		), ins AS (
 		  INSERT INTO hipq_job (queue, job_type, job_key, job_data, max_attempts, priority, throttle_factor,

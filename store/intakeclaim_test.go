@@ -141,3 +141,20 @@ func TestIntakeClaimNeverSentIsRescued(t *testing.T) {
 	}
 	wantState(t, get(t, st, "lost"), correlator.StateInitial, "", 0)
 }
+
+// A waiting job past its expiry is no due job that comes first: it will
+// never be claimed (the sweeper ends it), so it does not keep a new due
+// job of its queue from being claimed as it is stored.
+func TestIntakeClaimsBesideAnExpiredWaitingJob(t *testing.T) {
+	t.Parallel()
+	st := pgtest.New(t)
+	past := time.Now().Add(-time.Minute)
+	insert(t, st, job("expired", func(j *correlator.Job) { j.ScheduledRunTime = past.Add(-time.Hour); j.ExpiresAt = &past }))
+	res, err := st.IntakeApply(ctx, claimAll(intakeBatch(-1, 1, job("new"))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := keysOf(res.Claimed); !slices.Equal(got, []string{"new"}) {
+		t.Fatalf("claimed %v beside an expired waiting job, want the new one", got)
+	}
+}

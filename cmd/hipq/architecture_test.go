@@ -83,6 +83,31 @@ func TestQueueOrderIsDefinedOnce(t *testing.T) {
 	}
 }
 
+// "Due" (waiting, its time come, not expired) has one definition in Go,
+// correlator.Job.Due, and one in SQL, the store's dueTimeSQL (and dueSQL
+// from it); "claimable at intake" one, correlator.Job.ClaimableAtIntake.
+func TestDueIsDefinedOnce(t *testing.T) {
+	for _, c := range []struct {
+		what, home string
+		match      func(string) bool
+	}{
+		{"a job's expiry judged in Go", filepath.Join("correlator", "jobtype.go"), func(l string) bool {
+			return strings.Contains(l, "ExpiresAt.After(") || strings.Contains(l, "ExpiresAt.Before(")
+		}},
+		{"a due job's time judged in SQL", filepath.Join("store", "claim.go"), func(l string) bool {
+			return strings.Contains(l, "scheduled_run_time <= now()")
+		}},
+		{"a job's own windows judged for a claim at intake", filepath.Join("correlator", "jobtype.go"), func(l string) bool {
+			return strings.Contains(l, "TimeWindows == nil &&")
+		}},
+	} {
+		found := goLines(t, c.match)
+		if len(found) != 1 || !strings.Contains(found[0], c.home+":") {
+			t.Errorf("%s at %v; it belongs in %s alone", c.what, found, c.home)
+		}
+	}
+}
+
 // goLines lists, as path:line, the lines of the repository's non-test Go
 // files that match.
 func goLines(t *testing.T, match func(line string) bool) []string {
