@@ -30,6 +30,11 @@ type ClaimNarrow struct {
 	// FullParts are the full windows of rates with a Path: jobs whose part
 	// is listed (of the rate's Type, when it has one) cannot be taken.
 	FullParts []FullRateParts
+	// Most is the most jobs a claim can take: the room left under the
+	// queue's Limit when it has no critical type (every job weighs at
+	// least 1), else math.MaxInt32. A read needs no more candidates than
+	// it takes, but for those a limit passes over.
+	Most int
 }
 
 // FullRateParts are the full windows of one rate with a Path.
@@ -44,7 +49,7 @@ type FullRateParts struct {
 func NarrowClaim(t Throttle, u ClaimUsage) ClaimNarrow {
 	in := ClaimInput{Throttle: t, Usage: u}
 	w := newClaimWalk(&in)
-	n := ClaimNarrow{MaxFactor: math.MaxInt32}
+	n := ClaimNarrow{MaxFactor: math.MaxInt32, Most: math.MaxInt32}
 	if !w.bounded {
 		return n
 	}
@@ -53,6 +58,9 @@ func NarrowClaim(t Throttle, u ClaimUsage) ClaimNarrow {
 	}
 	if t.Limit >= 1 {
 		n.MaxFactor = max(t.Limit-u.Used, 0)
+		if len(t.Critical) == 0 {
+			n.Most = n.MaxFactor
+		}
 	}
 	for name, most := range t.MaxConcurrency {
 		if u.Running[name] >= most {

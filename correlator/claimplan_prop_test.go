@@ -560,6 +560,9 @@ func TestNarrowClaimChangesNoPlan(t *testing.T) {
 				left++
 			}
 		}
+		if len(full.Take) > n.Most {
+			t.Fatalf("iteration %d: the plan takes %d jobs, the narrowing says at most %d\ninput %+v", iter, len(full.Take), n.Most, in)
+		}
 		for _, take := range full.Take {
 			if n.Skips(&in.Throttle, &in.Candidates[take.Index]) {
 				t.Fatalf("iteration %d: the narrowing leaves out job %d, which the plan takes\ninput %+v\nnarrow %+v", iter, take.ID, in, n)

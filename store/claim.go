@@ -748,13 +748,9 @@ func (s *Store) claimBounded(ctx context.Context, p JobClaimParams) (Claim, erro
 	}
 
 	// Round trip 2 (and more, while the plan would take jobs past the
-	// read): the due jobs the limits leave room for, in the queue's order.
-	fetch := p.Limit
-	if t.CountsRunning() {
-		// Limits that pass jobs over read more than the batch; rates alone
-		// need not (a walk that fills a window reads again without it).
-		fetch = max(p.Limit*4, 1000)
-	}
+	// read): the due jobs the limits leave room for, in the queue's order,
+	// as many as the claim could still take (a walk that passes some over
+	// reads on after them).
 	var cands []candidate
 	var plan correlator.ClaimPlan
 	usage := in.Usage
@@ -767,6 +763,7 @@ func (s *Store) claimBounded(ctx context.Context, p JobClaimParams) (Claim, erro
 		if len(cands) > 0 {
 			after = &cands[len(cands)-1]
 		}
+		fetch := min(p.Limit-len(plan.Take), narrow.Most)
 		read, err := claimRead(ctx, conn, p, &narrow, fetch, after)
 		if err != nil {
 			return Claim{}, err
