@@ -154,9 +154,9 @@ func NextAllowed(windows []TimeWindow, t time.Time) time.Time {
 // CompileStored compiles windows read back from storage (checked when the
 // job was taken in, so an error means this build cannot evaluate them: a
 // zone its time zone data lacks). A window that does not compile is taken
-// as open all day, as PostgreSQL's claim takes a window it cannot
-// evaluate, so the two never disagree about it; the first error is
-// returned for the caller to log.
+// as open all day, by the claim and by retry scheduling alike, so a job
+// is never held back by time zone data this build lacks; the first error
+// is returned for the caller to log.
 func CompileStored(ws []TimeWindow) error {
 	var first error
 	for i := range ws {

@@ -125,7 +125,7 @@ func (d *Dispatcher) claim(ctx context.Context, q QueueConfig, types []string, l
 		d.wakeAt(time.Now().Add(claim.RateFreeAt.Sub(claim.Now())))
 	}
 	n := len(claim.Jobs) + len(claim.Closed)
-	more := n == limit
+	more := n >= limit // (a bounded claim may also return the jobs it deferred)
 	result := "empty"
 	if n > 0 {
 		result = "claimed"

@@ -42,9 +42,9 @@ type Claimed struct {
 	TimeoutSeconds int
 	ExpiresAt      *time.Time
 	TimeWindows    []correlator.TimeWindow
-	// WindowsErr says why the job's own time windows could not be read
-	// (they are then left out of its retry scheduling; the claim, which
-	// reads them in PostgreSQL, still applies them).
+	// WindowsErr says why the job's own time windows could not be read:
+	// the claim took them as open all day, and so does its retry
+	// scheduling.
 	WindowsErr error
 	// Trace holds the headers that carry the send span's context (tracing
 	// on): the transports write them on the request.
@@ -749,8 +749,10 @@ func (s *Store) claimBounded(ctx context.Context, p JobClaimParams) (Claim, erro
 
 	// Round trip 2 (and more, while the plan would take jobs past the
 	// read): the due jobs the limits leave room for, in the queue's order,
-	// as many as the claim could still take (a walk that passes some over
-	// reads on after them).
+	// as many as the claim could still take; should the walk pass jobs
+	// over (a partition with less room than they weigh, jobs outside their
+	// windows), it reads on after them, up to max(4 x batch, 1000) at a
+	// time, so no backlog it passes over starves the jobs behind it.
 	var cands []candidate
 	var plan correlator.ClaimPlan
 	usage := in.Usage
@@ -764,6 +766,9 @@ func (s *Store) claimBounded(ctx context.Context, p JobClaimParams) (Claim, erro
 			after = &cands[len(cands)-1]
 		}
 		fetch := min(p.Limit-len(plan.Take), narrow.Most)
+		if pass > 0 {
+			fetch = max(p.Limit*4, 1000)
+		}
 		read, err := claimRead(ctx, conn, p, &narrow, fetch, after)
 		if err != nil {
 			return Claim{}, err

@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sort"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -208,6 +209,69 @@ func TestClaimOfTypesPassesOverHeldRows(t *testing.T) {
 	if got := keys(c.Jobs); !slices.Equal(got, want) {
 		t.Fatalf("claimed %v beside ten held rows, want %v", got, want)
 	}
+}
+
+// A partition with room left, but less than its jobs weigh, starves no
+// other: beside 2,000 older jobs of a partition running 48 of its 50, each
+// weighing 3, a claim reads on past them and takes the other partition's.
+// Neither does a backlog of jobs outside their time windows hold up the
+// jobs behind it in a busy queue.
+func TestClaimReadsPastJobsItPassesOver(t *testing.T) {
+	t.Parallel()
+	t.Run("shares", func(t *testing.T) {
+		t.Parallel()
+		st := pgtest.New(t)
+		s, err := correlator.NewShares("/region", map[string]int{"a": 1, "b": 1}, 100)
+		if err != nil {
+			t.Fatal(err)
+		}
+		th := correlator.Throttle{Limit: 100, Shares: s}
+		var js []*correlator.Job
+		for i := range 16 {
+			js = append(js, job(fmt.Sprintf("run-%02d", i), region("a"), factor(3), at(3*time.Hour)))
+		}
+		insert(t, st, js...)
+		if c := claimWith(t, st, store.JobClaimParams{Limit: 16, Throttle: th}); len(c.Jobs) != 16 {
+			t.Fatalf("claimed %d of a's 16 running jobs", len(c.Jobs))
+		}
+		js = nil
+		for i := range 2000 {
+			js = append(js, job(fmt.Sprintf("a-%04d", i), region("a"), factor(3), at(2*time.Hour)))
+		}
+		for i := range 100 {
+			js = append(js, job(fmt.Sprintf("b-%03d", i), region("b"), at(time.Hour)))
+		}
+		insert(t, st, js...)
+		c := claimWith(t, st, store.JobClaimParams{Limit: 500, Throttle: th})
+		if len(c.Jobs) != 50 || !strings.HasPrefix(c.Jobs[0].JobKey, "b-") {
+			t.Fatalf("claimed %d jobs (%v), want b's 50", len(c.Jobs), keys(c.Jobs)[:min(3, len(c.Jobs))])
+		}
+	})
+	t.Run("windows", func(t *testing.T) {
+		t.Parallel()
+		st := pgtest.New(t)
+		now := time.Now().UTC()
+		closed := []correlator.TimeWindow{{Start: now.Add(-2 * time.Hour).Format("15:04"), End: now.Add(-time.Hour).Format("15:04"), TZ: "UTC"}}
+		th := correlator.Throttle{Limit: 10}
+		var js []*correlator.Job
+		for i := range 9 {
+			js = append(js, job(fmt.Sprintf("run-%d", i), at(3*time.Hour)))
+		}
+		insert(t, st, js...)
+		if c := claimWith(t, st, store.JobClaimParams{Limit: 9, Throttle: th}); len(c.Jobs) != 9 {
+			t.Fatalf("claimed %d of 9 running jobs", len(c.Jobs))
+		}
+		js = nil
+		for i := range 500 {
+			js = append(js, job(fmt.Sprintf("closed-%03d", i), at(2*time.Hour), func(j *correlator.Job) { j.TimeWindows = closed }))
+		}
+		js = append(js, job("open", at(time.Hour)))
+		insert(t, st, js...)
+		c := claimWith(t, st, store.JobClaimParams{Limit: 100, Throttle: th})
+		if got := keys(c.Jobs); !slices.Equal(got, []string{"open"}) {
+			t.Fatalf("claimed %v behind 500 jobs outside their windows, want the open one", got)
+		}
+	})
 }
 
 // A partition runs at most floor(limit × weight ÷ total), at least 1;
