@@ -231,3 +231,23 @@ func TestMigrateConcurrentlyAppliesRepeatablesOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// No migration defines a function that decides the claim: it is decided
+// in Go (correlator.PlanClaim), and the migrations hold no copy of a
+// claim function, old or new; version 20 drops any a database holds.
+func TestNoMigrationDefinesTheClaim(t *testing.T) {
+	ms, err := store.Migrations()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs, err := store.Repeatables()
+	if err != nil {
+		t.Fatal(err)
+	}
+	def := regexp.MustCompile(`(?i)\b(CREATE\s+(OR\s+REPLACE\s+)?|ALTER\s+)FUNCTION\s+hipq_(claim|window_open)\b`)
+	for _, m := range append(ms, rs...) {
+		if f := def.FindString(sqlCode(m)); f != "" {
+			t.Errorf("%s has %q: the claim is decided in Go, no SQL function decides it", m, f)
+		}
+	}
+}

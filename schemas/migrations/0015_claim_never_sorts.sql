@@ -1,5 +1,5 @@
 -- hipq schema, version 15: the claim's plans no longer follow statistics.
--- Every statement of hipq_claim reaches its rows through an index or by
+-- Every statement of the claim function reached its rows through an index or by
 -- tuple id: the pick reads the first due jobs of the queue's order from
 -- that order's due index (hipq_job_due_sched or hipq_job_due_prio), which
 -- costs the batch and the rows it skips (locked by another claim, outside
@@ -14,11 +14,9 @@
 -- sort (returning the claimed jobs in their order) still runs one, and so
 -- costs more than jit_above_cost: JIT is off for the function too (it
 -- compiled them at every call, 400 ms a claim). A later CREATE OR REPLACE
--- of hipq_claim resets these settings and must repeat them
--- (TestClaimFastPathPlans checks them).
-ALTER FUNCTION hipq_claim(text, text, int, text, text[], jsonb, int, text[], jsonb, text[], jsonb, int, jsonb)
-    SET enable_sort = off;
-ALTER FUNCTION hipq_claim(text, text, int, text, text[], jsonb, int, text[], jsonb, text[], jsonb, int, jsonb)
-    SET enable_seqscan = off;
-ALTER FUNCTION hipq_claim(text, text, int, text, text[], jsonb, int, text[], jsonb, text[], jsonb, int, jsonb)
-    SET jit = off;
+-- of hipq_claim reset these settings. (The claim's statements now set
+-- them in the claim's own transaction.)
+
+-- (The claim's SQL function that this version defined or changed is no
+-- longer kept here: the claim is decided in Go since version 20, which drops
+-- whatever version of it a database holds.)

@@ -15,9 +15,9 @@
 -- reads is bounded by the windows that count, not by every value ever
 -- seen.
 --
--- The claim that writes and reads these rows is hipq_claim, defined in
--- schemas/repeatable/hipq_claim.sql and applied after the versioned
--- migrations.
+-- The claim that writes and reads these rows was then hipq_claim, a
+-- repeatable migration; since version 20 it is the store's statements,
+-- and the domain decides it.
 ALTER TABLE hipq_rate_unit ADD COLUMN IF NOT EXISTS queue text;
 ALTER TABLE hipq_rate_unit ADD COLUMN IF NOT EXISTS claimed_at timestamptz;
 -- An undo finds whether its claim has units still counting by this.
