@@ -178,7 +178,8 @@ type Dispatcher struct {
 	// stopping: Run is draining; no more room is reserved for the intake.
 	stopping bool
 	// backlog: queues whose last round claimed a full batch (more may be
-	// due): the intake reserves no room in them, the backlog comes first.
+	// due), or whose limits held due jobs back (store.Claim.Held): the
+	// intake reserves no room in them, the backlog comes first.
 	backlog map[string]bool
 }
 

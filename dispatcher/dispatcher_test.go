@@ -245,19 +245,33 @@ func TestNoClaimWithoutDueJobs(t *testing.T) {
 		t.Fatalf("rounds: %v claimed, %v empty, %v nothing due; want 2, 0, 4", rounds("claimed"), rounds("empty"), rounds("nothing_due"))
 	}
 
-	// With a throttle: no probe, the claim is asked.
+	// With limits too: a probe, and no claim lock taken, while nothing is
+	// due; once the limit holds due jobs back, the claim is asked without
+	// a probe until it holds none.
 	routes := map[string]dispatcher.KafkaRoute{"alo": {Topic: topic}}
 	s := dispatcher.NewKafkaSender(cl, routes)
 	lm := metrics.New()
 	ld := dispatcher.New(zaptest.NewLogger(t), st, dispatcher.Config{Instance: "test", BatchSize: 100, Metrics: lm,
-		Queues: []dispatcher.QueueConfig{{Name: "default", Throttle: correlator.Throttle{Limit: 1000}}}, Types: types(),
+		Queues: []dispatcher.QueueConfig{{Name: "default", Throttle: correlator.Throttle{Limit: 151}}}, Types: types(),
 		Senders: map[string]dispatcher.Sender{"alo": s}})
+	lrounds := func(result string) float64 {
+		return testutil.ToFloat64(lm.ClaimRounds.WithLabelValues("default", result))
+	}
 	if n, err := ld.RunOnce(ctx); err != nil || n != 0 {
 		t.Fatalf("claimed %d, err %v", n, err)
 	}
-	if e, nd := testutil.ToFloat64(lm.ClaimRounds.WithLabelValues("default", "empty")),
-		testutil.ToFloat64(lm.ClaimRounds.WithLabelValues("default", "nothing_due")); e != 1 || nd != 0 {
-		t.Fatalf("a throttled queue: %v empty claims, %v rounds with nothing due; want 1, 0", e, nd)
+	if lrounds("empty") != 0 || lrounds("nothing_due") != 1 {
+		t.Fatalf("a throttled queue: %v empty claims, %v rounds with nothing due; want 0, 1", lrounds("empty"), lrounds("nothing_due"))
+	}
+	insertIn(t, st, "default", "alo", "more", 3) // (150 running: room for one)
+	for _, want := range []int{1, 0} {
+		if n, err := ld.RunOnce(ctx); err != nil || n != want {
+			t.Fatalf("claimed %d, err %v; want %d", n, err, want)
+		}
+	}
+	if lrounds("claimed") != 1 || lrounds("empty") != 1 || lrounds("nothing_due") != 1 {
+		t.Fatalf("a throttled queue holding jobs back: %v claimed, %v empty, %v nothing due; want 1, 1, 1",
+			lrounds("claimed"), lrounds("empty"), lrounds("nothing_due"))
 	}
 }
 

@@ -24,24 +24,22 @@ type Reservation struct {
 // Reserve holds room in flight for new jobs of queue (jobTypes: one entry
 // per job), to be claimed as the intake stores them and sent by this
 // dispatcher: so a fresh due job is written once (running) instead of
-// inserted and then claimed. Only a queue without limits (throttle,
-// per-type caps, rates) qualifies, and only types this instance sends,
-// whose neighbour is not backing off, without time windows or a cap of
-// their own in flight: everything else is claimed as usual. It holds room
-// for the jobs of those types only, at most a batch (BatchSize), and none
-// while the queue has a backlog (the dispatcher's last round claimed a
-// full batch: those jobs come first, and need the room). It returns nil
-// when there is no room, the queue is not served here, or the dispatcher
-// is stopping.
+// inserted and then claimed. Only types this instance sends qualify, whose
+// neighbour is not backing off, without time windows or a cap of their own
+// in flight: everything else is claimed as usual. In a queue with limits
+// (throttle, shares, per-type concurrency, rates) the store claims under
+// them (Limits). It holds room for the jobs of those types only, at most a
+// batch (BatchSize), and none while the queue has a backlog (the
+// dispatcher's last round claimed a full batch, or, in a queue with
+// limits, left due jobs waiting for room: those jobs come first). It
+// returns nil when there is no room, the queue is not served here, or the
+// dispatcher is stopping.
 func (d *Dispatcher) Reserve(queue string, jobTypes []string) *Reservation {
 	i := slices.IndexFunc(d.cfg.Queues, func(q QueueConfig) bool { return q.Name == queue })
 	if i < 0 || len(jobTypes) == 0 {
 		return nil
 	}
 	q := d.cfg.Queues[i]
-	if q.Throttle.Bounded() {
-		return nil
-	}
 	open, _ := d.sendable(q)
 	types := map[string]bool{}
 	for _, name := range open {
@@ -74,6 +72,15 @@ func (d *Dispatcher) Reserve(queue string, jobTypes []string) *Reservation {
 // Order is the order of the reservation's queue: the intake claims the
 // jobs of a batch in it when they outnumber the room.
 func (r *Reservation) Order() correlator.Order { return r.queue.Order }
+
+// Limits are the limits of the reservation's queue (nil: none), under
+// which the store claims the jobs as it stores them.
+func (r *Reservation) Limits() *store.IntakeLimits {
+	if !r.queue.Throttle.Bounded() {
+		return nil
+	}
+	return &store.IntakeLimits{Throttle: r.queue.Throttle, Order: r.queue.Order}
+}
 
 // Room is how many jobs the reservation holds room for.
 func (r *Reservation) Room() int { return r.n }

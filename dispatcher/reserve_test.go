@@ -18,9 +18,9 @@ import (
 )
 
 // The intake claims due jobs as it stores them only under room the
-// dispatcher reserved: never more than MaxInFlight in all, only in a
-// queue without limits, only of types this instance sends with no time
-// windows; given back on release. What it claimed is sent and recorded
+// dispatcher reserved: never more than MaxInFlight in all, under the
+// queue's limits when it has some, only of types this instance sends with
+// no time windows; given back on release. What it claimed is sent and recorded
 // like any claim, and a dispatcher that is stopping reserves nothing.
 func TestReserveBoundsTheIntakeClaims(t *testing.T) {
 	t.Parallel()
@@ -30,19 +30,25 @@ func TestReserveBoundsTheIntakeClaims(t *testing.T) {
 	tys["windowed"] = &correlator.JobType{Name: "windowed", Queue: "default", Delivery: correlator.AtLeastOnce, Retry: correlator.NoRetry,
 		Windows: []correlator.TimeWindow{{Start: "00:00", End: "23:59"}}}
 	tys["unsendable"] = &correlator.JobType{Name: "unsendable", Queue: "default", Retry: correlator.NoRetry}
+	tys["limited"] = &correlator.JobType{Name: "limited", Queue: "held", Delivery: correlator.AtLeastOnce, Retry: correlator.NoRetry}
 	s := dispatcher.NewKafkaSender(cl, map[string]dispatcher.KafkaRoute{"alo": {Topic: topic}, "amo": {Topic: topic}, "windowed": {Topic: topic}})
 	d := dispatcher.New(zaptest.NewLogger(t), st, dispatcher.Config{Instance: "test", BatchSize: 100, MaxInFlight: 10,
 		Queues: []dispatcher.QueueConfig{{Name: "default"}, {Name: "held", Throttle: correlator.Throttle{Limit: 5}}}, Types: tys,
-		Senders: map[string]dispatcher.Sender{"alo": s, "amo": s, "windowed": s}})
+		Senders: map[string]dispatcher.Sender{"alo": s, "amo": s, "windowed": s, "limited": s}})
 	alo := func(n int) []string { return slices.Repeat([]string{"alo"}, n) }
-	if d.Reserve("held", alo(3)) != nil || d.Reserve("nowhere", alo(3)) != nil {
-		t.Fatal("room reserved in a queue with limits, or one not served")
+	if d.Reserve("nowhere", alo(3)) != nil {
+		t.Fatal("room reserved in a queue not served")
+	}
+	if h := d.Reserve("held", []string{"limited"}); h == nil || h.Limits() == nil || h.Limits().Throttle.Limit != 5 {
+		t.Fatalf("reservation in a queue with limits: %+v, want its limits", h)
+	} else {
+		h.Release()
 	}
 	if d.Reserve("default", []string{"windowed", "unsendable"}) != nil {
 		t.Fatal("room reserved for jobs of types it may not claim")
 	}
 	r := d.Reserve("default", append(alo(4), "windowed"))
-	if r == nil || r.Room() != 4 || !r.Takes("alo") || !r.Takes("amo") || r.Takes("windowed") || r.Takes("unsendable") {
+	if r == nil || r.Room() != 4 || r.Limits() != nil || !r.Takes("alo") || !r.Takes("amo") || r.Takes("windowed") || r.Takes("unsendable") {
 		t.Fatalf("reservation %+v", r)
 	}
 	r2 := d.Reserve("default", alo(100))
@@ -202,6 +208,40 @@ func TestNoReservationBesideABacklog(t *testing.T) {
 	}
 	if r := d.Reserve("default", []string{"alo"}); r == nil {
 		t.Fatal("no room reserved once the backlog drained")
+	} else {
+		r.Release()
+	}
+}
+
+// In a queue with limits, while the dispatcher's last claim left due jobs
+// waiting for room (the queue full: store.Claim.Held), the intake reserves
+// no room there: those jobs come first. Once a claim finds room for all
+// that is due, it does again.
+func TestNoReservationWhileLimitsHoldJobs(t *testing.T) {
+	t.Parallel()
+	st := pgtest.New(t)
+	g := &gate{held: make(chan struct{}, 1), open: make(chan struct{})}
+	d := dispatcher.New(zaptest.NewLogger(t), st, dispatcher.Config{Instance: "test", BatchSize: 50, MaxInFlight: 50,
+		Queues: []dispatcher.QueueConfig{{Name: "default", Throttle: correlator.Throttle{Limit: 3}}}, Types: types(),
+		Senders: map[string]dispatcher.Sender{"alo": g}})
+	insert(t, st, "alo", 5)
+	close(g.open)
+	if n, err := d.RunOnce(ctx); err != nil || n != 3 {
+		t.Fatalf("claimed %d (%v), want the limit, 3", n, err)
+	}
+	if r := d.Reserve("default", []string{"alo"}); r != nil {
+		r.Release()
+		t.Fatal("room reserved while the limit holds due jobs back")
+	}
+	// The three end; the next round claims the two left, and nothing is held.
+	if _, err := st.Pool().Exec(ctx, `UPDATE hipq_job SET state = 'final', outcome = 'succeeded', update_time = now() WHERE state = 'running'`); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := d.RunOnce(ctx); err != nil || n != 2 {
+		t.Fatalf("claimed %d (%v), want the 2 left", n, err)
+	}
+	if r := d.Reserve("default", []string{"alo"}); r == nil {
+		t.Fatal("no room reserved once the limit held nothing back")
 	} else {
 		r.Release()
 	}

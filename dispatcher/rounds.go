@@ -59,18 +59,18 @@ func (d *Dispatcher) round(ctx context.Context, q QueueConfig) (int, bool, error
 	if len(types) == 0 {
 		return 0, false, nil
 	}
-	// In a queue without limits whose last round did not claim a full
-	// batch, most wake-ups (a batch stored and claimed by the intake, a
-	// delivery recorded, a job ended) find nothing due. A probe says so for
-	// a tenth of a claim's cost, and is wider than the claim (the same
-	// due jobs, whatever their windows), so it never keeps a due job from
-	// its claim. (In a queue with limits a claim often finds nothing while
-	// jobs are due, waiting for a slot: a probe would only add to it.) A
-	// failed probe leaves the answer to the claim.
+	// In a queue whose last round did not claim a full batch nor leave
+	// due jobs waiting for room under its limits, most wake-ups (a batch
+	// stored and claimed by the intake, a delivery recorded, a job ended)
+	// find nothing due. A probe says so for a tenth of a claim's cost,
+	// without the claim lock of a queue with limits (which the intake's
+	// claims wait for), and is wider than the claim (the same due jobs,
+	// whatever their windows and limits), so it never keeps a due job
+	// from its claim. A failed probe leaves the answer to the claim.
 	d.mu.Lock()
 	full := d.backlog[q.Name]
 	d.mu.Unlock()
-	if !full && !q.Throttle.Bounded() {
+	if !full {
 		due, err := d.st.JobsDue(ctx, q.Name, types)
 		if err != nil {
 			d.log.Debug("probe for due jobs failed; claiming", zap.String("queue", q.Name), zap.Error(err))
@@ -79,7 +79,7 @@ func (d *Dispatcher) round(ctx context.Context, q QueueConfig) (int, bool, error
 			return 0, false, nil
 		}
 	}
-	total, more, ran := 0, false, false
+	total, more, held, ran := 0, false, false, false
 	var errs []error
 	claim := func(types []string, limit int) {
 		if len(types) == 0 {
@@ -92,9 +92,9 @@ func (d *Dispatcher) round(ctx context.Context, q QueueConfig) (int, bool, error
 		if limit <= 0 {
 			return // a delivery finishing wakes the dispatcher
 		}
-		n, full, err := d.claim(ctx, q, types, limit)
+		n, full, h, err := d.claim(ctx, q, types, limit)
 		d.room.release(limit)
-		total, more, ran = total+n, more || full, true
+		total, more, held, ran = total+n, more || full, held || h, true
 		if err != nil {
 			errs = append(errs, err)
 		}
@@ -107,19 +107,21 @@ func (d *Dispatcher) round(ctx context.Context, q QueueConfig) (int, bool, error
 	}
 	if ran { // (no room, no claim: whether work is left is not known)
 		d.mu.Lock()
-		d.backlog[q.Name] = more
+		d.backlog[q.Name] = more || held
 		d.mu.Unlock()
 	}
 	return total, more, errors.Join(errs...)
 }
 
 // claim claims up to limit due jobs of the given types and starts their
-// deliveries.
-func (d *Dispatcher) claim(ctx context.Context, q QueueConfig, types []string, limit int) (int, bool, error) {
+// deliveries. It returns how many jobs it claimed or deferred, whether
+// that was the limit (more may be due), and whether the queue's limits
+// held due jobs back (store.Claim.Held).
+func (d *Dispatcher) claim(ctx context.Context, q QueueConfig, types []string, limit int) (int, bool, bool, error) {
 	claim, err := d.st.JobClaim(ctx, store.JobClaimParams{Queue: q.Name, Order: q.Order, Limit: limit,
 		Instance: d.cfg.Instance, Types: types, Throttle: q.Throttle, TypeWindows: d.typeWindows})
 	if err != nil {
-		return 0, false, err
+		return 0, false, false, err
 	}
 	if !claim.RateFreeAt.IsZero() {
 		d.wakeAt(time.Now().Add(claim.RateFreeAt.Sub(claim.Now())))
@@ -135,7 +137,7 @@ func (d *Dispatcher) claim(ctx context.Context, q QueueConfig, types []string, l
 		add(d.m.Claimed.WithLabelValues(q.Name), len(claim.Jobs))
 		d.dispatch(ctx, q, claim.Jobs)
 	}
-	return n, more, d.deferClosed(ctx, q, &claim)
+	return n, more, claim.Held, d.deferClosed(ctx, q, &claim)
 }
 
 // deferClosed moves due jobs found outside their time windows to their next

@@ -100,6 +100,10 @@ type Claim struct {
 	// RateFreeAt, on PostgreSQL's clock, is when the earliest full rate
 	// window frees (zero: none is full, or all its units are in flight).
 	RateFreeAt time.Time
+	// Held says a claim of a queue with limits left due jobs waiting for
+	// room: the queue was full, or the plan passed jobs over. New jobs of
+	// the queue come after them.
+	Held bool
 }
 
 // Now estimates PostgreSQL's clock now (see Claimed.DBNow).
@@ -662,25 +666,14 @@ const rateGivebackSQL = `DELETE FROM hipq_rate_giveback g
 // hipq takes, so a rolling upgrade never runs two claimers at once).
 const claimLockSQL = `SELECT pg_advisory_xact_lock(hashtextextended('hipq_claim/' || current_schema() || '/' || @queue, 0))`
 
-// claimBounded claims a queue with limits (see JobClaim).
-func (s *Store) claimBounded(ctx context.Context, p JobClaimParams) (Claim, error) {
-	conn, err := s.pool.Acquire(ctx)
-	if err != nil {
-		return Claim{}, err
-	}
-	committed := false
-	defer func() {
-		if !committed {
-			// A transaction cut short is rolled back before the connection
-			// is used again (one the pool cannot tell idle is closed).
-			rctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			_, _ = conn.Exec(rctx, "ROLLBACK")
-			cancel()
-		}
-		conn.Release()
-	}()
-	t := &p.Throttle
-	in := correlator.ClaimInput{Throttle: p.Throttle, Batch: p.Limit, TypeWindows: p.TypeWindows}
+// queueUsage queues, on b, what a claim of a queue with limits (in.Throttle)
+// reads first: the queue's claim lock, then, under it, PostgreSQL's clock
+// (in.Now) and whether the queue is paused, its rate units settled and the
+// rate windows that count, and its running jobs' usage (in.Usage). What it
+// read holds until the transaction ends: every claim of the queue, the
+// dispatcher's or the intake's, takes the lock first.
+func queueUsage(b *pgx.Batch, queue string, in *correlator.ClaimInput, paused *bool) {
+	t := &in.Throttle
 	keys, secs := make([]string, len(t.Rates)), make([]float64, len(t.Rates))
 	period := map[string]time.Duration{}
 	for i, r := range t.Rates {
@@ -690,18 +683,12 @@ func (s *Store) claimBounded(ctx context.Context, p JobClaimParams) (Claim, erro
 	if t.Shares != nil && t.Limit >= 1 {
 		sharePath = t.Shares.Path
 	}
-
-	// Round trip 1: the lock, the rate units settled, and what counts.
-	var paused bool
-	b := &pgx.Batch{}
-	b.Queue("BEGIN")
-	b.Queue(claimSettings)
-	b.Queue(claimLockSQL, pgx.NamedArgs{"queue": p.Queue})
-	b.Queue(`SELECT now(), EXISTS (SELECT 1 FROM hipq_queue q WHERE q.name = $1 AND q.paused)`, p.Queue).QueryRow(func(r pgx.Row) error {
-		return r.Scan(&in.Now, &paused)
+	b.Queue(claimLockSQL, pgx.NamedArgs{"queue": queue})
+	b.Queue(`SELECT now(), EXISTS (SELECT 1 FROM hipq_queue q WHERE q.name = $1 AND q.paused)`, queue).QueryRow(func(r pgx.Row) error {
+		return r.Scan(&in.Now, paused)
 	})
 	if len(t.Rates) > 0 {
-		rargs := pgx.NamedArgs{"queue": p.Queue, "keys": keys, "secs": secs}
+		rargs := pgx.NamedArgs{"queue": queue, "keys": keys, "secs": secs}
 		for _, q := range rateSettleSQL {
 			b.Queue(q, rargs)
 			b.Queue(rateZeroSQL, rargs)
@@ -728,7 +715,7 @@ func (s *Store) claimBounded(ctx context.Context, p JobClaimParams) (Claim, erro
 	if t.CountsRunning() {
 		b.Queue(`SELECT j.job_type, j.job_data #>> @share_path::text[], count(*)::int, sum(j.throttle_factor)::int
 			FROM hipq_job j WHERE j.queue = @queue AND j.state = 'running' GROUP BY 1, 2`,
-			pgx.NamedArgs{"queue": p.Queue, "share_path": sharePath}).Query(func(rows pgx.Rows) error {
+			pgx.NamedArgs{"queue": queue, "share_path": sharePath}).Query(func(rows pgx.Rows) error {
 			var jobType string
 			var share *string
 			var n, factor int
@@ -739,6 +726,33 @@ func (s *Store) claimBounded(ctx context.Context, p JobClaimParams) (Claim, erro
 			return err
 		})
 	}
+}
+
+// claimBounded claims a queue with limits (see JobClaim).
+func (s *Store) claimBounded(ctx context.Context, p JobClaimParams) (Claim, error) {
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return Claim{}, err
+	}
+	committed := false
+	defer func() {
+		if !committed {
+			// A transaction cut short is rolled back before the connection
+			// is used again (one the pool cannot tell idle is closed).
+			rctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			_, _ = conn.Exec(rctx, "ROLLBACK")
+			cancel()
+		}
+		conn.Release()
+	}()
+	in := correlator.ClaimInput{Throttle: p.Throttle, Batch: p.Limit, TypeWindows: p.TypeWindows}
+
+	// Round trip 1: the lock, the rate units settled, and what counts.
+	var paused bool
+	b := &pgx.Batch{}
+	b.Queue("BEGIN")
+	b.Queue(claimSettings)
+	queueUsage(b, p.Queue, &in, &paused)
 	if err := conn.SendBatch(ctx, b).Close(); err != nil {
 		return Claim{}, err
 	}
@@ -756,6 +770,7 @@ func (s *Store) claimBounded(ctx context.Context, p JobClaimParams) (Claim, erro
 	var cands []candidate
 	var plan correlator.ClaimPlan
 	usage := in.Usage
+	cut := true // the last read stopped at its size, or the queue was full before it: due jobs may be left
 	for pass := 0; pass < 8; pass++ {
 		narrow := correlator.NarrowClaim(p.Throttle, usage)
 		if narrow.Nothing {
@@ -773,7 +788,7 @@ func (s *Store) claimBounded(ctx context.Context, p JobClaimParams) (Claim, erro
 		if err != nil {
 			return Claim{}, err
 		}
-		cands = append(cands, read...)
+		cands, cut = append(cands, read...), len(read) == fetch
 		in.Candidates = in.Candidates[:0]
 		for i := range cands {
 			in.Candidates = append(in.Candidates, cands[i].ClaimCandidate)
@@ -794,6 +809,7 @@ func (s *Store) claimBounded(ctx context.Context, p JobClaimParams) (Claim, erro
 		}
 	}
 	out.RateFreeAt = plan.RateFreeAt
+	out.Held = len(plan.Skip) > 0 || cut && len(plan.Take) < p.Limit
 	for _, d := range plan.Defer {
 		out.Closed = append(out.Closed, closedOf(p.Queue, cands, d))
 	}

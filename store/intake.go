@@ -1,10 +1,13 @@
 package store
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -22,8 +25,19 @@ type IntakeJob struct {
 	// limits, the type no windows and a neighbour that takes sends): it
 	// is, if it is due and not expired, has no time windows of its own,
 	// and its queue is not paused and has no due job waiting (which would
-	// come first). Otherwise it is stored waiting, as any job.
+	// come first), and, in a queue with limits (IntakeBatch.Limits), when
+	// the claim's plan takes it. Otherwise it is stored waiting, as any job.
 	Claim bool
+	// units are the rate windows the intake's claim plan counts the job
+	// under (a queue with rates).
+	units []correlator.RateWindow
+}
+
+// IntakeLimits are the limits of a queue whose new jobs the intake claims
+// as it stores them.
+type IntakeLimits struct {
+	Throttle correlator.Throttle
+	Order    correlator.Order
 }
 
 // IntakeBatch is everything one poll of the intake consumer commits at once.
@@ -40,6 +54,14 @@ type IntakeBatch struct {
 	// Retry, when set, is tried again after the batch's own writes (see
 	// Retry).
 	Retry *IntakeRetry
+	// Limits holds the limits of each queue with limits
+	// (correlator.Throttle.Bounded) whose jobs ask to be claimed: the
+	// batch takes its claim lock as it begins, reads what counts against
+	// its limits as a claim does, and claims only the jobs
+	// correlator.PlanClaim takes of them, in the queue's order. A job
+	// asking to be claimed in a queue not listed is claimed as in a queue
+	// without limits.
+	Limits map[string]IntakeLimits
 }
 
 // IntakeRetry is what a consumer comparing a record PostgreSQL refused
@@ -88,10 +110,26 @@ func (s *Store) IntakeApply(ctx context.Context, b IntakeBatch) (IntakeResult, e
 	// the claims' started_at: time.Since(local) bounds from above how long
 	// ago they were made (Claimed.ClaimedLocal).
 	local := time.Now()
-	open := func(pb *pgx.Batch) error { offsetsAdvance(pb, b.Group, b.Offsets); return nil }
+	limited := intakeLimited(b)
+	open := func(pb *pgx.Batch) error {
+		offsetsAdvance(pb, b.Group, b.Offsets)
+		for _, l := range limited {
+			l.read(pb, b.Jobs)
+		}
+		return nil
+	}
 	err := s.inTxOpen(ctx, open, func(tx pgx.Tx) error {
+		jobs := b.Jobs
+		if len(limited) > 0 {
+			jobs = slices.Clone(b.Jobs)
+			for _, l := range limited {
+				if err := l.plan(jobs); err != nil {
+					return err
+				}
+			}
+		}
 		var err error
-		res, err = intakeWrite(ctx, tx, b.Jobs, b.DeadLetters, b.Instance)
+		res, err = intakeWrite(ctx, tx, jobs, b.DeadLetters, b.Instance)
 		if err == nil && b.MustWrite && res.Inserted == 0 {
 			err = ErrNoWrite
 		}
@@ -247,6 +285,8 @@ func jobsInsert(ctx context.Context, tx pgx.Tx, jobs []IntakeJob, instance strin
 	windows := make([]*string, n)
 	tparents, tstates := make([]*string, n), make([]*string, n)
 	claim := make([]bool, n)
+	var unitRates, unitParts []string
+	var unitOrds []int64
 	traced, claiming := false, false
 	now := time.Now()
 	for i, ij := range jobs {
@@ -263,6 +303,11 @@ func jobsInsert(ctx context.Context, tx pgx.Tx, jobs []IntakeJob, instance strin
 		}
 		claim[i] = ij.Claim && j.ClaimableAtIntake(now)
 		claiming = claiming || claim[i]
+		if claim[i] {
+			for _, w := range ij.units {
+				unitRates, unitParts, unitOrds = append(unitRates, w.Key), append(unitParts, w.Part), append(unitOrds, int64(i+1))
+			}
+		}
 	}
 	if !traced {
 		// No trace context in the batch: NULL arrays, which unnest pads
@@ -283,6 +328,25 @@ func jobsInsert(ctx context.Context, tx pgx.Tx, jobs []IntakeJob, instance strin
 		// never one made without.
 		b.Queue("SET LOCAL enable_seqscan = off")
 		q = "/* stores and claims */"
+	}
+	units, args := "", []any{}
+	if len(unitOrds) > 0 {
+		// The rate units of the jobs claimed in a queue with rates, as a
+		// claim writes them (claimWriteSQL): one per window, claimed_at
+		// the attempts' dispatched_at.
+		units, args = `, units AS (
+		  INSERT INTO hipq_rate_unit (queue, claimed_at, rate, part, job_ids, attempts, n)
+		  SELECT i.queue, now(), u.rate, u.part, array_agg(i.id), array_agg(1), count(*)
+		  FROM unnest($16::text[], $17::text[], $18::bigint[]) AS u(rate, part, ord)
+		  JOIN n ON n.ord = u.ord
+		  JOIN ins i ON i.job_type = n.job_type AND i.job_key = n.job_key AND i.state = 'running'
+		  GROUP BY i.queue, u.rate, u.part
+		  RETURNING rate, part, n
+		), counts AS (
+		  INSERT INTO hipq_rate_count (rate, part, n)
+		  SELECT units.rate, units.part, sum(units.n) FROM units GROUP BY 1, 2
+		  ON CONFLICT (rate, part) DO UPDATE SET n = hipq_rate_count.n + EXCLUDED.n
+		)`, []any{unitRates, unitParts, unitOrds}
 	}
 	insert := b.Queue(q+`
 		WITH n AS (
@@ -336,7 +400,7 @@ func jobsInsert(ctx context.Context, tx pgx.Tx, jobs []IntakeJob, instance strin
 		), att AS (
 		  INSERT INTO hipq_attempt (queue, job_id, attempt, instance, dispatched_at)
 		  SELECT queue, id, 1, $15, started_at FROM ins WHERE state = 'running'
-		), notify AS (
+		)`+units+`, notify AS (
 		  SELECT pg_notify('`+channelJobReady+`', q) FROM (SELECT DISTINCT queue AS q FROM ins WHERE state <> 'running') d
 		)
 		SELECT n.ord, CASE WHEN i.job_key IS NOT NULL THEN 1
@@ -350,7 +414,8 @@ func jobsInsert(ctx context.Context, tx pgx.Tx, jobs []IntakeJob, instance strin
 		FROM n
 		LEFT JOIN ins i ON i.job_type = n.job_type AND i.job_key = n.job_key
 		WHERE (SELECT count(*) FROM notify) >= 0`,
-		queues, types, keys, data, maxAtt, prio, factor, timeout, sched, expires, windows, tparents, tstates, claim, instance)
+		append([]any{queues, types, keys, data, maxAtt, prio, factor, timeout, sched, expires, windows, tparents, tstates, claim,
+			instance}, args...)...)
 	out := make([]acceptStatus, n)
 	var claimed []Claimed
 	if claiming {
@@ -386,4 +451,153 @@ func jobsInsert(ctx context.Context, tx pgx.Tx, jobs []IntakeJob, instance strin
 		return nil, nil, fmt.Errorf("insert jobs: %d answers for %d jobs", got, n)
 	}
 	return out, claimed, nil
+}
+
+// intakeLimit is the intake's claim of one queue with limits: what it read
+// under the queue's claim lock, and the batch's jobs that ask to be claimed.
+type intakeLimit struct {
+	queue  string
+	order  correlator.Order
+	in     correlator.ClaimInput
+	paused bool
+	idx    []int // positions in the batch's jobs, in the queue's order
+	// values[k] holds the job idx[k]'s share value and rate parts, as the
+	// claim's read gives them (PostgreSQL's #>> of job_data).
+	values []candidateValues
+}
+
+type candidateValues struct {
+	share *string
+	parts []string
+}
+
+// intakeLimited lists the queues of b with limits whose jobs ask to be
+// claimed, in the order of their names (the order their claim locks are
+// taken in, by every batch).
+func intakeLimited(b IntakeBatch) []*intakeLimit {
+	if len(b.Limits) == 0 {
+		return nil
+	}
+	by := map[string]*intakeLimit{}
+	for i := range b.Jobs {
+		j := b.Jobs[i].Job
+		lim, ok := b.Limits[j.Queue]
+		if !b.Jobs[i].Claim || !ok || !lim.Throttle.Bounded() {
+			continue
+		}
+		l := by[j.Queue]
+		if l == nil {
+			l = &intakeLimit{queue: j.Queue, order: cmp.Or(lim.Order, correlator.OrderScheduledFirst),
+				in: correlator.ClaimInput{Throttle: lim.Throttle}}
+			by[j.Queue] = l
+		}
+		l.idx = append(l.idx, i)
+	}
+	out := make([]*intakeLimit, 0, len(by))
+	for _, l := range by {
+		out = append(out, l)
+	}
+	slices.SortFunc(out, func(a, b *intakeLimit) int { return strings.Compare(a.queue, b.queue) })
+	return out
+}
+
+// read queues what the plan needs: the claim lock and what counts against
+// the limits (queueUsage), and the share values and rate parts of the jobs
+// asking to be claimed, read by PostgreSQL as the claim reads them.
+func (l *intakeLimit) read(b *pgx.Batch, jobs []IntakeJob) {
+	l.in.Usage, l.paused = correlator.ClaimUsage{}, false
+	queueUsage(b, l.queue, &l.in, &l.paused)
+	t := &l.in.Throttle
+	l.values = make([]candidateValues, len(l.idx))
+	for k := range l.values {
+		l.values[k].parts = make([]string, len(t.Rates))
+	}
+	args := pgx.NamedArgs{}
+	shareCol := "NULL::text"
+	if t.Shares != nil && t.Limit >= 1 {
+		shareCol, args["share_path"] = "d #>> @share_path::text[]", t.Shares.Path
+	}
+	var parts []string
+	for k, r := range t.Rates {
+		if len(r.Path) > 0 {
+			parts = append(parts, fmt.Sprintf("coalesce(d #>> @rate_path_%d::text[], '')", k))
+			args[fmt.Sprintf("rate_path_%d", k)] = r.Path
+		} else {
+			parts = append(parts, "''")
+		}
+	}
+	if len(args) == 0 {
+		return // (no value of job_data counts)
+	}
+	data := make([]string, len(l.idx))
+	for k, i := range l.idx {
+		data[k] = string(jobs[i].Job.JobData)
+	}
+	args["data"] = data
+	partsCol := "'{}'::text[]"
+	if len(parts) > 0 {
+		partsCol = "ARRAY[" + strings.Join(parts, ", ") + "]::text[]"
+	}
+	b.Queue(fmt.Sprintf(`SELECT %s, %s FROM unnest(@data::jsonb[]) WITH ORDINALITY AS u(d, ord) ORDER BY ord`, shareCol, partsCol),
+		args).Query(func(rows pgx.Rows) error {
+		k := 0
+		var v candidateValues
+		_, err := pgx.ForEachRow(rows, []any{&v.share, &v.parts}, func() error {
+			if k >= len(l.values) {
+				return fmt.Errorf("the values of %d jobs for %d", k+1, len(l.values))
+			}
+			if v.share != nil {
+				s := *v.share
+				l.values[k].share = &s
+			}
+			copy(l.values[k].parts, v.parts)
+			k++
+			return nil
+		})
+		return err
+	})
+}
+
+// plan decides which of the queue's jobs asking to be claimed are, as
+// correlator.PlanClaim decides a claim of the queue whose candidates they
+// are, in the queue's order; the others are stored waiting.
+func (l *intakeLimit) plan(jobs []IntakeJob) error {
+	for _, i := range l.idx {
+		jobs[i].Claim, jobs[i].units = false, nil
+	}
+	if l.paused {
+		return nil
+	}
+	now := l.in.Now
+	key := func(k int) correlator.OrderKey {
+		j := jobs[l.idx[k]].Job
+		return correlator.OrderKey{Scheduled: cmp.Or(j.ScheduledRunTime, now), Priority: j.Priority}
+	}
+	order := make([]int, len(l.idx)) // positions in l.idx, in the queue's order
+	for k := range order {
+		order[k] = k
+	}
+	slices.SortStableFunc(order, func(a, b int) int { return l.order.Compare(key(a), key(b)) })
+	in := l.in
+	in.Batch = len(order)
+	in.Candidates = make([]correlator.ClaimCandidate, len(order))
+	for c, k := range order {
+		j := jobs[l.idx[k]].Job
+		in.Candidates[c] = correlator.ClaimCandidate{ID: int64(c + 1), State: correlator.StateInitial, JobType: j.JobType,
+			Factor: j.ThrottleFactor, Share: l.values[k].share, RateParts: l.values[k].parts, ExpiresAt: j.ExpiresAt}
+	}
+	plan, err := correlator.PlanClaim(in)
+	if err != nil {
+		return fmt.Errorf("plan the claim of queue %q at intake: %w", l.queue, err)
+	}
+	for _, t := range plan.Take {
+		jobs[l.idx[order[t.Index]]].Claim = true
+	}
+	for _, u := range plan.Units {
+		for _, pos := range u.Takes {
+			i := l.idx[order[plan.Take[pos].Index]]
+			jobs[i].units = append(jobs[i].units, u.Window)
+		}
+	}
+	return nil
 }
