@@ -123,6 +123,10 @@ func (d *Dispatcher) claim(ctx context.Context, q QueueConfig, types []string, l
 	if err != nil {
 		return 0, false, false, err
 	}
+	if claim.WindowsErr != nil {
+		d.log.Warn("due jobs with time windows were not claimed; they wait for a later claim",
+			zap.String("queue", q.Name), zap.Error(claim.WindowsErr))
+	}
 	if !claim.RateFreeAt.IsZero() {
 		d.wakeAt(time.Now().Add(claim.RateFreeAt.Sub(claim.Now())))
 	}

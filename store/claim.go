@@ -104,6 +104,11 @@ type Claim struct {
 	// room: the queue was full, or the plan passed jobs over. New jobs of
 	// the queue come after them.
 	Held bool
+	// WindowsErr says why the open jobs with time windows a claim of a
+	// queue without limits found were not moved (its plan or second
+	// statement failed; the jobs without windows it moved are in Jobs):
+	// they wait for a later claim.
+	WindowsErr error
 }
 
 // Now estimates PostgreSQL's clock now (see Claimed.DBNow).
@@ -426,7 +431,9 @@ func (s *Store) claimUnbounded(ctx context.Context, p JobClaimParams) (Claim, er
 	// jobs waiting, for a later claim (or, should its commit be in doubt,
 	// running unsent, for the sweeper's rescue).
 	plan, err := correlator.PlanClaim(in)
-	if err == nil {
+	if err != nil {
+		out.WindowsErr = fmt.Errorf("plan the jobs with time windows: %w", err)
+	} else {
 		for _, d := range plan.Defer {
 			out.Closed = append(out.Closed, closedOf(p.Queue, windowed, d))
 		}
@@ -437,7 +444,9 @@ func (s *Store) claimUnbounded(ctx context.Context, p JobClaimParams) (Claim, er
 		b.Queue("BEGIN")
 		claimWrite(b, p, &plan, windowed, &open)
 		b.Queue("COMMIT")
-		if s.pool.SendBatch(ctx, b).Close() == nil {
+		if err := s.pool.SendBatch(ctx, b).Close(); err != nil {
+			out.WindowsErr = fmt.Errorf("move %d open jobs with time windows: %w", len(plan.Take), err)
+		} else {
 			out.Jobs = append(out.Jobs, open...)
 		}
 	}

@@ -575,3 +575,24 @@ func TestDueProbeIsWiderThanTheClaim(t *testing.T) {
 		}
 	}
 }
+
+// When the second statement of a claim without limits (the open jobs with
+// time windows) fails, the jobs the first one moved are still returned, to
+// be sent, and the claim says why the others were not moved; they wait.
+func TestClaimReturnsTheFirstStatementsJobsWhenTheSecondFails(t *testing.T) {
+	t.Parallel()
+	st := pgtest.New(t)
+	allDay := []correlator.TimeWindow{{Start: "00:00", End: "23:59", TZ: "UTC"}}
+	insert(t, st, job("plain"), job("windowed", func(j *correlator.Job) { j.TimeWindows = allDay }))
+	if _, err := st.Pool().Exec(ctx, `
+		CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN RAISE EXCEPTION 'refused by the test'; END $$;
+		CREATE TRIGGER refuse BEFORE UPDATE ON hipq_job FOR EACH ROW WHEN (OLD.job_key = 'windowed') EXECUTE FUNCTION refuse()`); err != nil {
+		t.Fatal(err)
+	}
+	c := claimWith(t, st, store.JobClaimParams{})
+	if got := keys(c.Jobs); !slices.Equal(got, []string{"plain"}) || c.WindowsErr == nil {
+		t.Fatalf("claimed %v, windows error %v; want plain, and why windowed was not", got, c.WindowsErr)
+	}
+	wantState(t, get(t, st, "windowed"), correlator.StateInitial, "", 0)
+}
