@@ -163,19 +163,17 @@ func pastExpiry(t time.Time, expiresAt *time.Time) bool {
 type Deferred struct {
 	RunAt  time.Time
 	Expire bool
-	// Disagree: PostgreSQL found the job closed but these windows find it
-	// open now (time zone data differ, or its windows are unreadable
-	// here): it is looked at again in a minute rather than spun on.
-	Disagree bool
 }
 
-// Defer decides a deferral on now, the clock the claim found the job
-// closed by.
+// Defer decides the deferral of a job its windows find closed at now, the
+// claim's clock. Should the windows have no opening after now (closed at
+// now, yet the next opening not later: never, for windows that compiled),
+// the job is looked at again in a minute rather than spun on.
 func Defer(windows []TimeWindow, expiresAt *time.Time, now time.Time) Deferred {
 	next, _ := NextOpening(windows, now, nil)
 	var d Deferred
 	if !next.After(now) {
-		next, d.Disagree = now.Add(time.Minute), true
+		next = now.Add(time.Minute)
 	}
 	d.RunAt, d.Expire = next, pastExpiry(next, expiresAt)
 	return d
