@@ -102,10 +102,19 @@ type Kafka struct {
 	SASL           SASL   `yaml:"sasl"`
 }
 
-// TLS to the brokers.
+// TLS to the brokers. Relative file paths start at the config file's
+// folder.
 type TLS struct {
-	Enabled  bool   `yaml:"enabled"`
-	CAFile   string `yaml:"ca_file"`
+	Enabled bool `yaml:"enabled"`
+	// CAFile holds the PEM certificates that sign the brokers'; empty: the
+	// system's roots.
+	CAFile string `yaml:"ca_file"`
+	// ServerName is the name the brokers' certificates must carry, when it
+	// is not the host name in kafka.brokers (brokers reached by IP or
+	// through a tunnel). Empty: the host name dialled.
+	ServerName string `yaml:"server_name"`
+	// CertFile and KeyFile are hipq's client certificate and its key, PEM,
+	// for brokers that demand mutual TLS; both or neither.
 	CertFile string `yaml:"cert_file"`
 	KeyFile  string `yaml:"key_file"`
 }

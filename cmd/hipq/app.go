@@ -92,8 +92,9 @@ func instanceName() string {
 
 func kafkaConfig(cfg *config.Config, minAge time.Duration) kafkaconn.Config {
 	k := cfg.Kafka
-	return kafkaconn.Config{Brokers: k.Brokers, ClientID: k.ClientID, TLS: k.TLS.Enabled, CAFile: k.TLS.CAFile,
-		CertFile: k.TLS.CertFile, KeyFile: k.TLS.KeyFile, SASLMechanism: k.SASL.Mechanism, Username: k.SASL.Username,
+	return kafkaconn.Config{Brokers: k.Brokers, ClientID: k.ClientID, TLS: k.TLS.Enabled, CAFile: cfg.Path(k.TLS.CAFile),
+		ServerName: k.TLS.ServerName, CertFile: cfg.Path(k.TLS.CertFile), KeyFile: cfg.Path(k.TLS.KeyFile),
+		SASLMechanism: k.SASL.Mechanism, Username: k.SASL.Username,
 		Password: k.SASL.Password, MetadataMinAge: minAge, Compression: k.Compression}
 }
 
@@ -373,7 +374,7 @@ func (a *app) buildAPI(ctx context.Context) error {
 	}
 	a.api = api.New(a.log, a.apiStore, api.Config{Listen: c.Listen, Tokens: c.Tokens, ReadTokens: c.ReadTokens, HotPath: a.st, UI: ui,
 		RequestTimeout: c.RequestTimeout.D(), CallbackSecret: []byte(c.CallbackSecret), MaxBodyBytes: a.cfg.Intake.MaxBytes,
-		Queues: a.queues, Types: a.types, Schedules: a.cfg.PeriodicJobs(), Matchers: a.matchers, EarlyTTL: a.cfg.Responses.EarlyTTL.D(), Ready: a.kafkaPing.Ping, Stalled: a.stalled,
+		Queues: a.queues, Types: a.types, Schedules: a.cfg.PeriodicJobs(), Matchers: a.matchers, EarlyTTL: a.cfg.Responses.EarlyTTL.D(), Ready: a.kafkaReady, Stalled: a.stalled,
 		Metrics: a.metrics, DeadLetters: a.replyCopies, Tracer: a.tracing.Tracer, TracerProvider: a.tracing.Provider})
 	return nil
 }
@@ -401,6 +402,11 @@ func (a *app) buildProbes(context.Context) error {
 	a.probes = l
 	return nil
 }
+
+// kafkaReady is readiness's Kafka check: nil once a broker answers, else
+// each broker whose last connection failed and why (an untrusted
+// certificate, a refused password), never the secret.
+func (a *app) kafkaReady(ctx context.Context) error { return kafkaconn.Ping(ctx, a.kafkaPing) }
 
 // stalled is nil while no consumer of this process waits on a refusal
 // that is not its records' own, else what waits and why.
@@ -499,7 +505,7 @@ func (a *app) run(ctx context.Context) error {
 	if a.probes != nil {
 		a.log.Info("metrics listening", zap.String("addr", a.probes.Addr().String()))
 		g.Go(func() error {
-			return api.ServeProbes(ctx, a.log, a.probes, api.ProbeConfig{Store: a.st, Ready: a.kafkaPing.Ping, Stalled: a.stalled, Metrics: a.metrics})
+			return api.ServeProbes(ctx, a.log, a.probes, api.ProbeConfig{Store: a.st, Ready: a.kafkaReady, Stalled: a.stalled, Metrics: a.metrics})
 		})
 	}
 	a.activity = activity.New(a.log, a.st, a.metrics, a.instance, a.types, 0)

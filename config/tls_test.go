@@ -1,0 +1,70 @@
+package config
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/hipq/hipq/internal/certtest"
+)
+
+// TLS sections are read as hipq will read them: a missing file, a CA file
+// without a certificate or a key that is not the certificate's is a
+// problem naming its key; relative paths start at the config's folder.
+func TestTLSFiles(t *testing.T) {
+	ca := certtest.NewCA(t, "test")
+	pair := ca.Client(t, "hipq")
+	other := ca.Client(t, "other")
+	dir := t.TempDir()
+	junk := filepath.Join(dir, "junk.pem")
+	if err := os.WriteFile(junk, []byte("not PEM"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// Relative to the config's folder: copies of the CA next to it.
+	b, _ := os.ReadFile(ca.File)
+	if err := os.WriteFile(filepath.Join(dir, "ca.pem"), b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name, yaml string
+		problems   []string // path: reason fragments; none: valid
+	}{
+		{"kafka: CA, server name and client certificate",
+			`kafka: {brokers: [b:9093], tls: {enabled: true, ca_file: ` + ca.File + `, server_name: kafka.internal, cert_file: ` + pair.CertFile + `, key_file: ` + pair.KeyFile + `}}`, nil},
+		{"kafka: a CA file relative to the config's folder",
+			`kafka: {brokers: [b:9093], tls: {enabled: true, ca_file: ca.pem}}`, nil},
+		{"kafka: files without enabled",
+			`kafka: {brokers: [b:9093], tls: {server_name: kafka.internal}}`, []string{"kafka.tls.enabled: ca_file, server_name"}},
+		{"kafka: a missing CA file",
+			`kafka: {brokers: [b:9093], tls: {enabled: true, ca_file: /nowhere/ca.pem}}`, []string{"kafka.tls.ca_file: open /nowhere/ca.pem"}},
+		{"kafka: a CA file without a certificate",
+			`kafka: {brokers: [b:9093], tls: {enabled: true, ca_file: ` + junk + `}}`, []string{"kafka.tls.ca_file: no PEM certificate"}},
+		{"kafka: a certificate without its key",
+			`kafka: {brokers: [b:9093], tls: {enabled: true, cert_file: ` + pair.CertFile + `}}`, []string{"kafka.tls.key_file: is required with cert_file"}},
+		{"kafka: a key that is not the certificate's",
+			`kafka: {brokers: [b:9093], tls: {enabled: true, cert_file: ` + pair.CertFile + `, key_file: ` + other.KeyFile + `}}`,
+			[]string{"kafka.tls.cert_file: " + pair.CertFile + " with key_file " + other.KeyFile}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := parse("database: {url: x}\n"+c.yaml+"\n", nil, dir)
+			var errs Errors
+			if len(c.problems) == 0 {
+				if err != nil {
+					t.Fatalf("refused: %v", err)
+				}
+				return
+			}
+			if !errors.As(err, &errs) {
+				t.Fatalf("got %v, want problems %q", err, c.problems)
+			}
+			for _, want := range c.problems {
+				if !strings.Contains(err.Error(), want) {
+					t.Errorf("problems:\n%v\nwant one with %q", err, want)
+				}
+			}
+		})
+	}
+}
