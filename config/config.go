@@ -212,7 +212,10 @@ type Sweeper struct {
 type API struct {
 	// Listen address. Defaults to 127.0.0.1:8080.
 	Listen string `yaml:"listen"`
+	// TLS serves HTTPS on listen; absent: plain HTTP.
+	TLS *APITLS `yaml:"tls,omitempty"`
 	// PublicURL is how downstreams reach the API (callback URLs).
+	// Defaults to http://{listen}, https:// with tls.
 	PublicURL string `yaml:"public_url"`
 	// Tokens are accepted bearer tokens, each at least 32 bytes, with the
 	// admin role: they read and change (enqueue, cancel, pause, replay).
@@ -231,6 +234,16 @@ type API struct {
 	RequestTimeout Duration `yaml:"request_timeout"`
 	// UI is the dashboard the API serves at {path_prefix}/ui/.
 	UI UI `yaml:"ui"`
+}
+
+// APITLS is the API's certificate. The files are read again when they
+// change, so a rotated certificate is served from the next connection on
+// without a restart. Relative paths start at the config file's folder.
+type APITLS struct {
+	// CertFile is the PEM certificate chain, the server's first. Required.
+	CertFile string `yaml:"cert_file"`
+	// KeyFile is its PEM private key. Required.
+	KeyFile string `yaml:"key_file"`
 }
 
 // Metrics is where /metrics, /healthz and /readyz are served.

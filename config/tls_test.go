@@ -17,6 +17,8 @@ func TestTLSFiles(t *testing.T) {
 	ca := certtest.NewCA(t, "test")
 	pair := ca.Client(t, "hipq")
 	other := ca.Client(t, "other")
+	server := ca.Server(t, "api", "localhost")
+	secret := strings.Repeat("s", 32)
 	dir := t.TempDir()
 	junk := filepath.Join(dir, "junk.pem")
 	if err := os.WriteFile(junk, []byte("not PEM"), 0o600); err != nil {
@@ -46,9 +48,18 @@ func TestTLSFiles(t *testing.T) {
 		{"kafka: a key that is not the certificate's",
 			`kafka: {brokers: [b:9093], tls: {enabled: true, cert_file: ` + pair.CertFile + `, key_file: ` + other.KeyFile + `}}`,
 			[]string{"kafka.tls.cert_file: " + pair.CertFile + " with key_file " + other.KeyFile}},
+		{"api: a certificate and its key",
+			`api: {callback_secret: ` + secret + `, tls: {cert_file: ` + server.CertFile + `, key_file: ` + server.KeyFile + `}}`, nil},
+		{"api: no key",
+			`api: {callback_secret: ` + secret + `, tls: {cert_file: ` + server.CertFile + `}}`, []string{"api.tls.key_file: is required with cert_file"}},
+		{"api: a missing certificate",
+			`api: {callback_secret: ` + secret + `, tls: {cert_file: /nowhere.pem, key_file: ` + server.KeyFile + `}}`, []string{"api.tls.cert_file: stat /nowhere.pem"}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
+			if !strings.HasPrefix(c.yaml, "kafka:") {
+				c.yaml = "kafka: {brokers: [b:9092]}\n" + c.yaml
+			}
 			_, err := parse("database: {url: x}\n"+c.yaml+"\n", nil, dir)
 			var errs Errors
 			if len(c.problems) == 0 {
@@ -66,5 +77,20 @@ func TestTLSFiles(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// With api.tls, callback URLs start with https:// unless public_url says
+// otherwise.
+func TestAPIPublicURLWithTLS(t *testing.T) {
+	ca := certtest.NewCA(t, "test")
+	p := ca.Server(t, "api", "localhost")
+	cfg, err := Parse(minimal+"api: {listen: \"0.0.0.0:8443\", callback_secret: "+strings.Repeat("s", 32)+
+		", tls: {cert_file: "+p.CertFile+", key_file: "+p.KeyFile+"}}\n", env(map[string]string{"DB_URL": "x"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.API.PublicURL != "https://0.0.0.0:8443" {
+		t.Errorf("public_url = %q, want https://0.0.0.0:8443", cfg.API.PublicURL)
 	}
 }

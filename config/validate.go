@@ -93,7 +93,11 @@ func (c *Config) fillDefaults() {
 	defD(&c.Sweeper.DeadLetterRetention, sweeper.DefaultDeadLetterRetention)
 	if c.API != nil {
 		def(&c.API.Listen, api.DefaultListen)
-		def(&c.API.PublicURL, "http://"+c.API.Listen)
+		scheme := "http://"
+		if c.API.TLS != nil {
+			scheme = "https://"
+		}
+		def(&c.API.PublicURL, scheme+c.API.Listen)
 		c.API.MaxConns = cmp.Or(c.API.MaxConns, api.DefaultMaxConns)
 		defD(&c.API.RequestTimeout, api.DefaultRequestTimeout)
 		defD(&c.API.UI.SessionTTL, api.DefaultSessionTTL)
@@ -252,6 +256,9 @@ func (c *Config) Validate() error {
 	positive("sweeper.retention", c.Sweeper.Retention)
 	positive("sweeper.dead_letter_retention", c.Sweeper.DeadLetterRetention)
 	if a := c.API; a != nil {
+		if a.TLS != nil {
+			c.checkTLSFiles("api.tls", tlsconf.Files{CertFile: a.TLS.CertFile, KeyFile: a.TLS.KeyFile}, true, bad)
+		}
 		if len(a.CallbackSecret) < 32 {
 			bad("api.callback_secret", "is required and must be at least 32 bytes")
 		}

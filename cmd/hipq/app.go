@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -28,6 +29,7 @@ import (
 	"github.com/hipq/hipq/internal/deadletter"
 	"github.com/hipq/hipq/internal/kafkaconn"
 	"github.com/hipq/hipq/internal/metrics"
+	"github.com/hipq/hipq/internal/tlsconf"
 	"github.com/hipq/hipq/internal/tracing"
 	"github.com/hipq/hipq/store"
 	"github.com/hipq/hipq/sweeper"
@@ -372,7 +374,21 @@ func (a *app) buildAPI(ctx context.Context) error {
 		ui = &api.UIConfig{PathPrefix: c.UI.PathPrefix, Redact: c.UI.Redact, Throttles: a.cfg.Throttles(), Lag: a.consumerLag,
 			Requests: requestShapes(a.cfg), SecureCookies: strings.HasPrefix(c.PublicURL, "https:"), SessionTTL: c.UI.SessionTTL.D()}
 	}
-	a.api = api.New(a.log, a.apiStore, api.Config{Listen: c.Listen, Tokens: c.Tokens, ReadTokens: c.ReadTokens, HotPath: a.st, UI: ui,
+	var tc *tls.Config
+	if t := c.TLS; t != nil {
+		log := a.log.Named("api")
+		tc, err = tlsconf.Server(tlsconf.Files{CertFile: a.cfg.Path(t.CertFile), KeyFile: a.cfg.Path(t.KeyFile), Reloaded: func(err error) {
+			if err != nil {
+				log.Warn("api.tls: the changed certificate cannot be read; serving the last good one", zap.Error(err))
+				return
+			}
+			log.Info("api.tls: the changed certificate is served")
+		}})
+		if err != nil {
+			return fmt.Errorf("api.tls.%w", err)
+		}
+	}
+	a.api = api.New(a.log, a.apiStore, api.Config{Listen: c.Listen, TLS: tc, Tokens: c.Tokens, ReadTokens: c.ReadTokens, HotPath: a.st, UI: ui,
 		RequestTimeout: c.RequestTimeout.D(), CallbackSecret: []byte(c.CallbackSecret), MaxBodyBytes: a.cfg.Intake.MaxBytes,
 		Queues: a.queues, Types: a.types, Schedules: a.cfg.PeriodicJobs(), Matchers: a.matchers, EarlyTTL: a.cfg.Responses.EarlyTTL.D(), Ready: a.kafkaReady, Stalled: a.stalled,
 		Metrics: a.metrics, DeadLetters: a.replyCopies, Tracer: a.tracing.Tracer, TracerProvider: a.tracing.Provider})

@@ -25,6 +25,11 @@ type Files struct {
 	// ServerName, for a client, is the name the server's certificate must
 	// carry; empty: the host name dialled.
 	ServerName string
+	// Reloaded, when set, is told of each reading of the certificate
+	// after the first, at the handshake that found its files changed: nil
+	// once the new one is in use, else why it could not be read (the
+	// last good one stays in use). It runs during that handshake.
+	Reloaded func(error)
 }
 
 // Field is an error about one of the files: Key is its key in the
@@ -53,6 +58,7 @@ func Client(f Files) (*tls.Config, error) {
 		if err != nil {
 			return nil, err
 		}
+		kp.reloaded = f.Reloaded
 		tc.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return kp.Certificate() }
 	}
 	return tc, nil
@@ -66,6 +72,7 @@ func Server(f Files) (*tls.Config, error) {
 	if err != nil {
 		return nil, err
 	}
+	kp.reloaded = f.Reloaded
 	tc := &tls.Config{MinVersion: tls.VersionTLS12,
 		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return kp.Certificate() }}
 	if f.CAFile != "" {
@@ -97,6 +104,7 @@ func Pool(file string) (*x509.CertPool, error) {
 // one in use, and is tried again at the next handshake.
 type KeyPair struct {
 	certFile, keyFile string
+	reloaded          func(error)
 
 	mu      sync.Mutex
 	cert    *tls.Certificate
@@ -156,6 +164,9 @@ func (kp *KeyPair) Certificate() (*tls.Certificate, error) {
 	st, err := kp.stamps()
 	if err == nil && st != kp.stamp {
 		err = kp.load(st)
+		if kp.reloaded != nil && (err == nil || kp.lastErr == nil) {
+			kp.reloaded(err) // a failure once, not at every handshake
+		}
 	}
 	kp.lastErr = err
 	return kp.cert, nil
