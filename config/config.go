@@ -397,6 +397,22 @@ type HTTPTransport struct {
 	// slow downstream holds its own type's slots, never another's.
 	// Defaults to 64.
 	MaxInFlight int `yaml:"max_in_flight"`
+	// TLS of this type's calls to an https url; absent: the system's
+	// roots, no client certificate.
+	TLS *HTTPTLS `yaml:"tls,omitempty"`
+}
+
+// HTTPTLS is the TLS of one job type's HTTP calls. Relative paths start
+// at the config file's folder.
+type HTTPTLS struct {
+	// CAFile holds the PEM certificates that sign the downstream's (a
+	// private CA); empty: the system's roots.
+	CAFile string `yaml:"ca_file"`
+	// CertFile and KeyFile are hipq's client certificate and key (PEM),
+	// for a downstream that demands mutual TLS; both or neither. Read
+	// again when their files change.
+	CertFile string `yaml:"cert_file"`
+	KeyFile  string `yaml:"key_file"`
 }
 
 // Retry is a job type's retry policy; keys left out take the values

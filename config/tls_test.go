@@ -54,6 +54,16 @@ func TestTLSFiles(t *testing.T) {
 			`api: {callback_secret: ` + secret + `, tls: {cert_file: ` + server.CertFile + `}}`, []string{"api.tls.key_file: is required with cert_file"}},
 		{"api: a missing certificate",
 			`api: {callback_secret: ` + secret + `, tls: {cert_file: /nowhere.pem, key_file: ` + server.KeyFile + `}}`, []string{"api.tls.cert_file: stat /nowhere.pem"}},
+		{"http transport: a CA and a client certificate",
+			httpType(`url: "https://svc/x", tls: {ca_file: ` + ca.File + `, cert_file: ` + pair.CertFile + `, key_file: ` + pair.KeyFile + `}`), nil},
+		{"http transport: tls for an http url",
+			httpType(`url: "http://svc/x", tls: {ca_file: ` + ca.File + `}`), []string{`job_types[0].transport.http.tls: is set but the url "http://svc/x" is not https`}},
+		{"http transport: an empty tls",
+			httpType(`url: "https://svc/x", tls: {}`), []string{"job_types[0].transport.http.tls: is empty"}},
+		{"http transport: a CA file without a certificate",
+			httpType(`url: "https://svc/x", tls: {ca_file: ` + junk + `}`), []string{"job_types[0].transport.http.tls.ca_file: no PEM certificate"}},
+		{"http transport: a key without its certificate",
+			httpType(`url: "https://svc/x", tls: {key_file: ` + pair.KeyFile + `}`), []string{"job_types[0].transport.http.tls.cert_file: is required with key_file"}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -93,4 +103,10 @@ func TestAPIPublicURLWithTLS(t *testing.T) {
 	if cfg.API.PublicURL != "https://0.0.0.0:8443" {
 		t.Errorf("public_url = %q, want https://0.0.0.0:8443", cfg.API.PublicURL)
 	}
+}
+
+// httpType is a config with one sync HTTP job type whose transport.http
+// holds keys.
+func httpType(keys string) string {
+	return "job_types: [{name: t, transport: {http: {mode: sync, " + keys + "}}}]"
 }

@@ -384,6 +384,15 @@ func (c *Config) Validate() error {
 			if u, err := url.Parse(h.URL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 				bad(p+".transport.http.url", "%q is not an http(s) URL", h.URL)
 			}
+			if t := h.TLS; t != nil {
+				if u, err := url.Parse(h.URL); err == nil && u.Scheme == "http" {
+					bad(p+".transport.http.tls", "is set but the url %q is not https", h.URL)
+				}
+				if *t == (HTTPTLS{}) {
+					bad(p+".transport.http.tls", "is empty: set ca_file, or cert_file and key_file")
+				}
+				c.checkTLSFiles(p+".transport.http.tls", tlsconf.Files{CAFile: t.CAFile, CertFile: t.CertFile, KeyFile: t.KeyFile}, false, bad)
+			}
 			oneOf(p+".transport.http.mode", string(h.Mode), string(dispatcher.HTTPAsync), string(dispatcher.HTTPSync))
 			positive(p+".transport.http.timeout", h.Timeout)
 			if h.MaxInFlight < 1 {

@@ -40,8 +40,9 @@ func copyPair(t *testing.T, p certtest.Pair, cert, key string, at time.Time) {
 }
 
 // The API over HTTPS (api.tls) with a certificate of a private CA: an
-// HTTP downstream's heartbeat and callback reach it at the https
-// public_url; the Go client (WithCAFile) enqueues and waits, the CLI
+// HTTPS downstream of another private CA, demanding mutual TLS, gets its
+// request (transport.http.tls), and its heartbeat and callback reach the
+// API at the https public_url; the Go client (WithCAFile) enqueues and waits, the CLI
 // (--ca-file) reads the job, and neither trusts the API without the CA; a
 // certificate rotated on disk is served from the next connection on,
 // without a restart.
@@ -55,8 +56,16 @@ func TestAPIOverTLS(t *testing.T) {
 	copyPair(t, first, certFile, keyFile, time.Now().Add(-time.Hour))
 	trusting := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: ca.Pool()}}, Timeout: 10 * time.Second}
 
+	// The downstream: HTTPS with a certificate of its own private CA,
+	// demanding hipq's client certificate (transport.http.tls).
+	dsCA, clientCA := certtest.NewCA(t, "downstream"), certtest.NewCA(t, "clients")
+	hipqCert := clientCA.Client(t, "hipq")
 	heartbeats := make(chan string, 4)
-	downstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	downstream := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if len(r.TLS.PeerCertificates) == 0 || r.TLS.PeerCertificates[0].Subject.CommonName != "hipq" {
+			w.WriteHeader(http.StatusForbidden)
+			return
+		}
 		hb, cb := r.Header.Get("Hipq-Heartbeat-Url"), r.Header.Get("Hipq-Callback-Url")
 		w.WriteHeader(http.StatusAccepted)
 		go func() { // the work runs later: news on the heartbeat URL, then the reply on the callback URL
@@ -76,6 +85,8 @@ func TestAPIOverTLS(t *testing.T) {
 			resp.Body.Close()
 		}()
 	}))
+	downstream.TLS = dsCA.ServerTLS(t, []string{"127.0.0.1"}, clientCA)
+	downstream.StartTLS()
 	defer downstream.Close()
 	addr, token := freeAddr(t), strings.Repeat("T", 32)
 	cfg := e.config(fmt.Sprintf(`
@@ -87,9 +98,10 @@ dispatch: {interval: 100ms}
 api: {listen: "%s", tls: {cert_file: %q, key_file: %q}, tokens: ["%s"], callback_secret: "%s"}
 job_types:
   - name: label.print
-    transport: {http: {url: "%s/labels/{job_key}", timeout: 5s, mode: async}}
+    transport: {http: {url: "%s/labels/{job_key}", timeout: 5s, mode: async,
+                       tls: {ca_file: %q, cert_file: %q, key_file: %q}}}
     timeout: 1m
-`, addr, certFile, keyFile, token, strings.Repeat("S", 32), downstream.URL))
+`, addr, certFile, keyFile, token, strings.Repeat("S", 32), downstream.URL, dsCA.File, hipqCert.CertFile, hipqCert.KeyFile))
 	base := "https://" + addr
 	if cfg.API.PublicURL != base {
 		t.Fatalf("public_url defaults to %q with api.tls, want %q", cfg.API.PublicURL, base)

@@ -317,8 +317,22 @@ func (a *app) buildDispatcher(context.Context) error {
 			}
 		case jt.Transport.HTTP != nil:
 			h := jt.Transport.HTTP
-			httpRoutes[jt.Name] = dispatcher.HTTPRoute{URL: h.URL, Method: h.Method, Headers: h.Headers,
+			route := dispatcher.HTTPRoute{URL: h.URL, Method: h.Method, Headers: h.Headers,
 				Timeout: h.Timeout.D(), Sync: h.Mode == dispatcher.HTTPSync, Delivery: jt.Delivery, MaxInFlight: h.MaxInFlight}
+			if t := h.TLS; t != nil {
+				log := a.log.With(zap.String("job_type", jt.Name))
+				tc, err := tlsconf.Client(tlsconf.Files{CAFile: cfg.Path(t.CAFile), CertFile: cfg.Path(t.CertFile), KeyFile: cfg.Path(t.KeyFile),
+					Reloaded: func(err error) {
+						if err != nil {
+							log.Warn("transport.http.tls: the changed client certificate cannot be read; sending the last good one", zap.Error(err))
+						}
+					}})
+				if err != nil {
+					return fmt.Errorf("job type %s: transport.http.tls.%w", jt.Name, err)
+				}
+				route.TLS = tc
+			}
+			httpRoutes[jt.Name] = route
 			senders[jt.Name] = web
 		}
 	}
