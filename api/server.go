@@ -12,6 +12,7 @@ import (
 	"cmp"
 	"context"
 	"crypto/subtle"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -54,6 +55,9 @@ func (c Config) WithDefaults() Config {
 // Config configures a Server.
 type Config struct {
 	Listen string
+	// TLS, when set, serves HTTPS on Listen (its GetCertificate may read
+	// a rotated certificate); nil: plain HTTP.
+	TLS *tls.Config
 	// Tokens are the admin role's bearer tokens; ReadTokens the read
 	// role's (GET only). No tokens at all: no token needed (loopback only).
 	Tokens         []string
@@ -199,16 +203,23 @@ func (s *Server) Run(ctx context.Context) error {
 		return fmt.Errorf("api: listen on %s: %w", addr, err)
 	}
 	srv := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: time.Minute,
-		IdleTimeout: 2 * time.Minute, ErrorLog: zap.NewStdLog(s.log)}
-	s.log.Info("api listening", zap.String("addr", l.Addr().String()))
+		IdleTimeout: 2 * time.Minute, ErrorLog: zap.NewStdLog(s.log), TLSConfig: s.cfg.TLS}
+	s.log.Info("api listening", zap.String("addr", l.Addr().String()), zap.Bool("tls", s.cfg.TLS != nil))
 	return serveUntil(ctx, srv, l, "api", 10*time.Second)
 }
 
 // serveUntil serves srv on l until ctx ends, then shuts it down, waiting
-// up to grace for the requests under way; name prefixes its errors.
+// up to grace for the requests under way; name prefixes its errors. With
+// srv.TLSConfig it serves HTTPS, with the certificates that config gives.
 func serveUntil(ctx context.Context, srv *http.Server, l net.Listener, name string, grace time.Duration) error {
 	done := make(chan error, 1)
-	go func() { done <- srv.Serve(l) }()
+	go func() {
+		if srv.TLSConfig != nil {
+			done <- srv.ServeTLS(l, "", "")
+			return
+		}
+		done <- srv.Serve(l)
+	}()
 	select {
 	case err := <-done:
 		if errors.Is(err, http.ErrServerClosed) {

@@ -12,6 +12,8 @@ package client
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -19,6 +21,7 @@ import (
 	"iter"
 	"net/http"
 	"net/url"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -26,9 +29,13 @@ import (
 
 // Client calls one hipq API.
 type Client struct {
-	base  string
-	token string
-	http  *http.Client
+	base   string
+	token  string
+	http   *http.Client
+	caFile string
+	// err is a configuration error (a CA file that cannot be read),
+	// returned by every call.
+	err error
 }
 
 // Option configures a Client.
@@ -42,14 +49,53 @@ func WithToken(token string) Option { return func(c *Client) { c.token = token }
 // makes them fail and be tried again.
 func WithHTTPClient(hc *http.Client) Option { return func(c *Client) { c.http = hc } }
 
-// New returns a client of the API at baseURL (such as http://hipq:8080).
+// WithCAFile trusts the CA certificates in a PEM file, for an API served
+// over https (api.tls) with a certificate of a private CA; the system's
+// roots are then not trusted. It replaces the transport of the client
+// WithHTTPClient gives, keeping its other settings. A file that cannot be
+// read makes every call fail, saying so.
+func WithCAFile(file string) Option { return func(c *Client) { c.caFile = file } }
+
+// New returns a client of the API at baseURL (such as http://hipq:8080,
+// or https://hipq:8443 with api.tls).
 func New(baseURL string, opts ...Option) *Client {
 	c := &Client{base: strings.TrimRight(baseURL, "/"), http: http.DefaultClient}
 	for _, o := range opts {
 		o(c)
 	}
+	if c.caFile != "" {
+		pool, err := readCAs(c.caFile)
+		if err != nil {
+			c.err = &configError{fmt.Errorf("hipq: CA file: %w", err)}
+			return c
+		}
+		tr := http.DefaultTransport.(*http.Transport).Clone()
+		tr.TLSClientConfig = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+		hc := *c.http
+		hc.Transport = tr
+		c.http = &hc
+	}
 	return c
 }
+
+// readCAs reads a file of PEM certificates.
+func readCAs(file string) (*x509.CertPool, error) {
+	pem, err := os.ReadFile(file)
+	if err != nil {
+		return nil, err
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("no PEM certificate in %s", file)
+	}
+	return pool, nil
+}
+
+// configError is a mistake in the client's options: no call can pass.
+type configError struct{ err error }
+
+func (e *configError) Error() string { return e.err.Error() }
+func (e *configError) Unwrap() error { return e.err }
 
 // Job is a job to enqueue: Type and Key are required; the rest default
 // from the job type's configuration, as for a Kafka intake record.
@@ -294,6 +340,13 @@ func (c *Client) Wait(ctx context.Context, ref Ref) (JobRow, error) {
 // transient reports whether an error may go away by itself: anything but
 // an answer of the API that says the request itself is wrong.
 func transient(err error) bool {
+	var (
+		ce         *configError
+		unverified *tls.CertificateVerificationError
+	)
+	if errors.As(err, &ce) || errors.As(err, &unverified) {
+		return false // the client's options, or a server certificate it does not trust
+	}
 	var e *Error
 	if !errors.As(err, &e) {
 		return true // no answer: connection refused or reset, a timeout
@@ -307,6 +360,9 @@ func (c *Client) jobPath(jobType, jobKey, suffix string) string {
 
 // call makes one API call and decodes its JSON answer into out.
 func (c *Client) call(ctx context.Context, method, path string, q url.Values, body []byte, out any) (int, error) {
+	if c.err != nil {
+		return 0, c.err
+	}
 	u := c.base + path
 	if len(q) > 0 {
 		u += "?" + q.Encode()

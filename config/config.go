@@ -102,10 +102,19 @@ type Kafka struct {
 	SASL           SASL   `yaml:"sasl"`
 }
 
-// TLS to the brokers.
+// TLS to the brokers. Relative file paths start at the config file's
+// folder.
 type TLS struct {
-	Enabled  bool   `yaml:"enabled"`
-	CAFile   string `yaml:"ca_file"`
+	Enabled bool `yaml:"enabled"`
+	// CAFile holds the PEM certificates that sign the brokers'; empty: the
+	// system's roots.
+	CAFile string `yaml:"ca_file"`
+	// ServerName is the name the brokers' certificates must carry, when it
+	// is not the host name in kafka.brokers (brokers reached by IP or
+	// through a tunnel). Empty: the host name dialled.
+	ServerName string `yaml:"server_name"`
+	// CertFile and KeyFile are hipq's client certificate and its key, PEM,
+	// for brokers that demand mutual TLS; both or neither.
 	CertFile string `yaml:"cert_file"`
 	KeyFile  string `yaml:"key_file"`
 }
@@ -203,7 +212,10 @@ type Sweeper struct {
 type API struct {
 	// Listen address. Defaults to 127.0.0.1:8080.
 	Listen string `yaml:"listen"`
+	// TLS serves HTTPS on listen; absent: plain HTTP.
+	TLS *APITLS `yaml:"tls,omitempty"`
 	// PublicURL is how downstreams reach the API (callback URLs).
+	// Defaults to http://{listen}, https:// with tls.
 	PublicURL string `yaml:"public_url"`
 	// Tokens are accepted bearer tokens, each at least 32 bytes, with the
 	// admin role: they read and change (enqueue, cancel, pause, replay).
@@ -222,6 +234,16 @@ type API struct {
 	RequestTimeout Duration `yaml:"request_timeout"`
 	// UI is the dashboard the API serves at {path_prefix}/ui/.
 	UI UI `yaml:"ui"`
+}
+
+// APITLS is the API's certificate. The files are read again when they
+// change, so a rotated certificate is served from the next connection on
+// without a restart. Relative paths start at the config file's folder.
+type APITLS struct {
+	// CertFile is the PEM certificate chain, the server's first. Required.
+	CertFile string `yaml:"cert_file"`
+	// KeyFile is its PEM private key. Required.
+	KeyFile string `yaml:"key_file"`
 }
 
 // Metrics is where /metrics, /healthz and /readyz are served.
@@ -375,6 +397,22 @@ type HTTPTransport struct {
 	// slow downstream holds its own type's slots, never another's.
 	// Defaults to 64.
 	MaxInFlight int `yaml:"max_in_flight"`
+	// TLS of this type's calls to an https url; absent: the system's
+	// roots, no client certificate.
+	TLS *HTTPTLS `yaml:"tls,omitempty"`
+}
+
+// HTTPTLS is the TLS of one job type's HTTP calls. Relative paths start
+// at the config file's folder.
+type HTTPTLS struct {
+	// CAFile holds the PEM certificates that sign the downstream's (a
+	// private CA); empty: the system's roots.
+	CAFile string `yaml:"ca_file"`
+	// CertFile and KeyFile are hipq's client certificate and key (PEM),
+	// for a downstream that demands mutual TLS; both or neither. Read
+	// again when their files change.
+	CertFile string `yaml:"cert_file"`
+	KeyFile  string `yaml:"key_file"`
 }
 
 // Retry is a job type's retry policy; keys left out take the values

@@ -3,6 +3,7 @@ package config
 import (
 	"cmp"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"net/url"
@@ -20,6 +21,7 @@ import (
 	"github.com/hipq/hipq/correlator"
 	"github.com/hipq/hipq/dispatcher"
 	"github.com/hipq/hipq/internal/kafkaconn"
+	"github.com/hipq/hipq/internal/tlsconf"
 	"github.com/hipq/hipq/internal/tracing"
 	"github.com/hipq/hipq/schemas"
 	"github.com/hipq/hipq/store"
@@ -91,7 +93,11 @@ func (c *Config) fillDefaults() {
 	defD(&c.Sweeper.DeadLetterRetention, sweeper.DefaultDeadLetterRetention)
 	if c.API != nil {
 		def(&c.API.Listen, api.DefaultListen)
-		def(&c.API.PublicURL, "http://"+c.API.Listen)
+		scheme := "http://"
+		if c.API.TLS != nil {
+			scheme = "https://"
+		}
+		def(&c.API.PublicURL, scheme+c.API.Listen)
 		c.API.MaxConns = cmp.Or(c.API.MaxConns, api.DefaultMaxConns)
 		defD(&c.API.RequestTimeout, api.DefaultRequestTimeout)
 		defD(&c.API.UI.SessionTTL, api.DefaultSessionTTL)
@@ -181,11 +187,10 @@ func (c *Config) Validate() error {
 	if c.Kafka.SASL.Mechanism != "" && c.Kafka.SASL.Username == "" {
 		bad("kafka.sasl.username", "is required with a SASL mechanism")
 	}
-	if !c.Kafka.TLS.Enabled && (c.Kafka.TLS.CAFile != "" || c.Kafka.TLS.CertFile != "") {
-		bad("kafka.tls.enabled", "files are set but TLS is not enabled")
-	}
-	if (c.Kafka.TLS.CertFile == "") != (c.Kafka.TLS.KeyFile == "") {
-		bad("kafka.tls", "cert_file and key_file go together")
+	if kt := c.Kafka.TLS; !kt.Enabled && (kt.CAFile != "" || kt.CertFile != "" || kt.KeyFile != "" || kt.ServerName != "") {
+		bad("kafka.tls.enabled", "ca_file, server_name, cert_file or key_file is set but TLS is not enabled")
+	} else if kt.Enabled {
+		c.checkTLSFiles("kafka.tls", tlsconf.Files{CAFile: kt.CAFile, CertFile: kt.CertFile, KeyFile: kt.KeyFile}, false, bad)
 	}
 	for i, t := range c.Intake.Topics {
 		if t == "" {
@@ -251,6 +256,9 @@ func (c *Config) Validate() error {
 	positive("sweeper.retention", c.Sweeper.Retention)
 	positive("sweeper.dead_letter_retention", c.Sweeper.DeadLetterRetention)
 	if a := c.API; a != nil {
+		if a.TLS != nil {
+			c.checkTLSFiles("api.tls", tlsconf.Files{CertFile: a.TLS.CertFile, KeyFile: a.TLS.KeyFile}, true, bad)
+		}
 		if len(a.CallbackSecret) < 32 {
 			bad("api.callback_secret", "is required and must be at least 32 bytes")
 		}
@@ -376,6 +384,15 @@ func (c *Config) Validate() error {
 			if u, err := url.Parse(h.URL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 				bad(p+".transport.http.url", "%q is not an http(s) URL", h.URL)
 			}
+			if t := h.TLS; t != nil {
+				if u, err := url.Parse(h.URL); err == nil && u.Scheme == "http" {
+					bad(p+".transport.http.tls", "is set but the url %q is not https", h.URL)
+				}
+				if *t == (HTTPTLS{}) {
+					bad(p+".transport.http.tls", "is empty: set ca_file, or cert_file and key_file")
+				}
+				c.checkTLSFiles(p+".transport.http.tls", tlsconf.Files{CAFile: t.CAFile, CertFile: t.CertFile, KeyFile: t.KeyFile}, false, bad)
+			}
 			oneOf(p+".transport.http.mode", string(h.Mode), string(dispatcher.HTTPAsync), string(dispatcher.HTTPSync))
 			positive(p+".transport.http.timeout", h.Timeout)
 			if h.MaxInFlight < 1 {
@@ -444,11 +461,7 @@ func (c *Config) Validate() error {
 			}
 		}
 		if jt.DataSchema != "" {
-			path := jt.DataSchema
-			if !filepath.IsAbs(path) && c.dir != "" {
-				path = filepath.Join(c.dir, path)
-			}
-			ds, err := schemas.CompileDataSchema(path)
+			ds, err := schemas.CompileDataSchema(c.Path(jt.DataSchema))
 			if err != nil {
 				bad(p+".data_schema", "%v", err)
 			}
@@ -500,6 +513,36 @@ func (c *Config) Validate() error {
 		return errs
 	}
 	return nil
+}
+
+// Path is a file path of the config as hipq opens it: a relative path
+// starts at the config file's folder (the working directory for Parse).
+func (c *Config) Path(p string) string {
+	if p == "" || filepath.IsAbs(p) || c.dir == "" {
+		return p
+	}
+	return filepath.Join(c.dir, p)
+}
+
+// checkTLSFiles reads the files of a TLS section as hipq will (a server's
+// when server), and reports what is wrong under prefix: a missing or
+// unreadable file, a CA file with no certificate, a key that is not the
+// certificate's.
+func (c *Config) checkTLSFiles(prefix string, f tlsconf.Files, server bool, bad func(path, format string, args ...any)) {
+	f.CAFile, f.CertFile, f.KeyFile = c.Path(f.CAFile), c.Path(f.CertFile), c.Path(f.KeyFile)
+	var err error
+	if server {
+		_, err = tlsconf.Server(f)
+	} else {
+		_, err = tlsconf.Client(f)
+	}
+	var fe *tlsconf.Field
+	switch {
+	case errors.As(err, &fe):
+		bad(prefix+"."+fe.Key, "%v", fe.Err)
+	case err != nil:
+		bad(prefix, "%v", err)
+	}
 }
 
 // schedule compiles a schedule's definition.

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"cmp"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -39,6 +40,11 @@ type HTTPRoute struct {
 	// sender's MaxInFlight. A slow downstream holds its own types' slots,
 	// never another type's.
 	MaxInFlight int
+	// TLS, when set, is the TLS of this type's calls (the CA of a
+	// downstream's private certificate, a client certificate): they get
+	// a connection pool of their own. nil: the sender's client, trusting
+	// the system's roots.
+	TLS *tls.Config
 }
 
 // HTTPMode says where an HTTP type's reply comes from.
@@ -81,6 +87,8 @@ type HTTPSenderConfig struct {
 	// DefaultHTTPMaxReplyBytes.
 	MaxReplyBytes int
 	// Client defaults to a pooled client that does not follow redirects.
+	// Routes with TLS of their own get such a client each, whatever this
+	// says.
 	Client *http.Client
 	// StartWithin, when set, is how soon after its claim a call must start:
 	// a call still waiting for a slot then is not made (NotSent: the claim
@@ -98,8 +106,11 @@ type HTTPSenderConfig struct {
 // HTTPSender calls downstream URLs, many at once within each type's
 // MaxInFlight.
 type HTTPSender struct {
-	cfg     HTTPSenderConfig
-	client  *http.Client
+	cfg    HTTPSenderConfig
+	client *http.Client
+	// clients are the clients of the routes with TLS of their own, by
+	// job type, made on first use (under mu).
+	clients map[string]*http.Client
 	matcher correlator.Matcher
 	mu      sync.Mutex
 	slots   map[string]chan struct{} // by job type, made on first use
@@ -110,22 +121,48 @@ func NewHTTPSender(cfg HTTPSenderConfig) *HTTPSender {
 	cfg = cfg.WithDefaults()
 	client := cfg.Client
 	if client == nil {
-		tr := http.DefaultTransport.(*http.Transport).Clone()
-		tr.MaxIdleConnsPerHost = cfg.MaxInFlight
-		tr.MaxConnsPerHost = 0       // the types' slots bound the calls
-		tr.ResponseHeaderTimeout = 0 // each call has its own deadline
-		var rt http.RoundTripper = tr
-		if cfg.TracerProvider != nil {
-			rt = otelhttp.NewTransport(tr, otelhttp.WithTracerProvider(cfg.TracerProvider), otelhttp.WithPropagators(tracing.Propagator))
-		}
-		client = &http.Client{Transport: rt, CheckRedirect: func(*http.Request, []*http.Request) error {
-			// A redirect of a POST would turn it into a GET: the URL is wrong.
-			return http.ErrUseLastResponse
-		}}
+		client = newHTTPClient(cfg, nil)
 	}
 	m := correlator.DefaultMatcher()
 	m.MaxBytes = cfg.MaxReplyBytes
-	return &HTTPSender{cfg: cfg, client: client, slots: map[string]chan struct{}{}, matcher: m}
+	return &HTTPSender{cfg: cfg, client: client, clients: map[string]*http.Client{}, slots: map[string]chan struct{}{}, matcher: m}
+}
+
+// clientFor is the client of a job type's calls: its own for a route with
+// TLS of its own (made on first use: the routes may be filled in after
+// NewHTTPSender), else the sender's.
+func (s *HTTPSender) clientFor(jobType string, r HTTPRoute) *http.Client {
+	if r.TLS == nil {
+		return s.client
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c, ok := s.clients[jobType]
+	if !ok {
+		c = newHTTPClient(s.cfg, r.TLS)
+		s.clients[jobType] = c
+	}
+	return c
+}
+
+// newHTTPClient is a pooled client that does not follow redirects, with tc
+// as its TLS (nil: the system's roots).
+func newHTTPClient(cfg HTTPSenderConfig, tc *tls.Config) *http.Client {
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.MaxIdleConnsPerHost = cfg.MaxInFlight
+	tr.MaxConnsPerHost = 0       // the types' slots bound the calls
+	tr.ResponseHeaderTimeout = 0 // each call has its own deadline
+	if tc != nil {
+		tr.TLSClientConfig = tc
+	}
+	var rt http.RoundTripper = tr
+	if cfg.TracerProvider != nil {
+		rt = otelhttp.NewTransport(tr, otelhttp.WithTracerProvider(cfg.TracerProvider), otelhttp.WithPropagators(tracing.Propagator))
+	}
+	return &http.Client{Transport: rt, CheckRedirect: func(*http.Request, []*http.Request) error {
+		// A redirect of a POST would turn it into a GET: the URL is wrong.
+		return http.ErrUseLastResponse
+	}}
 }
 
 // slot is the job type's call slots; ok is false for a type with no route.
@@ -260,7 +297,7 @@ func (s *HTTPSender) call(ctx context.Context, c *store.Claimed) Result {
 		req.Header.Set("Hipq-Callback-Url", correlator.CallbackURL(s.cfg.PublicURL, s.cfg.CallbackSecret, c.ID, c.JobType, c.JobKey, c.Attempt))
 		req.Header.Set("Hipq-Heartbeat-Url", correlator.HeartbeatURL(s.cfg.PublicURL, s.cfg.CallbackSecret, c.ID, c.JobType, c.JobKey, c.Attempt))
 	}
-	resp, err := s.client.Do(req)
+	resp, err := s.clientFor(c.JobType, route).Do(req)
 	if err != nil {
 		return classifyCallError(method, target, shown, err, route.Delivery)
 	}
@@ -313,13 +350,21 @@ func retryAfter(resp *http.Response) correlator.RetryAfter {
 
 // classifyCallError: a refused connection (or a name that does not
 // resolve) never delivered the request: the downstream host is out, like a
-// broker refusing (Refused: undone, the host backs off). A timeout or a
-// connection lost may have delivered it, so at_most_once types end final.
+// broker refusing (Refused: undone, the host backs off). So did a TLS
+// handshake that failed, hipq not trusting the host's certificate or the
+// host refusing hipq's (its alert): no request is read before the
+// handshake succeeds on both sides. A timeout or a connection lost may
+// have delivered it, so at_most_once types end final.
 func classifyCallError(method, target, shown string, err error, delivery correlator.Delivery) Result {
 	cause := unwrapURLError(err)
 	err = fmt.Errorf("%s %s: %v", method, shown, redactErr(cause, target, shown))
-	var dnsErr *net.DNSError
-	if errors.Is(cause, syscall.ECONNREFUSED) || errors.As(cause, &dnsErr) {
+	var (
+		dnsErr     *net.DNSError
+		unverified *tls.CertificateVerificationError
+		alert      *net.OpError
+	)
+	if errors.Is(cause, syscall.ECONNREFUSED) || errors.As(cause, &dnsErr) || errors.As(cause, &unverified) ||
+		errors.As(cause, &alert) && alert.Op == "remote error" {
 		return Result{Status: Refused, Err: err}
 	}
 	return Result{Status: Failed, Final: delivery == correlator.AtMostOnce, Err: err}

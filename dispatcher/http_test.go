@@ -1,8 +1,10 @@
 package dispatcher_test
 
 import (
+	"crypto/tls"
 	"encoding/json"
 	"io"
+	"log"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -10,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -18,8 +21,10 @@ import (
 
 	"github.com/hipq/hipq/correlator"
 	"github.com/hipq/hipq/dispatcher"
+	"github.com/hipq/hipq/internal/certtest"
 	"github.com/hipq/hipq/internal/metrics"
 	"github.com/hipq/hipq/internal/pgtest"
+	"github.com/hipq/hipq/internal/tlsconf"
 	"github.com/hipq/hipq/store"
 )
 
@@ -336,5 +341,85 @@ func TestHTTPLateStartIsNotSent(t *testing.T) {
 	}
 	if ds.callCount("late") != 0 || ds.callCount("late-db-ahead") != 0 {
 		t.Fatalf("late calls were made")
+	}
+}
+
+// newTLSCase is newHTTPCase with tc as the TLS of every route.
+func newTLSCase(t *testing.T, target string, tc *tls.Config) *httpCase {
+	t.Helper()
+	retry := &correlator.Backoff{Attempts: 3, Initial: time.Millisecond,
+		When: []correlator.AttemptOutcome{correlator.AttemptFailed, correlator.AttemptDispatchError}}
+	types := map[string]*correlator.JobType{
+		"sync": {Name: "sync", Queue: "default", Timeout: time.Hour, Delivery: correlator.AtLeastOnce, Retry: retry},
+		"amo":  {Name: "amo", Queue: "default", Timeout: time.Hour, Delivery: correlator.AtMostOnce, Retry: retry},
+	}
+	routes := map[string]dispatcher.HTTPRoute{
+		"sync": {URL: target + "/calls/{job_key}", Timeout: 5 * time.Second, Sync: true, TLS: tc},
+		"amo":  {URL: target + "/calls/{job_key}", Timeout: 5 * time.Second, Sync: true, Delivery: correlator.AtMostOnce, TLS: tc},
+	}
+	s := dispatcher.NewHTTPSender(dispatcher.HTTPSenderConfig{Routes: routes})
+	st := pgtest.New(t)
+	m := metrics.New()
+	d := dispatcher.New(zaptest.NewLogger(t), st, dispatcher.Config{Instance: "test", BatchSize: 50,
+		Queues: []dispatcher.QueueConfig{{Name: "default"}}, Types: types, Senders: map[string]dispatcher.Sender{"sync": s, "amo": s}, Metrics: m})
+	return &httpCase{t: t, st: st, d: d, m: m, types: types}
+}
+
+// A downstream over HTTPS with a certificate of a private CA that demands
+// mutual TLS: a route with the CA and a client certificate (as
+// transport.http.tls builds it) gets its reply. A route that does not
+// trust the downstream's certificate, or that has no client certificate to
+// show, never delivers its request: the claim is undone, as for a refused
+// connection, no attempt spent (at_most_once types included).
+func TestHTTPOverTLS(t *testing.T) {
+	t.Parallel()
+	ca, clientCA := certtest.NewCA(t, "downstream"), certtest.NewCA(t, "clients")
+	hipqCert := clientCA.Client(t, "hipq")
+	var calls atomic.Int64
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		if len(r.TLS.PeerCertificates) == 0 || r.TLS.PeerCertificates[0].Subject.CommonName != "hipq" {
+			w.WriteHeader(http.StatusForbidden)
+			return
+		}
+		_, _ = io.WriteString(w, `{"status": "succeeded", "who": "downstream"}`)
+	}))
+	srv.TLS = ca.ServerTLS(t, []string{"127.0.0.1"}, clientCA)
+	srv.Config.ErrorLog = log.New(io.Discard, "", 0) // the handshakes refused below
+	srv.StartTLS()
+	defer srv.Close()
+
+	good, err := tlsconf.Client(tlsconf.Files{CAFile: ca.File, CertFile: hipqCert.CertFile, KeyFile: hipqCert.KeyFile})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := newTLSCase(t, srv.URL, good)
+	c.insert("sync", "ok")
+	want(t, c.settle("sync", "ok"), correlator.StateFinal, correlator.OutcomeSucceeded, 1)
+
+	noCert, err := tlsconf.Client(tlsconf.Files{CAFile: ca.File})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, tc := range map[string]*tls.Config{"the system's roots": nil, "no client certificate": noCert} {
+		c := newTLSCase(t, srv.URL, tc)
+		before := calls.Load()
+		for _, typ := range []string{"sync", "amo"} {
+			c.insert(typ, "refused")
+			if _, err := c.d.RunOnce(ctx); err != nil {
+				t.Fatal(err)
+			}
+			j, err := c.st.JobGet(ctx, typ, "refused")
+			if err != nil {
+				t.Fatal(err)
+			}
+			want(t, j, correlator.StateInitial, "", 0)
+		}
+		if n := calls.Load() - before; n != 0 {
+			t.Errorf("%s: the downstream served %d calls", name, n)
+		}
+		if n := scalar(t, c.st, "SELECT count(*) FROM hipq_attempt"); n != 0 {
+			t.Errorf("%s: %d attempts left, want every claim undone", name, n)
+		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -28,6 +29,7 @@ import (
 	"github.com/hipq/hipq/internal/deadletter"
 	"github.com/hipq/hipq/internal/kafkaconn"
 	"github.com/hipq/hipq/internal/metrics"
+	"github.com/hipq/hipq/internal/tlsconf"
 	"github.com/hipq/hipq/internal/tracing"
 	"github.com/hipq/hipq/store"
 	"github.com/hipq/hipq/sweeper"
@@ -92,8 +94,9 @@ func instanceName() string {
 
 func kafkaConfig(cfg *config.Config, minAge time.Duration) kafkaconn.Config {
 	k := cfg.Kafka
-	return kafkaconn.Config{Brokers: k.Brokers, ClientID: k.ClientID, TLS: k.TLS.Enabled, CAFile: k.TLS.CAFile,
-		CertFile: k.TLS.CertFile, KeyFile: k.TLS.KeyFile, SASLMechanism: k.SASL.Mechanism, Username: k.SASL.Username,
+	return kafkaconn.Config{Brokers: k.Brokers, ClientID: k.ClientID, TLS: k.TLS.Enabled, CAFile: cfg.Path(k.TLS.CAFile),
+		ServerName: k.TLS.ServerName, CertFile: cfg.Path(k.TLS.CertFile), KeyFile: cfg.Path(k.TLS.KeyFile),
+		SASLMechanism: k.SASL.Mechanism, Username: k.SASL.Username,
 		Password: k.SASL.Password, MetadataMinAge: minAge, Compression: k.Compression}
 }
 
@@ -314,8 +317,22 @@ func (a *app) buildDispatcher(context.Context) error {
 			}
 		case jt.Transport.HTTP != nil:
 			h := jt.Transport.HTTP
-			httpRoutes[jt.Name] = dispatcher.HTTPRoute{URL: h.URL, Method: h.Method, Headers: h.Headers,
+			route := dispatcher.HTTPRoute{URL: h.URL, Method: h.Method, Headers: h.Headers,
 				Timeout: h.Timeout.D(), Sync: h.Mode == dispatcher.HTTPSync, Delivery: jt.Delivery, MaxInFlight: h.MaxInFlight}
+			if t := h.TLS; t != nil {
+				log := a.log.With(zap.String("job_type", jt.Name))
+				tc, err := tlsconf.Client(tlsconf.Files{CAFile: cfg.Path(t.CAFile), CertFile: cfg.Path(t.CertFile), KeyFile: cfg.Path(t.KeyFile),
+					Reloaded: func(err error) {
+						if err != nil {
+							log.Warn("transport.http.tls: the changed client certificate cannot be read; sending the last good one", zap.Error(err))
+						}
+					}})
+				if err != nil {
+					return fmt.Errorf("job type %s: transport.http.tls.%w", jt.Name, err)
+				}
+				route.TLS = tc
+			}
+			httpRoutes[jt.Name] = route
 			senders[jt.Name] = web
 		}
 	}
@@ -371,9 +388,23 @@ func (a *app) buildAPI(ctx context.Context) error {
 		ui = &api.UIConfig{PathPrefix: c.UI.PathPrefix, Redact: c.UI.Redact, Throttles: a.cfg.Throttles(), Lag: a.consumerLag,
 			Requests: requestShapes(a.cfg), SecureCookies: strings.HasPrefix(c.PublicURL, "https:"), SessionTTL: c.UI.SessionTTL.D()}
 	}
-	a.api = api.New(a.log, a.apiStore, api.Config{Listen: c.Listen, Tokens: c.Tokens, ReadTokens: c.ReadTokens, HotPath: a.st, UI: ui,
+	var tc *tls.Config
+	if t := c.TLS; t != nil {
+		log := a.log.Named("api")
+		tc, err = tlsconf.Server(tlsconf.Files{CertFile: a.cfg.Path(t.CertFile), KeyFile: a.cfg.Path(t.KeyFile), Reloaded: func(err error) {
+			if err != nil {
+				log.Warn("api.tls: the changed certificate cannot be read; serving the last good one", zap.Error(err))
+				return
+			}
+			log.Info("api.tls: the changed certificate is served")
+		}})
+		if err != nil {
+			return fmt.Errorf("api.tls.%w", err)
+		}
+	}
+	a.api = api.New(a.log, a.apiStore, api.Config{Listen: c.Listen, TLS: tc, Tokens: c.Tokens, ReadTokens: c.ReadTokens, HotPath: a.st, UI: ui,
 		RequestTimeout: c.RequestTimeout.D(), CallbackSecret: []byte(c.CallbackSecret), MaxBodyBytes: a.cfg.Intake.MaxBytes,
-		Queues: a.queues, Types: a.types, Schedules: a.cfg.PeriodicJobs(), Matchers: a.matchers, EarlyTTL: a.cfg.Responses.EarlyTTL.D(), Ready: a.kafkaPing.Ping, Stalled: a.stalled,
+		Queues: a.queues, Types: a.types, Schedules: a.cfg.PeriodicJobs(), Matchers: a.matchers, EarlyTTL: a.cfg.Responses.EarlyTTL.D(), Ready: a.kafkaReady, Stalled: a.stalled,
 		Metrics: a.metrics, DeadLetters: a.replyCopies, Tracer: a.tracing.Tracer, TracerProvider: a.tracing.Provider})
 	return nil
 }
@@ -401,6 +432,11 @@ func (a *app) buildProbes(context.Context) error {
 	a.probes = l
 	return nil
 }
+
+// kafkaReady is readiness's Kafka check: nil once a broker answers, else
+// each broker whose last connection failed and why (an untrusted
+// certificate, a refused password), never the secret.
+func (a *app) kafkaReady(ctx context.Context) error { return kafkaconn.Ping(ctx, a.kafkaPing) }
 
 // stalled is nil while no consumer of this process waits on a refusal
 // that is not its records' own, else what waits and why.
@@ -499,7 +535,7 @@ func (a *app) run(ctx context.Context) error {
 	if a.probes != nil {
 		a.log.Info("metrics listening", zap.String("addr", a.probes.Addr().String()))
 		g.Go(func() error {
-			return api.ServeProbes(ctx, a.log, a.probes, api.ProbeConfig{Store: a.st, Ready: a.kafkaPing.Ping, Stalled: a.stalled, Metrics: a.metrics})
+			return api.ServeProbes(ctx, a.log, a.probes, api.ProbeConfig{Store: a.st, Ready: a.kafkaReady, Stalled: a.stalled, Metrics: a.metrics})
 		})
 	}
 	a.activity = activity.New(a.log, a.st, a.metrics, a.instance, a.types, 0)

@@ -115,7 +115,8 @@ func (e *env) respond(ctx context.Context, requests, replies string, decide func
 // respondAfter is respond with each reply sent delay() after its request.
 func (e *env) respondAfter(ctx context.Context, requests, replies string, delay func() time.Duration,
 	decide func(key string, attempt int) (string, bool)) {
-	r, err := newResponder(e.kafka.Brokers, "responder-"+e.kafka.Topic(requests), e.kafka.Topic(requests), e.kafka.Topic(replies), decide)
+	r, err := newResponder(e.kafka.Brokers, "responder-"+e.kafka.Topic(requests), e.kafka.Topic(requests), e.kafka.Topic(replies), decide,
+		e.kafka.ClientOpts()...)
 	if err != nil {
 		e.t.Fatal(err)
 	}

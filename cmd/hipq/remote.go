@@ -4,6 +4,7 @@ package main
 
 import (
 	"bytes"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -18,11 +19,13 @@ import (
 	"time"
 
 	"github.com/hipq/hipq/api"
+	"github.com/hipq/hipq/internal/tlsconf"
 	"github.com/hipq/hipq/store"
 )
 
 const remoteUsage = `The API from a terminal (server from --server or $HIPQ_API_URL, token from
---token or $HIPQ_API_TOKEN; --json prints the API's JSON):
+--token or $HIPQ_API_TOKEN, the CA of an https server's certificate from --ca-file or
+$HIPQ_API_CA_FILE when no system root signed it; --json prints the API's JSON):
 
   hipq jobs get TYPE KEY
   hipq jobs list [--type T] [--state S] [--queue Q] [--limit N] [--cursor C]
@@ -40,9 +43,12 @@ const defaultServer = "http://127.0.0.1:8080"
 // remote is one CLI call to the API.
 type remote struct {
 	server, token string
-	json          bool
-	out           io.Writer
-	client        *http.Client
+	// caFile holds the CA certificates that sign the API's (https with a
+	// private CA); empty: the system's roots.
+	caFile string
+	json   bool
+	out    io.Writer
+	client *http.Client
 }
 
 // remoteFlags adds the flags every API command takes.
@@ -54,6 +60,8 @@ func remoteFlags(fs *flag.FlagSet) *remote {
 	}
 	fs.StringVar(&r.server, "server", server, "API base URL (or $HIPQ_API_URL)")
 	fs.StringVar(&r.token, "token", os.Getenv("HIPQ_API_TOKEN"), "bearer token (or $HIPQ_API_TOKEN)")
+	fs.StringVar(&r.caFile, "ca-file", os.Getenv("HIPQ_API_CA_FILE"),
+		"PEM file of the CA that signed the API's certificate, for https with a private CA (or $HIPQ_API_CA_FILE)")
 	fs.BoolVar(&r.json, "json", false, "print the API's JSON")
 	return r
 }
@@ -107,7 +115,20 @@ func (r *remote) call(method, path string, query url.Values, out any) ([]byte, e
 	if r.token != "" {
 		req.Header.Set("Authorization", "Bearer "+r.token)
 	}
+	if r.caFile != "" && r.client.Transport == nil {
+		pool, err := tlsconf.Pool(r.caFile)
+		if err != nil {
+			return nil, &exitError{2, fmt.Errorf("--ca-file: %w", err)}
+		}
+		tr := http.DefaultTransport.(*http.Transport).Clone()
+		tr.TLSClientConfig = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+		r.client.Transport = tr
+	}
 	resp, err := r.client.Do(req)
+	var unverified *tls.CertificateVerificationError
+	if errors.As(err, &unverified) {
+		return nil, fmt.Errorf("cannot trust the hipq API at %s: %w (--ca-file or $HIPQ_API_CA_FILE names the CA that signed its certificate)", r.server, err)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("cannot reach the hipq API at %s (set --server or $HIPQ_API_URL): %w", r.server, err)
 	}

@@ -108,10 +108,11 @@ type responder struct {
 	delay func() time.Duration
 }
 
+// newResponder's opts are what its client needs besides (TLS, SASL).
 func newResponder(brokers []string, group, requests, replies string,
-	decide func(key string, attempt int) (string, bool)) (*responder, error) {
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumerGroup(group), kgo.ConsumeTopics(requests),
-		kgo.FetchMaxWait(100*time.Millisecond), kgo.ProducerLinger(2*time.Millisecond))
+	decide func(key string, attempt int) (string, bool), opts ...kgo.Opt) (*responder, error) {
+	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(brokers...), kgo.ConsumerGroup(group), kgo.ConsumeTopics(requests),
+		kgo.FetchMaxWait(100 * time.Millisecond), kgo.ProducerLinger(2 * time.Millisecond)}, opts...)...)
 	if err != nil {
 		return nil, err
 	}

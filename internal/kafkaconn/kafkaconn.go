@@ -3,10 +3,7 @@
 package kafkaconn
 
 import (
-	"crypto/tls"
-	"crypto/x509"
 	"fmt"
-	"os"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -14,6 +11,8 @@ import (
 	"github.com/twmb/franz-go/pkg/sasl/scram"
 	"github.com/twmb/franz-go/plugin/kzap"
 	"go.uber.org/zap"
+
+	"github.com/hipq/hipq/internal/tlsconf"
 )
 
 // Config is how to reach the cluster.
@@ -21,7 +20,14 @@ type Config struct {
 	Brokers  []string
 	ClientID string
 	TLS      bool
-	CAFile   string
+	// CAFile holds the certificates that sign the brokers'; empty: the
+	// system's.
+	CAFile string
+	// ServerName is the name the brokers' certificates must carry when it
+	// is not the host name dialled (brokers reached by IP, or through a
+	// tunnel); empty: the host name dialled.
+	ServerName string
+	// CertFile and KeyFile are the client certificate of mutual TLS.
 	CertFile string
 	KeyFile  string
 	// SASLMechanism is empty, PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512.
@@ -69,6 +75,7 @@ func NewClient(cfg Config, log *zap.Logger, opts ...kgo.Opt) (*kgo.Client, error
 	}
 	base := []kgo.Opt{
 		kgo.SeedBrokers(cfg.Brokers...),
+		kgo.WithHooks(&connections{sasl: cfg.SASLMechanism != "", last: map[string]error{}}),
 		kgo.WithLogger(kzap.New(log.Named("kafka"), kzap.Level(level))),
 		// franz-go would write snappy, which stock clients (kafkajs) cannot read.
 		kgo.ProducerBatchCompression(codec),
@@ -80,23 +87,11 @@ func NewClient(cfg Config, log *zap.Logger, opts ...kgo.Opt) (*kgo.Client, error
 		base = append(base, kgo.MetadataMinAge(cfg.MetadataMinAge), kgo.MetadataMaxAge(max(cfg.MetadataMinAge, time.Second)))
 	}
 	if cfg.TLS {
-		tc := &tls.Config{MinVersion: tls.VersionTLS12}
-		if cfg.CAFile != "" {
-			pem, err := os.ReadFile(cfg.CAFile)
-			if err != nil {
-				return nil, fmt.Errorf("kafka.tls.ca_file: %w", err)
-			}
-			tc.RootCAs = x509.NewCertPool()
-			if !tc.RootCAs.AppendCertsFromPEM(pem) {
-				return nil, fmt.Errorf("kafka.tls.ca_file: no PEM certificates in %s", cfg.CAFile)
-			}
-		}
-		if cfg.CertFile != "" {
-			cert, err := tls.LoadX509KeyPair(cfg.CertFile, cfg.KeyFile)
-			if err != nil {
-				return nil, fmt.Errorf("kafka.tls.cert_file: %w", err)
-			}
-			tc.Certificates = []tls.Certificate{cert}
+		// The client certificate is read again when its files change, so
+		// a rotation reaches the next connection without a restart.
+		tc, err := tlsconf.Client(tlsconf.Files{CAFile: cfg.CAFile, CertFile: cfg.CertFile, KeyFile: cfg.KeyFile, ServerName: cfg.ServerName})
+		if err != nil {
+			return nil, fmt.Errorf("kafka.tls.%w", err)
 		}
 		base = append(base, kgo.DialTLSConfig(tc))
 	}

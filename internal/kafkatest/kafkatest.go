@@ -28,6 +28,10 @@ type Cluster struct {
 	fake    *kfake.Cluster
 	prefix  string
 	t       testing.TB
+	// opts are what the test's own clients need to get in (TLS, SASL).
+	opts []kgo.Opt
+	// accepted counts the connections of a NewSecure cluster.
+	accepted *atomic.Int64
 }
 
 var seq atomic.Int64
@@ -110,7 +114,7 @@ func (c *Cluster) CreateTopics(partitions int32, names ...string) {
 // Client is a plain client for producing and reading in tests.
 func (c *Cluster) Client(opts ...kgo.Opt) *kgo.Client {
 	c.t.Helper()
-	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(c.Brokers...), kgo.MetadataMinAge(100 * time.Millisecond)}, opts...)...)
+	cl, err := kgo.NewClient(append(c.ClientOpts(kgo.SeedBrokers(c.Brokers...), kgo.MetadataMinAge(100*time.Millisecond)), opts...)...)
 	if err != nil {
 		c.t.Fatalf("kafka client: %v", err)
 	}
@@ -127,4 +131,10 @@ func (c *Cluster) Produce(rs ...*kgo.Record) {
 	if err := cl.ProduceSync(ctx, rs...).FirstErr(); err != nil {
 		c.t.Fatalf("produce: %v", err)
 	}
+}
+
+// ClientOpts are opts plus what a client of the test's own needs to get
+// into the cluster: on a secured cluster, TLS and the superuser's SASL.
+func (c *Cluster) ClientOpts(opts ...kgo.Opt) []kgo.Opt {
+	return append(opts, c.opts...)
 }

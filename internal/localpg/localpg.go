@@ -1,7 +1,8 @@
 // Package localpg starts a private, throwaway PostgreSQL cluster from the
 // server binaries installed on the machine (initdb and postgres, found on
 // PATH or under /usr/lib/postgresql/*/bin). It listens on a Unix socket in
-// its own directory only, so clusters never collide on a port.
+// its own directory only, so clusters never collide on a port; one asked
+// to serve TLS listens on a free TCP port of 127.0.0.1 as well.
 //
 // PostgreSQL refuses to run as root; as root the cluster runs as the
 // "postgres" user, else "nobody", in a directory under the system temp
@@ -12,6 +13,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"os/user"
@@ -32,11 +34,32 @@ type Options struct {
 	Durable bool
 	// Settings are extra postgres -c settings.
 	Settings map[string]string
+	// TLS, when set, serves TLS on TCP as well (see TLS).
+	TLS *TLS
+}
+
+// TLS makes a cluster listen on 127.0.0.1 as well as on its socket, with
+// ssl=on and a pg_hba.conf that lets TCP connections in over TLS only
+// (hostssl): a connection without TLS is refused. The socket stays open
+// without a password, for setting up.
+type TLS struct {
+	// CertFile and KeyFile are the server's certificate and key (PEM);
+	// they are copied into the cluster's directory, where the server's
+	// user may read them.
+	CertFile, KeyFile string
+	// ClientCAFile, when set, makes every TCP connection present a client
+	// certificate it signed, whose common name is the user signing in
+	// (pg_hba's cert method); without it, TCP connections over TLS are
+	// trusted.
+	ClientCAFile string
 }
 
 // Cluster is a running throwaway cluster.
 type Cluster struct {
-	Dir  string // removed by Stop
+	Dir string // removed by Stop
+	// Port is the server's port: of its socket, and with TLS of its TCP
+	// listener on 127.0.0.1.
+	Port int
 	cmd  *exec.Cmd
 	done chan error
 	bin  string
@@ -110,7 +133,7 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Cluster{Dir: dir, done: make(chan error, 1)}
+	c := &Cluster{Dir: dir, Port: 5432, done: make(chan error, 1)}
 	fail := func(err error) (*Cluster, error) {
 		_ = os.RemoveAll(dir)
 		return nil, err
@@ -133,6 +156,13 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	}
 	args := []string{"-D", data, "-k", dir, "-c", "listen_addresses=", "-c", "max_connections=200",
 		"-c", "shared_buffers=128MB", "-c", "max_locks_per_transaction=256"}
+	if opts.TLS != nil {
+		more, err := c.serveTLS(data, cred, opts.TLS)
+		if err != nil {
+			return fail(err)
+		}
+		args = append(args, more...)
+	}
 	if !opts.Durable {
 		args = append(args, "-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off")
 	}
@@ -144,6 +174,64 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 		return fail(err)
 	}
 	return c, nil
+}
+
+// serveTLS puts the certificates and a hostssl-only pg_hba.conf in place
+// and returns the settings that serve them on a free TCP port.
+func (c *Cluster) serveTLS(data string, cred *syscall.Credential, t *TLS) ([]string, error) {
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	c.Port = port
+	files := map[string]string{"server.crt": t.CertFile, "server.key": t.KeyFile}
+	if t.ClientCAFile != "" {
+		files["client-ca.crt"] = t.ClientCAFile
+	}
+	for name, from := range files {
+		b, err := os.ReadFile(from)
+		if err != nil {
+			return nil, err
+		}
+		to := filepath.Join(c.Dir, name)
+		// PostgreSQL refuses a key others may read.
+		if err := os.WriteFile(to, b, 0o600); err != nil {
+			return nil, err
+		}
+		if cred != nil {
+			if err := os.Chown(to, int(cred.Uid), int(cred.Gid)); err != nil {
+				return nil, err
+			}
+		}
+	}
+	hba := "local all all trust\nhostssl all all 127.0.0.1/32 trust\n"
+	if t.ClientCAFile != "" {
+		hba = "local all all trust\nhostssl all all 127.0.0.1/32 cert\n"
+	}
+	if err := os.WriteFile(filepath.Join(data, "pg_hba.conf"), []byte(hba), 0o600); err != nil {
+		return nil, err
+	}
+	if cred != nil {
+		if err := os.Chown(filepath.Join(data, "pg_hba.conf"), int(cred.Uid), int(cred.Gid)); err != nil {
+			return nil, err
+		}
+	}
+	args := []string{"-c", "listen_addresses=127.0.0.1", "-c", "port=" + strconv.Itoa(port), "-c", "ssl=on",
+		"-c", "ssl_cert_file=" + filepath.Join(c.Dir, "server.crt"), "-c", "ssl_key_file=" + filepath.Join(c.Dir, "server.key")}
+	if t.ClientCAFile != "" {
+		args = append(args, "-c", "ssl_ca_file="+filepath.Join(c.Dir, "client-ca.crt"))
+	}
+	return args, nil
+}
+
+// freePort is a TCP port free on 127.0.0.1 when asked.
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 // run starts postgres on the cluster's data and waits until it accepts
@@ -219,7 +307,7 @@ func (c *Cluster) shutdown(sig syscall.Signal) {
 
 // URL is a connection string for database db.
 func (c *Cluster) URL(db string) string {
-	return fmt.Sprintf("host=%s port=5432 user=hipq dbname=%s sslmode=disable", c.Dir, db)
+	return fmt.Sprintf("host=%s port=%d user=hipq dbname=%s sslmode=disable", c.Dir, c.Port, db)
 }
 
 // CreateDatabase creates database name (optionally from a template) and
