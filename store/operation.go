@@ -143,7 +143,7 @@ func (s *Store) DatabaseNow(ctx context.Context) (time.Time, error) {
 }
 
 // where is a filter's condition on hipq_job (aliased j), the kind's own
-// condition first: what the action can apply to at all.
+// condition first: what the action can apply to at all (none for kind "").
 func (f JobFilter) where(kind OperationKind, args pgx.NamedArgs) string {
 	var w []string
 	switch kind {
@@ -207,15 +207,27 @@ func (f DeadLetterFilter) where(args pgx.NamedArgs) string {
 // OperationCount is what a dry run answers: how many rows the operation
 // would walk now.
 func (s *Store) OperationCount(ctx context.Context, op Operation) (int64, error) {
+	return s.OperationCountUpTo(ctx, op, 0)
+}
+
+// OperationCountUpTo is OperationCount counting no further than limit
+// rows (0: no limit), so a page can show a count cheaply. An operation of
+// kind "" with a job filter counts the jobs of the filter alone, in any
+// state.
+func (s *Store) OperationCountUpTo(ctx context.Context, op Operation, limit int64) (int64, error) {
 	args := pgx.NamedArgs{}
-	q := `SELECT count(*) FROM hipq_job j WHERE `
+	q := `SELECT 1 FROM hipq_job j WHERE `
 	if op.Kind.ForJobs() {
 		q += op.Jobs.where(op.Kind, args)
 	} else {
-		q = `SELECT count(*) FROM hipq_dead_letter d WHERE ` + op.DeadLetters.where(args)
+		q = `SELECT 1 FROM hipq_dead_letter d WHERE ` + op.DeadLetters.where(args)
+	}
+	if limit > 0 {
+		args["limit"] = limit
+		q += ` LIMIT @limit`
 	}
 	var n int64
-	if err := s.pool.QueryRow(ctx, q, args).Scan(&n); err != nil {
+	if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM (`+q+`) x`, args).Scan(&n); err != nil {
 		return 0, fmt.Errorf("count %s: %w", op.Kind, err)
 	}
 	return n, nil
