@@ -206,7 +206,12 @@ func TestBulkOperationOutlastsTheRequestAndResumes(t *testing.T) {
 	rctx, stop := context.WithCancel(context.Background())
 	ran := make(chan error, 1)
 	go func() { ran <- other.RunOperations(rctx) }()
-	defer func() { stop(); <-ran }()
+	defer func() {
+		stop()
+		if err := <-ran; err != nil {
+			t.Error(err)
+		}
+	}()
 	testutil.Eventually(t, 60*time.Second, func() (bool, string) {
 		op, err := e.st.OperationGet(ctx, id)
 		return err == nil && op.State == store.OperationDone, fmt.Sprintf("%+v %v", op, err)
