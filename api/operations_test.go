@@ -2,6 +2,7 @@ package api
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"strings"
@@ -271,4 +272,44 @@ func countJobs(t *testing.T, st *store.Store, where string) int {
 		t.Fatal(err)
 	}
 	return n
+}
+
+// decodeBulk, on any body: an input error with a code, or an operation
+// with a filter, a reason, and a state and outcome its kind applies to.
+func FuzzDecodeBulk(f *testing.F) {
+	for _, s := range []string{`{"filter": {"queue": "q"}, "reason": "r"}`, `{"filter": {}, "reason": "r"}`, `{}`, `[]`, `null`,
+		`{"filter": {"state": "final", "outcome": "failed", "created_after": "2026-01-01T00:00:00Z"}, "reason": "r", "dry_run": true}`,
+		`{"filter": {"source": "intake", "reason_prefix": "no_job:"}, "reason": "r"}`, `{"filter": {"queue": 1}, "reason": "r"}`} {
+		for k := range 4 {
+			f.Add([]byte(s), k)
+		}
+	}
+	kinds := []store.OperationKind{store.OperationCancel, store.OperationReplay, store.OperationRunNow, store.OperationDeadLetterReplay}
+	f.Fuzz(func(t *testing.T, body []byte, k int) {
+		kind := kinds[(k%4+4)%4]
+		op, _, err := decodeBulk(body, kind)
+		if err != nil {
+			var ie *correlator.InputError
+			if !errors.As(err, &ie) || ie.Code == "" {
+				t.Fatalf("error %v is not an input error with a code", err)
+			}
+			return
+		}
+		if op.Kind != kind || op.Reason == "" || len(op.Reason) > 1000 {
+			t.Fatalf("operation %+v from %q", op, body)
+		}
+		if kind.ForJobs() {
+			f := op.Jobs
+			if f == nil || *f == (store.JobFilter{}) {
+				t.Fatalf("an empty job filter passed: %q", body)
+			}
+			if kind != store.OperationReplay && (f.State == correlator.StateFinal || f.Outcome != "") {
+				t.Fatalf("%s of final jobs passed: %q", kind, body)
+			}
+			return
+		}
+		if op.DeadLetters == nil || *op.DeadLetters == (store.DeadLetterFilter{}) {
+			t.Fatalf("an empty dead-letter filter passed: %q", body)
+		}
+	})
 }
