@@ -73,6 +73,7 @@ FUZZTIME ?= 30s
 fuzz:
 	$(GO) test ./api -run '^$$' -fuzz '^FuzzDecodeCallback$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./api -run '^$$' -fuzz '^FuzzDecodeEnqueue$$' -fuzztime $(FUZZTIME)
+	$(GO) test ./api -run '^$$' -fuzz '^FuzzDecodeBulk$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./config -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./correlator -run '^$$' -fuzz '^FuzzCheckJSON$$' -fuzztime $(FUZZTIME)
 	$(GO) test ./correlator -run '^$$' -fuzz '^FuzzDecodePlain$$' -fuzztime $(FUZZTIME)

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
 	"github.com/hipq/hipq/correlator"
@@ -46,6 +47,8 @@ type apiEnv struct {
 	token string
 	m     *metrics.Metrics
 	h     http.Handler
+	srv   *Server
+	cfg   Config
 }
 
 func newAPI(t *testing.T, tokens ...string) *apiEnv {
@@ -61,6 +64,12 @@ func newAPIWith(t *testing.T, copies *deadletter.Copier, tokens ...string) *apiE
 // newAPIConfig is newAPI with set changing the server's config.
 func newAPIConfig(t *testing.T, set func(*Config), tokens ...string) *apiEnv {
 	t.Helper()
+	return newAPILogged(t, zaptest.NewLogger(t), set, tokens...)
+}
+
+// newAPILogged is newAPIConfig logging to log.
+func newAPILogged(t *testing.T, log *zap.Logger, set func(*Config), tokens ...string) *apiEnv {
+	t.Helper()
 	st := pgtest.New(t)
 	types := map[string]*correlator.JobType{
 		"t": {Name: "t", Queue: "default", Timeout: time.Hour, Priority: 100, ThrottleFactor: 1, Delivery: correlator.AtLeastOnce,
@@ -71,13 +80,14 @@ func newAPIConfig(t *testing.T, set func(*Config), tokens ...string) *apiEnv {
 		Queues: []string{"default"}, Types: types, EarlyTTL: time.Minute, Metrics: m,
 		Matchers: map[string]correlator.Matcher{"custom": customMatcher()}}
 	set(&cfg)
-	s := New(zaptest.NewLogger(t), st, cfg)
+	s := New(log, st, cfg)
+	t.Cleanup(s.Close) // (before the database goes: it may work bulk operations)
 	// Every request the tests make, and its answer, is checked against
 	// api/openapi.yaml.
 	h := validating(t, s.Handler())
 	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)
-	e := &apiEnv{t: t, st: st, url: srv.URL, m: m, h: h}
+	e := &apiEnv{t: t, st: st, url: srv.URL, m: m, h: h, srv: s, cfg: cfg}
 	if len(tokens) > 0 {
 		e.token = tokens[0]
 	}

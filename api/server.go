@@ -19,6 +19,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
@@ -49,6 +50,9 @@ func (c Config) WithDefaults() Config {
 	c.MaxBodyBytes = cmp.Or(c.MaxBodyBytes, DefaultMaxBodyBytes)
 	c.WriteDeadline = cmp.Or(c.WriteDeadline, DefaultWriteDeadline)
 	c.RequestTimeout = cmp.Or(c.RequestTimeout, DefaultRequestTimeout)
+	c.OperationLease = cmp.Or(c.OperationLease, DefaultOperationLease)
+	c.OperationPoll = cmp.Or(c.OperationPoll, DefaultOperationPoll)
+	c.OperationBatch = cmp.Or(c.OperationBatch, store.MaxOperationBatch)
 	return c
 }
 
@@ -104,6 +108,18 @@ type Config struct {
 	TracerProvider trace.TracerProvider
 	// UI is the dashboard at {prefix}/ui/; nil: none.
 	UI *UIConfig
+	// Instance names this process as the worker of bulk operations; ""
+	// is a random name.
+	Instance string
+	// OperationLease is how long this process holds a bulk operation
+	// after each of its batches; defaults to DefaultOperationLease.
+	OperationLease time.Duration
+	// OperationPoll is how often Run looks for bulk operations nobody
+	// works; defaults to DefaultOperationPoll.
+	OperationPoll time.Duration
+	// OperationBatch is the most rows a batch of a bulk operation walks;
+	// defaults to store.MaxOperationBatch, the most it may.
+	OperationBatch int
 }
 
 // Server serves the API.
@@ -113,6 +129,7 @@ type Server struct {
 	cfg Config
 	mux *http.ServeMux
 	hub hub // long polls' wake-ups
+	ops *operations
 	// patterns are the ServeMux patterns route registered, in order: the
 	// route table the OpenAPI document is checked against.
 	patterns []string
@@ -130,10 +147,14 @@ func New(log *zap.Logger, st *store.Store, cfg Config) *Server {
 	serveMetrics := cfg.Metrics != nil
 	cfg.Metrics = metrics.Or(cfg.Metrics)
 	s := &Server{log: log.Named("api"), st: st, cfg: cfg, mux: http.NewServeMux()}
+	s.ops = newOperations(s)
 	auth := s.authorized
 	s.route("PUT /v1/jobs/{job_type}/{job_key}", auth(s.enqueue))
 	s.route("GET /v1/jobs/{job_type}/{job_key}", auth(s.getJob))
 	s.route("GET /v1/jobs", auth(s.listJobs))
+	s.route("POST /v1/jobs/cancel", auth(s.bulk(store.OperationCancel)))
+	s.route("POST /v1/jobs/replay", auth(s.bulk(store.OperationReplay)))
+	s.route("POST /v1/jobs/run-now", auth(s.bulk(store.OperationRunNow)))
 	s.route("POST /v1/jobs/{job_type}/{job_key}/cancel", auth(s.cancel))
 	s.route("POST /v1/jobs/{job_type}/{job_key}/replay", auth(s.replay))
 	s.route("POST /v1/jobs/{job_type}/{job_key}/response", s.handle(s.callback))   // signature or token, checked inside
@@ -147,6 +168,9 @@ func New(log *zap.Logger, st *store.Store, cfg Config) *Server {
 	s.route("POST /v1/schedules/{name}/trigger", auth(s.triggerSchedule))
 	s.route("GET /v1/dead-letters", auth(s.listDeadLetters))
 	s.route("POST /v1/dead-letters/{id}/replay", auth(s.replayDeadLetter))
+	s.route("POST /v1/dead-letters/replay", auth(s.bulk(store.OperationDeadLetterReplay)))
+	s.route("GET /v1/operations/{id}", auth(s.getOperation))
+	s.route("DELETE /v1/operations/{id}", auth(s.stopOperation))
 	s.route("GET /v1/openapi.yaml", auth(openapi("application/yaml", openapiYAML)))
 	s.route("GET /v1/openapi.json", auth(openapi("application/json", openapiJSON)))
 	s.route("GET /healthz", http.HandlerFunc(healthz))
@@ -178,6 +202,10 @@ func (s *Server) Handler() http.Handler {
 func apiRoute(r *http.Request) string {
 	p := r.URL.Path
 	switch {
+	case slices.Contains([]string{"/v1/jobs/cancel", "/v1/jobs/replay", "/v1/jobs/run-now", "/v1/dead-letters/replay"}, p):
+		return p
+	case strings.HasPrefix(p, "/v1/operations/"):
+		return "/v1/operations/{id}"
 	case strings.HasSuffix(p, "/response"):
 		return "/v1/jobs/{job_type}/{job_key}/response"
 	case strings.HasPrefix(p, "/v1/jobs/"):
@@ -191,7 +219,8 @@ func apiRoute(r *http.Request) string {
 }
 
 // Run listens on cfg.Listen until ctx ends, then shuts down gracefully.
-// With no tokens configured it listens on loopback only.
+// With no tokens configured it listens on loopback only. It works the bulk
+// operations nobody works meanwhile (RunOperations).
 func (s *Server) Run(ctx context.Context) error {
 	addr := s.cfg.Listen
 	if len(s.cfg.Tokens) == 0 {
@@ -205,7 +234,12 @@ func (s *Server) Run(ctx context.Context) error {
 	srv := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: time.Minute,
 		IdleTimeout: 2 * time.Minute, ErrorLog: zap.NewStdLog(s.log), TLSConfig: s.cfg.TLS}
 	s.log.Info("api listening", zap.String("addr", l.Addr().String()), zap.Bool("tls", s.cfg.TLS != nil))
-	return serveUntil(ctx, srv, l, "api", 10*time.Second)
+	octx, stop := context.WithCancel(ctx)
+	ops := make(chan error, 1)
+	go func() { ops <- s.RunOperations(octx) }()
+	err = serveUntil(ctx, srv, l, "api", 10*time.Second)
+	stop()
+	return errors.Join(err, <-ops)
 }
 
 // serveUntil serves srv on l until ctx ends, then shuts it down, waiting

@@ -109,8 +109,10 @@ type ui struct {
 	pages   map[string]*template.Template
 	csrfKey []byte
 	// tokens are the configured tokens' hashes (tokenHash) and roles:
-	// what a stored session is checked against.
+	// what a stored session is checked against; names their names, as
+	// the API logs them.
 	tokens map[string]role
+	names  map[string]string
 	counts countCache
 }
 
@@ -128,12 +130,14 @@ func (s *Server) mountUI(cfg UIConfig) {
 	m.Write([]byte("hipq dashboard key"))
 	u.csrfKey = m.Sum(nil)
 	u.cfg.SessionTTL = cmp.Or(u.cfg.SessionTTL, DefaultSessionTTL)
-	u.tokens = map[string]role{}
+	u.tokens, u.names = map[string]role{}, map[string]string{}
 	for _, t := range s.cfg.ReadTokens {
 		u.tokens[string(u.tokenHash(t))] = roleRead
+		u.names[string(u.tokenHash(t))] = nameOf(t)
 	}
 	for _, t := range s.cfg.Tokens { // a token in both lists is admin, as in the API
 		u.tokens[string(u.tokenHash(t))] = roleAdmin
+		u.names[string(u.tokenHash(t))] = nameOf(t)
 	}
 	funcs := template.FuncMap{
 		"link":     u.link,
@@ -153,7 +157,7 @@ func (s *Server) mountUI(cfg UIConfig) {
 		},
 	}
 	layout := template.Must(template.New("layout.html").Funcs(funcs).ParseFS(uiFiles, "ui/layout.html"))
-	for _, p := range []string{"login", "overview", "jobs", "job", "deadletters", "queues", "schedules", "error"} {
+	for _, p := range []string{"login", "overview", "jobs", "job", "deadletters", "queues", "schedules", "bulk", "error"} {
 		u.pages[p] = template.Must(template.Must(layout.Clone()).ParseFS(uiFiles, "ui/"+p+".html"))
 	}
 	static, _ := fs.Sub(uiFiles, "ui/static")
@@ -173,6 +177,7 @@ func (s *Server) mountUI(cfg UIConfig) {
 	s.route("GET "+u.base+"/dead-letters", u.page(u.deadLetters))
 	s.route("GET "+u.base+"/queues", u.page(u.queues))
 	s.route("GET "+u.base+"/schedules", u.page(u.schedules))
+	s.route("GET "+u.base+"/bulk", u.page(u.bulkConfirm))
 	s.route("POST "+u.base+"/act/{action}", u.headers(http.HandlerFunc(u.act)))
 }
 
@@ -265,28 +270,35 @@ func (u *ui) render(w http.ResponseWriter, status int, v *view) {
 // A session whose token is no longer configured with the role it signed in
 // with is deleted: it stays ended if the token comes back.
 func (u *ui) role(r *http.Request) (role, error) {
+	rl, _, err := u.who(r)
+	return rl, err
+}
+
+// who is the session's role and the name of its token (as the API names
+// tokens in its log).
+func (u *ui) who(r *http.Request) (role, string, error) {
 	if len(u.s.cfg.Tokens) == 0 {
-		return roleAdmin, nil
+		return roleAdmin, u.s.tokenName(r), nil
 	}
 	id := u.sessionID(r)
 	if id == nil {
-		return roleNone, nil
+		return roleNone, "", nil
 	}
 	sess, err := u.s.st.UISessionTouch(r.Context(), id, u.cfg.SessionTTL, min(time.Minute, u.cfg.SessionTTL/2))
 	if err != nil || sess == nil {
-		return roleNone, err
+		return roleNone, "", err
 	}
-	configured := roleNone
+	configured, name := roleNone, ""
 	for h, rl := range u.tokens {
 		if subtle.ConstantTimeCompare([]byte(h), sess.TokenHash) == 1 {
-			configured = rl
+			configured, name = rl, u.names[h]
 		}
 	}
 	if configured == roleNone || configured.String() != sess.Role {
 		u.s.log.Info("dashboard session ended: its token is no longer configured with its role", zap.String("role", sess.Role))
-		return roleNone, u.s.st.UISessionDelete(r.Context(), id)
+		return roleNone, "", u.s.st.UISessionDelete(r.Context(), id)
 	}
-	return configured, nil
+	return configured, name, nil
 }
 
 // String names a role as sessions store it.
@@ -461,7 +473,7 @@ func (u *ui) act(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "forbidden: the form's CSRF token is missing or wrong; reload the page", http.StatusForbidden)
 		return
 	}
-	rl, err := u.role(r)
+	rl, name, err := u.who(r)
 	if err != nil {
 		u.fail(w, r, &view{Base: u.base}, err)
 		return
@@ -473,7 +485,15 @@ func (u *ui) act(w http.ResponseWriter, r *http.Request) {
 	f := r.PostFormValue
 	var h func(http.ResponseWriter, *http.Request) error
 	vals := map[string]string{}
+	var body []byte // a JSON body, for the handlers that read one
 	switch r.PathValue("action") {
+	case "bulk":
+		kind, ok := bulkKinds[f("kind")]
+		if !ok {
+			http.Error(w, "no such bulk action", http.StatusNotFound)
+			return
+		}
+		h, body = u.s.bulk(kind), bulkBodyOf(r.PostForm, kind, f("reason"), false)
 	case "cancel":
 		h, vals["job_type"], vals["job_key"] = u.s.cancel, f("job_type"), f("job_key")
 	case "replay":
@@ -490,8 +510,11 @@ func (u *ui) act(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "no such action", http.StatusNotFound)
 		return
 	}
-	in := r.Clone(r.Context())
+	in := r.Clone(context.WithValue(r.Context(), tokenNameKey{}, name))
 	in.Body, in.ContentLength = http.NoBody, 0
+	if body != nil {
+		in.Body, in.ContentLength = io.NopCloser(bytes.NewReader(body)), int64(len(body))
+	}
 	for k, v := range vals {
 		in.SetPathValue(k, v)
 	}
@@ -505,15 +528,21 @@ func (u *ui) act(w http.ResponseWriter, r *http.Request) {
 	ok := rec.status < 300
 	msg := "✓ " + r.PathValue("action") + ": done"
 	var answer struct {
-		Error  struct{ Message string }
-		Result string
+		Error     struct{ Message string }
+		Result    string
+		Operation *Operation
 	}
 	if json.Unmarshal(rec.body.Bytes(), &answer) == nil {
-		switch {
+		switch op := answer.Operation; {
 		case !ok:
 			msg = "✗ " + r.PathValue("action") + ": " + answer.Error.Message
 		case answer.Result != "":
 			msg += " (" + answer.Result + ")"
+		case op != nil && op.State == string(store.OperationRunning):
+			msg = fmt.Sprintf("✓ %s: operation %d goes on in the background (so far matched %d, done %d, skipped %d; GET /v1/operations/%d)",
+				op.Kind, op.ID, op.Matched, op.Done, op.Skipped, op.ID)
+		case op != nil:
+			msg = fmt.Sprintf("✓ %s: operation %d %s: matched %d, done %d, skipped %d", op.Kind, op.ID, op.State, op.Matched, op.Done, op.Skipped)
 		}
 	}
 	back := u.next(f("back"))

@@ -175,6 +175,9 @@ type jobsData struct {
 	Queues, Types, States         []string
 	Jobs                          []*correlator.Job
 	Next                          any // the keyset cursor of the next page, nil on the last
+	// Matching is how many jobs the filter matches, for the bulk actions
+	// (admin only); "" without a filter.
+	Matching string
 }
 
 // jobs: the job list, filtered by queue, type, state and key prefix,
@@ -210,7 +213,11 @@ func (u *ui) jobs(r *http.Request, v *view) error {
 		return err
 	}
 	d.Jobs, d.Next = page(jobs, limit, func(j *correlator.Job) int64 { return j.ID })
-	return nil
+	if d.Queue != "" || d.Type != "" || d.State != "" || d.KeyPrefix != "" {
+		d.Matching, err = u.listCount(r, v, store.Operation{Jobs: &store.JobFilter{Queue: d.Queue, JobType: d.Type,
+			State: correlator.State(d.State), KeyPrefix: d.KeyPrefix}})
+	}
+	return err
 }
 
 type jobData struct {
@@ -305,6 +312,9 @@ type deadLettersData struct {
 	Letters []deadLetterRow
 	Next    any // as jobsData.Next
 	Back    string
+	// Matching is how many dead letters of the source are not replayed
+	// yet, for the bulk replay (admin only); "" without a source.
+	Matching string
 }
 
 // deadLetters: newest first, by source, with the decoded record, its
@@ -333,7 +343,11 @@ func (u *ui) deadLetters(r *http.Request, v *view) error {
 		}
 		d.Letters = append(d.Letters, row)
 	}
-	return nil
+	if d.Source != "" {
+		d.Matching, err = u.listCount(r, v, store.Operation{Kind: store.OperationDeadLetterReplay,
+			DeadLetters: &store.DeadLetterFilter{Source: d.Source}})
+	}
+	return err
 }
 
 // redactRecord is a dead letter's record value as the dashboard shows

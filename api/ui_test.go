@@ -2,6 +2,7 @@ package api
 
 import (
 	"encoding/json"
+	"html"
 	"io"
 	"net/http"
 	"net/http/cookiejar"
@@ -291,4 +292,110 @@ func letterSection(t *testing.T, body, name string) string {
 	}
 	t.Fatalf("no dead letter %q on the page", name)
 	return ""
+}
+
+// The dashboard's bulk actions: a filtered list shows how many match and
+// the actions that apply, the confirmation page the count and the filter
+// (the time bound fixed), its form acts through the API (the reason
+// required, the CSRF token checked) and says what it did; the read role
+// sees no bulk action and may not take one.
+func TestDashboardBulkActions(t *testing.T) {
+	t.Parallel()
+	read := strings.Repeat("r", 32)
+	e := newAPIConfig(t, func(c *Config) {
+		c.ReadTokens = []string{read}
+		c.UI = &UIConfig{}
+	}, token)
+	for _, k := range []string{"a-1", "a-2", "a-3", "b-1"} {
+		e.want("PUT", "/v1/jobs/t/"+k, `{}`, 201)
+	}
+	b := newBrowser(t, e.url, nil)
+	b.signIn(token)
+	_, _, list := b.get("/ui/jobs?key_prefix=a-")
+	for _, want := range []string{`data-count="matching">3<`, `data-bulk="cancel"`, `data-bulk="run-now"`, `data-bulk="replay"`} {
+		if !strings.Contains(list, want) {
+			t.Fatalf("the filtered list lacks %s:\n%s", want, list)
+		}
+	}
+	if _, _, all := b.get("/ui/jobs"); strings.Contains(all, `id="bulk-actions"`) {
+		t.Error("the list without a filter offers a bulk action")
+	}
+	if _, _, final := b.get("/ui/jobs?state=final"); strings.Contains(final, `data-bulk="cancel"`) || !strings.Contains(final, `data-bulk="replay"`) {
+		t.Error("the list of final jobs offers to cancel them, or not to replay them")
+	}
+	code, _, page := b.get("/ui/bulk?kind=cancel&key_prefix=a-")
+	if code != http.StatusOK || !strings.Contains(page, `<span id="bulk-count">3</span>`) || !strings.Contains(page, `data-field="key_prefix">a-<`) ||
+		!strings.Contains(page, `data-field="created_before">`) {
+		t.Fatalf("the confirmation page: %d\n%s", code, page)
+	}
+	if code, _, page := b.get("/ui/bulk?kind=cancel&state=final&key_prefix=a-"); code != http.StatusBadRequest || !strings.Contains(page, "filter.state") {
+		t.Errorf("a cancel of final jobs: %d, want 400 naming filter.state", code)
+	}
+	form := url.Values{}
+	for _, m := range regexp.MustCompile(`<input type="hidden" name="([a-z_]+)" value="([^"]*)">`).FindAllStringSubmatch(page, -1) {
+		form.Set(m[1], html.UnescapeString(m[2]))
+	}
+	if form.Get("created_before") == "" || form.Get("csrf") == "" || form.Get("kind") != "cancel" {
+		t.Fatalf("the form: %v", form)
+	}
+	// A job created after the page was made is not acted on.
+	e.want("PUT", "/v1/jobs/t/a-4", `{}`, 201)
+	wrong := url.Values{}
+	for k, v := range form {
+		wrong[k] = v
+	}
+	wrong.Set("csrf", strings.Repeat("0", 64))
+	wrong.Set("reason", "x")
+	if resp := b.post("/ui/act/bulk", wrong); resp.StatusCode != http.StatusForbidden {
+		t.Errorf("a wrong CSRF token: %d", resp.StatusCode)
+	}
+	resp := b.post("/ui/act/bulk", form) // no reason
+	if loc, _ := url.Parse(resp.Header.Get("Location")); !strings.Contains(loc.Query().Get("flash"), "✗ bulk: reason: required") {
+		t.Errorf("without a reason: to %s", resp.Header.Get("Location"))
+	}
+	form.Set("reason", "tenant a left")
+	resp = b.post("/ui/act/bulk", form)
+	loc, _ := url.Parse(resp.Header.Get("Location"))
+	if f := loc.Query().Get("flash"); loc.Path != "/ui/jobs" || !strings.Contains(f, "✓ jobs.cancel: operation 1 done: matched 3, done 3, skipped 0") {
+		t.Fatalf("after the action: to %s (%q)", loc, f)
+	}
+	for k, want := range map[string]string{"a-1": "final", "a-3": "final", "a-4": "initial", "b-1": "initial"} {
+		if j := job(e.want("GET", "/v1/jobs/t/"+k, "", 200)); j["state"] != want {
+			t.Errorf("%s: %v, want %s", k, j["state"], want)
+		}
+	}
+	if op, err := e.st.OperationGet(ctx, 1); err != nil || op.TokenName != nameOf(token) || op.Reason != "tenant a left" {
+		t.Errorf("the operation: %+v %v", op, err)
+	}
+
+	// Dead letters by source.
+	if err := e.st.DeadLetterInsert(ctx, []store.DeadLetter{{Kind: store.SourceIntake, Reason: "unknown_job_type: t",
+		Source: store.Source{Value: []byte(`{"job_type": "t", "job_key": "dl"}`)}}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, dl := b.get("/ui/dead-letters?source=intake"); !strings.Contains(dl, `data-count="matching">1<`) || !strings.Contains(dl, `data-bulk="dead-letters-replay"`) {
+		t.Fatalf("the dead letters of a source offer no bulk replay:\n%s", dl)
+	}
+	if code, _, page := b.get("/ui/bulk?kind=dead-letters-replay&source=intake"); code != 200 || !strings.Contains(page, `<span id="bulk-count">1</span>`) ||
+		!strings.Contains(page, `data-field="received_before">`) {
+		t.Fatalf("the dead letters' confirmation page: %d\n%s", code, page)
+	}
+
+	// The read role.
+	rb := newBrowser(t, e.url, nil)
+	rb.signIn(read)
+	if _, _, list := rb.get("/ui/jobs?key_prefix=b-"); strings.Contains(list, `id="bulk-actions"`) {
+		t.Error("the read role is offered a bulk action")
+	}
+	if code, _, _ := rb.get("/ui/bulk?kind=cancel&key_prefix=b-"); code != http.StatusForbidden {
+		t.Errorf("the read role's confirmation page: %d, want 403", code)
+	}
+	_, _, queues := rb.get("/ui/queues")
+	rform := url.Values{"csrf": {csrfField.FindStringSubmatch(queues)[1]}, "kind": {"cancel"}, "key_prefix": {"b-"}, "reason": {"x"}}
+	if resp := rb.post("/ui/act/bulk", rform); resp.StatusCode != http.StatusForbidden {
+		t.Errorf("the read role's bulk action: %d, want 403", resp.StatusCode)
+	}
+	if j := job(e.want("GET", "/v1/jobs/t/b-1", "", 200)); j["state"] != "initial" {
+		t.Errorf("b-1 after the read role's try: %v", j["state"])
+	}
 }

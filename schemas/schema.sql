@@ -1,4 +1,4 @@
--- hipq's schema at version 20, with its repeatable migrations applied, as
+-- hipq's schema at version 22, with its repeatable migrations applied, as
 -- PostgreSQL's catalogs describe it. Written by `make schema`; TestSchemaSnapshot
 -- (store) fails when the migrated schema differs. Do not edit.
 
@@ -133,6 +133,31 @@ CREATE TABLE hipq_offset (
 );
 ALTER TABLE hipq_offset ADD CONSTRAINT hipq_offset_pkey PRIMARY KEY (consumer_group, topic, kafka_partition);
 
+CREATE TABLE hipq_operation (
+    id bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
+    kind text NOT NULL,
+    filter jsonb NOT NULL,
+    reason text NOT NULL,
+    token_name text NOT NULL,
+    state text DEFAULT 'running'::text NOT NULL,
+    matched bigint DEFAULT 0 NOT NULL,
+    done bigint DEFAULT 0 NOT NULL,
+    skipped bigint DEFAULT 0 NOT NULL,
+    cursor_id bigint DEFAULT 0 NOT NULL,
+    until_id bigint NOT NULL,
+    owner text,
+    lease_until timestamp with time zone,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL
+);
+ALTER TABLE hipq_operation ADD CONSTRAINT hipq_operation_check CHECK (matched = (done + skipped));
+ALTER TABLE hipq_operation ADD CONSTRAINT hipq_operation_check1 CHECK (state = 'running'::text OR owner IS NULL);
+ALTER TABLE hipq_operation ADD CONSTRAINT hipq_operation_kind_check CHECK (kind = ANY (ARRAY['jobs.cancel'::text, 'jobs.replay'::text, 'jobs.run_now'::text, 'dead_letters.replay'::text]));
+ALTER TABLE hipq_operation ADD CONSTRAINT hipq_operation_pkey PRIMARY KEY (id);
+ALTER TABLE hipq_operation ADD CONSTRAINT hipq_operation_reason_check CHECK (reason <> ''::text);
+ALTER TABLE hipq_operation ADD CONSTRAINT hipq_operation_state_check CHECK (state = ANY (ARRAY['running'::text, 'done'::text, 'stopped'::text]));
+CREATE INDEX hipq_operation_running ON hipq_operation USING btree (id) WHERE (state = 'running'::text);
+
 CREATE TABLE hipq_queue (
     name text NOT NULL,
     paused boolean DEFAULT false NOT NULL,
@@ -210,6 +235,7 @@ CREATE SEQUENCE hipq_dead_letter_id_seq AS bigint START 1 INCREMENT 1 MINVALUE 1
 CREATE SEQUENCE hipq_early_reply_id_seq AS bigint START 1 INCREMENT 1 MINVALUE 1 MAXVALUE 9223372036854775807 CACHE 1; -- owned by hipq_early_reply.id
 CREATE SEQUENCE hipq_intake_id_seq AS bigint START 1 INCREMENT 1 MINVALUE 1 MAXVALUE 9223372036854775807 CACHE 1; -- owned by hipq_intake.id
 CREATE SEQUENCE hipq_job_id_seq AS bigint START 1 INCREMENT 1 MINVALUE 1 MAXVALUE 9223372036854775807 CACHE 1; -- owned by hipq_job.id
+CREATE SEQUENCE hipq_operation_id_seq AS bigint START 1 INCREMENT 1 MINVALUE 1 MAXVALUE 9223372036854775807 CACHE 1; -- owned by hipq_operation.id
 CREATE SEQUENCE hipq_rate_unit_id_seq AS bigint START 1 INCREMENT 1 MINVALUE 1 MAXVALUE 9223372036854775807 CACHE 1; -- owned by hipq_rate_unit.id
 
 CREATE OR REPLACE FUNCTION hipq_intake_notify()

@@ -289,18 +289,7 @@ func (s *Store) JobReplay(ctx context.Context, jobType, jobKey string, jt *corre
 	if old.State != correlator.StateFinal {
 		return old, ErrConflict
 	}
-	j := &correlator.Job{Queue: old.Queue, JobType: old.JobType, JobKey: old.JobKey, JobData: old.JobData,
-		MaxAttempts: old.MaxAttempts, Priority: old.Priority, ThrottleFactor: old.ThrottleFactor,
-		TimeWindows: old.TimeWindows, TimeoutSeconds: old.TimeoutSeconds}
-	if jt != nil {
-		j.Queue = jt.Queue
-		if jt.Retry != nil {
-			j.MaxAttempts = jt.Retry.MaxAttempts()
-		}
-		if windows := correlator.WindowsFor(jt, j.TimeWindows); len(windows) > 0 {
-			j.ScheduledRunTime = correlator.NextAllowed(windows, time.Now())
-		}
-	}
+	j := replayOf(old, jt, time.Now())
 	cur, created, err := s.JobEnqueue(ctx, j)
 	if err == nil && !created {
 		err = ErrConflict // a job appeared meanwhile, with the same data

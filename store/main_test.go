@@ -81,7 +81,7 @@ func wantState(t *testing.T, j *correlator.Job, state correlator.State, outcome 
 	}
 }
 
-func count(t *testing.T, st *store.Store, q string, args ...any) int {
+func count(t testing.TB, st *store.Store, q string, args ...any) int {
 	t.Helper()
 	var n int
 	if err := st.Pool().QueryRow(ctx, q, args...).Scan(&n); err != nil {

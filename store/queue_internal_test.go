@@ -245,7 +245,7 @@ func TestEveryWriteNamesItsQueue(t *testing.T) {
 // rate) through every path that moves them: claims (in both orders, and
 // of jobs outside their windows), send marks, undos, deliveries, replies
 // (by key, by id, progress, early, to a final job), resolves, cancels,
-// timeouts, unsent claims, expiry and retention. Each step checks that it
+// timeouts, unsent claims, expiry, bulk run-now and cancel, and retention. Each step checks that it
 // did something, so no statement passes by matching nothing. The jobs are
 // inserted, and the clock moved, through plain: intake is not checked
 // (its insert finds a (type, key)'s job in any queue, as the uniqueness
@@ -385,6 +385,25 @@ func queueLife(t *testing.T, st, plain *Store) {
 	must("undo unsent", n, len(refs), err)
 	n, err = st.JobExpire(ctx, 100)
 	must("expired", n, 3, err)
+	// Bulk actions by filter: a run-now of the jobs waiting (those of
+	// closed windows, deferred to their opening), then a cancel of every
+	// job not final, each in batches of 4, across the three queues.
+	before := time.Now()
+	for _, kind := range []OperationKind{OperationRunNow, OperationCancel} {
+		op, err := st.OperationCreate(ctx, Operation{Kind: kind, Reason: "queue life", TokenName: "t",
+			Jobs: &JobFilter{CreatedBefore: &before}}, "i", time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for op.State == OperationRunning {
+			if op, err = st.OperationStep(ctx, op.ID, OperationWork{Owner: "i", Lease: time.Minute, Batch: 4}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if op.Done == 0 {
+			t.Fatalf("%s: did nothing (matched %d)", kind, op.Matched)
+		}
+	}
 	// Every attempt written carries its job's queue.
 	var wrong int
 	err = plain.pool.QueryRow(ctx, `SELECT count(*) FROM hipq_attempt a JOIN hipq_job j ON j.id = a.job_id WHERE a.queue <> j.queue`).Scan(&wrong)

@@ -6,9 +6,10 @@
 //	hipq check-config --config hipq.yaml
 //	hipq demo
 //	hipq bench [-n 20000] [--json]
-//	hipq jobs get|list|cancel|replay ...
+//	hipq jobs get|list|cancel|replay|run-now ...
 //	hipq queues pause|resume QUEUE
 //	hipq dead-letters list|replay ...
+//	hipq operations get|stop ID
 //	hipq schedules list|pause|resume|trigger ... | next NAME --config FILE
 package main
 
@@ -39,9 +40,10 @@ Usage:
   hipq check-config --config FILE
   hipq demo
   hipq bench [-n N] [--json]
-  hipq jobs get|list|cancel|replay ...
+  hipq jobs get|list|cancel|replay|run-now ...
   hipq queues pause|resume QUEUE
   hipq dead-letters list|replay ...
+  hipq operations get|stop ID
   hipq schedules list | pause|resume|trigger NAME
   hipq schedules next NAME --config FILE [--from RFC3339] [--count N]
   hipq version
@@ -83,6 +85,8 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 		err = cmdQueues(args[1:], stdout)
 	case "dead-letters":
 		err = cmdDeadLetters(args[1:], stdout)
+	case "operations":
+		err = cmdOperations(args[1:], stdout)
 	case "schedules":
 		err = cmdSchedules(args[1:], stdout)
 	case "version", "--version", "-v":

@@ -31,10 +31,18 @@ $HIPQ_API_CA_FILE when no system root signed it; --json prints the API's JSON):
   hipq jobs list [--type T] [--state S] [--queue Q] [--limit N] [--cursor C]
   hipq jobs cancel TYPE KEY
   hipq jobs replay TYPE KEY
+  hipq jobs cancel|replay|run-now --reason WHY FILTER... [--dry-run] [--no-wait]
+      every job the filter matches; FILTER is one or more of --queue Q,
+      --type T, --state S, --outcome O, --key-prefix P, --since T (created
+      at or after), --created-before T, --updated-after T, --updated-before T;
+      a time T is RFC 3339 or a duration back from now (2h)
   hipq queues pause QUEUE
   hipq queues resume QUEUE
   hipq dead-letters list [--source intake|reply|callback] [--limit N] [--cursor C]
   hipq dead-letters replay ID
+  hipq dead-letters replay --reason WHY [--source S] [--reason-prefix P] [--since T]
+      [--until T] [--dry-run] [--no-wait]
+  hipq operations get|stop ID
 `
 
 // defaultServer is where the API listens unless configured otherwise.
@@ -67,7 +75,7 @@ func remoteFlags(fs *flag.FlagSet) *remote {
 }
 
 // parseArgs parses flags placed anywhere among the arguments and returns
-// the positional ones, which must number want.
+// the positional ones, which must number want (any number when want < 0).
 func parseArgs(fs *flag.FlagSet, args []string, want int, names string) ([]string, error) {
 	fs.SetOutput(io.Discard)
 	var pos []string
@@ -84,7 +92,7 @@ func parseArgs(fs *flag.FlagSet, args []string, want int, names string) ([]strin
 		}
 		pos, args = append(pos, args[0]), args[1:]
 	}
-	if len(pos) != want {
+	if want >= 0 && len(pos) != want {
 		return nil, &exitError{2, fmt.Errorf("%s: want %s, got %d argument(s)", fs.Name(), names, len(pos))}
 	}
 	return pos, nil
@@ -101,14 +109,23 @@ func (e *apiError) Error() string {
 	return fmt.Sprintf("%d %s: %s", e.Status, e.Code, e.Message)
 }
 
-// call makes one API request and decodes a 2xx answer into out (when not
-// nil); the raw answer is returned for --json.
-func (r *remote) call(method, path string, query url.Values, out any) ([]byte, error) {
+// call makes one API request, with body as JSON when not nil, and decodes
+// a 2xx answer into out (when not nil); the raw answer is returned for
+// --json.
+func (r *remote) call(method, path string, query url.Values, body, out any) ([]byte, error) {
 	u := strings.TrimRight(r.server, "/") + path
 	if len(query) > 0 {
 		u += "?" + query.Encode()
 	}
-	req, err := http.NewRequest(method, u, nil)
+	var in io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return nil, err
+		}
+		in = bytes.NewReader(b)
+	}
+	req, err := http.NewRequest(method, u, in)
 	if err != nil {
 		return nil, &exitError{2, fmt.Errorf("--server %q: %w", r.server, err)}
 	}
@@ -133,7 +150,7 @@ func (r *remote) call(method, path string, query url.Values, out any) ([]byte, e
 		return nil, fmt.Errorf("cannot reach the hipq API at %s (set --server or $HIPQ_API_URL): %w", r.server, err)
 	}
 	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	answer, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
 	if err != nil {
 		return nil, fmt.Errorf("%s %s: reading the answer: %w", method, path, err)
 	}
@@ -141,23 +158,23 @@ func (r *remote) call(method, path string, query url.Values, out any) ([]byte, e
 		var e struct {
 			Error struct{ Code, Message string }
 		}
-		if json.Unmarshal(body, &e) != nil || e.Error.Code == "" {
-			return nil, &apiError{Status: resp.StatusCode, Code: "http", Message: strings.TrimSpace(string(body))}
+		if json.Unmarshal(answer, &e) != nil || e.Error.Code == "" {
+			return nil, &apiError{Status: resp.StatusCode, Code: "http", Message: strings.TrimSpace(string(answer))}
 		}
 		return nil, &apiError{Status: resp.StatusCode, Code: e.Error.Code, Message: e.Error.Message}
 	}
 	if out != nil {
-		if err := json.Unmarshal(body, out); err != nil {
+		if err := json.Unmarshal(answer, out); err != nil {
 			return nil, fmt.Errorf("%s %s: the answer is not what hipq sends (is --server a hipq API?): %w", method, path, err)
 		}
 	}
-	return body, nil
+	return answer, nil
 }
 
 // do calls the API; with --json it prints the answer. done says the
 // command has nothing left to print (an error, or --json).
 func (r *remote) do(method, path string, query url.Values, out any) (done bool, err error) {
-	raw, err := r.call(method, path, query, out)
+	raw, err := r.call(method, path, query, nil, out)
 	if err != nil {
 		return true, err
 	}
@@ -202,7 +219,7 @@ func jobPath(typ, key string, suffix string) string {
 
 func cmdJobs(args []string, stdout io.Writer) error {
 	if len(args) == 0 {
-		return &exitError{2, errors.New("jobs: want get, list, cancel or replay\n\n" + remoteUsage)} //nolint:staticcheck // ST1005: the message is the usage text, printed as it is
+		return &exitError{2, errors.New("jobs: want get, list, cancel, replay or run-now\n\n" + remoteUsage)} //nolint:staticcheck // ST1005: the message is the usage text, printed as it is
 	}
 	sub, args := args[0], args[1:]
 	fs := flag.NewFlagSet("jobs "+sub, flag.ContinueOnError)
@@ -248,10 +265,17 @@ func cmdJobs(args []string, stdout io.Writer) error {
 		err := tw.Flush()
 		more(stdout, out.Next)
 		return err
-	case "cancel", "replay":
-		pos, err := parseArgs(fs, args, 2, "TYPE KEY")
+	case "cancel", "replay", "run-now":
+		b := jobFilterFlags(fs)
+		pos, err := parseArgs(fs, args, -1, "")
 		if err != nil {
 			return err
+		}
+		if len(pos) == 0 {
+			return r.bulk(b, "/v1/jobs/"+sub)
+		}
+		if len(pos) != 2 || sub == "run-now" || b.set(fs) {
+			return &exitError{2, fmt.Errorf("jobs %s: want TYPE KEY for one job, or filter flags (and no argument) for every job they match", sub)}
 		}
 		var out struct {
 			Job api.Job `json:"job"`
@@ -266,7 +290,7 @@ func cmdJobs(args []string, stdout io.Writer) error {
 		fmt.Fprintf(stdout, "%s/%s %s: job %d, %s\n", out.Job.JobType, out.Job.JobKey, verb, out.Job.ID, jobState(&out.Job))
 		return nil
 	}
-	return &exitError{2, fmt.Errorf("jobs: unknown subcommand %q (get, list, cancel, replay)", sub)}
+	return &exitError{2, fmt.Errorf("jobs: unknown subcommand %q (get, list, cancel, replay, run-now)", sub)}
 }
 
 func cmdQueues(args []string, stdout io.Writer) error {
@@ -333,9 +357,16 @@ func cmdDeadLetters(args []string, stdout io.Writer) error {
 		more(stdout, out.Next)
 		return err
 	case "replay":
-		pos, err := parseArgs(fs, args, 1, "ID")
+		b := deadLetterFilterFlags(fs)
+		pos, err := parseArgs(fs, args, -1, "")
 		if err != nil {
 			return err
+		}
+		if len(pos) == 0 {
+			return r.bulk(b, "/v1/dead-letters/replay")
+		}
+		if len(pos) != 1 || b.set(fs) {
+			return &exitError{2, errors.New("dead-letters replay: want ID for one dead letter, or filter flags (and no argument) for every one they match")}
 		}
 		id, err := strconv.ParseInt(pos[0], 10, 64)
 		if err != nil || id < 1 {

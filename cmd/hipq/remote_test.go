@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http/httptest"
 	"regexp"
 	"strings"
@@ -120,4 +121,94 @@ func TestRemoteCommands(t *testing.T) {
 	mustContain(run(2, "jobs", "frob"), "unknown subcommand")
 	mustContain(run(2, "dead-letters", "replay", "x"), "not a dead letter id")
 	mustContain(run(2, "queues"), "pause QUEUE")
+}
+
+// hipq jobs cancel|replay|run-now and hipq dead-letters replay with filter
+// flags act on every job (dead letter) the filter matches, through the
+// API: a dry run prints the count, an action its counts, one that
+// outlasts the request is followed to its end; --reason is required, an
+// empty filter is the API's 400, a TYPE KEY with filter flags is a usage
+// error. hipq operations get and stop read and stop one.
+func TestRemoteBulkCommands(t *testing.T) {
+	st := pgtest.New(t)
+	token := strings.Repeat("k", 32)
+	types := map[string]*correlator.JobType{"t": {Name: "t", Queue: "default", Timeout: time.Hour, Priority: 100,
+		ThrottleFactor: 1, Delivery: correlator.AtLeastOnce, Retry: correlator.NoRetry}}
+	s := api.New(zaptest.NewLogger(t), st, api.Config{Tokens: []string{token}, Queues: []string{"default"},
+		Types: types, CallbackSecret: []byte(strings.Repeat("s", 32)), RequestTimeout: 400 * time.Millisecond, OperationBatch: 1})
+	t.Cleanup(s.Close)
+	srv := httptest.NewServer(s.Handler())
+	defer srv.Close()
+	t.Setenv("HIPQ_API_URL", srv.URL)
+	t.Setenv("HIPQ_API_TOKEN", token)
+	run := func(wantCode int, args ...string) string {
+		t.Helper()
+		var out, errOut bytes.Buffer
+		if code := runMain(args, &out, &errOut); code != wantCode {
+			t.Fatalf("hipq %s: exit %d, want %d\nstdout: %s\nstderr: %s", strings.Join(args, " "), code, wantCode, out.String(), errOut.String())
+		}
+		return out.String() + errOut.String()
+	}
+	mustContain := func(out string, parts ...string) {
+		t.Helper()
+		for _, p := range parts {
+			if !strings.Contains(out, p) {
+				t.Fatalf("output lacks %q:\n%s", p, out)
+			}
+		}
+	}
+	var jobs []*correlator.Job
+	for _, k := range []string{"k-1", "k-2", "k-3", "other"} {
+		j, err := correlator.NewJob(&correlator.Request{JobType: "t", JobKey: k}, types["t"], time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		jobs = append(jobs, j)
+	}
+	if _, err := st.JobsInsert(context.Background(), jobs); err != nil {
+		t.Fatal(err)
+	}
+
+	mustContain(run(0, "jobs", "cancel", "--key-prefix", "k-", "--reason", "tenant k left", "--dry-run"),
+		"dry run of jobs.cancel: 3 match key_prefix=k- created_before=")
+	mustContain(run(0, "jobs", "cancel", "--key-prefix", "k-", "--reason", "tenant k left"),
+		"operation 1 jobs.cancel done: matched 3, done 3, skipped 0")
+	var asJSON struct {
+		Operation struct{ State, Kind string }
+	}
+	out := run(0, "jobs", "replay", "--key-prefix", "k-", "--state", "final", "--since", "1h", "--reason", "back", "--json")
+	if err := json.Unmarshal([]byte(out), &asJSON); err != nil || asJSON.Operation.State != "done" || asJSON.Operation.Kind != "jobs.replay" {
+		t.Fatalf("--json: %v %s", err, out)
+	}
+	mustContain(run(0, "operations", "get", "1"), "operation 1 jobs.cancel done")
+	mustContain(run(1, "operations", "stop", "1"), "409 final")
+
+	if err := st.DeadLetterInsert(context.Background(), []store.DeadLetter{{Kind: store.SourceIntake, Reason: "unknown_job_type: t",
+		Source: store.Source{Value: []byte(`{"job_type": "t", "job_key": "dl"}`), Received: time.Now()}}}); err != nil {
+		t.Fatal(err)
+	}
+	mustContain(run(0, "dead-letters", "replay", "--source", "intake", "--since", "1h", "--reason", "t is configured"),
+		"dead_letters.replay done: matched 1, done 1, skipped 0", "source=intake")
+
+	// An operation that outlasts the request is followed to its end.
+	var many []*correlator.Job
+	for i := range 300 {
+		j, _ := correlator.NewJob(&correlator.Request{JobType: "t", JobKey: fmt.Sprintf("m-%03d", i)}, types["t"], time.Now())
+		many = append(many, j)
+	}
+	if _, err := st.JobsInsert(context.Background(), many); err != nil {
+		t.Fatal(err)
+	}
+	mustContain(run(0, "jobs", "cancel", "--key-prefix", "m-", "--reason", "too many"), "done: matched 300, done 300, skipped 0")
+
+	mustContain(run(2, "jobs", "cancel", "--key-prefix", "k-"), "--reason is required")
+	mustContain(run(1, "jobs", "cancel", "--reason", "x"), "400 empty_filter")
+	mustContain(run(2, "jobs", "cancel", "t", "k-1", "--queue", "default"), "want TYPE KEY for one job, or filter flags")
+	mustContain(run(2, "jobs", "run-now", "t", "k-1"), "want TYPE KEY for one job, or filter flags")
+	mustContain(run(2, "jobs", "cancel", "--since", "yesterday", "--reason", "x"), "neither an RFC 3339 time nor a duration")
+	mustContain(run(2, "dead-letters", "replay", "3", "--source", "intake"), "want ID for one dead letter, or filter flags")
+	mustContain(run(2, "operations", "get", "x"), "not an operation id")
+	if j, err := st.JobGet(context.Background(), "t", "other"); err != nil || j.State != correlator.StateInitial {
+		t.Fatalf("a job outside every filter: %v %v", j, err)
+	}
 }

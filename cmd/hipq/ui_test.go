@@ -58,8 +58,9 @@ const (
 // The dashboard as a person uses it, in headless Chromium against a real
 // hipq (PostgreSQL, kfake) mounted under a path prefix: no console error
 // on any page, the counts shown are the API's, pause and resume, cancel
-// and replay act as the API does, a hostile key is text, CSRF and the read
-// role are enforced, and a screenshot of the overview with live traffic.
+// and replay act as the API does, a bulk cancel of all matching is counted,
+// confirmed and done, a hostile key is text, CSRF and the read role are
+// enforced, and a screenshot of the overview with live traffic.
 func TestDashboardInBrowser(t *testing.T) {
 	t.Parallel()
 	browser := browsertest.New(t) // skips without Chromium
@@ -208,6 +209,37 @@ func TestDashboardInBrowser(t *testing.T) {
 	}
 	noErrors("job page actions")
 
+	// Act on all matching: the bulk queue's hang-* jobs (hang-1's two),
+	// counted on the list, confirmed with their count and filter, then
+	// cancelled by the form; the hostile key's job in the default queue,
+	// outside the filter, runs on.
+	do("filter the bulk queue's hang jobs", chromedp.Navigate(base+"/jobs?queue=bulk&key_prefix=hang-"))
+	if n, rows := textOf(`[data-count=matching]`), eval(`document.querySelectorAll("table.jobs tbody tr").length`); n != strconv.Itoa(rows) || rows != 4 {
+		t.Errorf("the list says %s match and shows %d rows, want 4", n, rows)
+	}
+	click("cancel all matching", `[data-bulk=cancel]`)
+	if got := textOf("#bulk-count"); got != "3" {
+		t.Errorf("the confirmation counts %s jobs to cancel, want 3 (hang-0, hang-1's new job, hang-2)", got)
+	}
+	if q, k := textOf(`[data-field=queue]`), textOf(`[data-field=key_prefix]`); q != "bulk" || k != "hang-" {
+		t.Errorf("the confirmation shows the filter queue=%s key_prefix=%s", q, k)
+	}
+	noErrors("the bulk confirmation")
+	do("give the reason", chromedp.SendKeys(chromedp.CSS(`form.bulk input[name=reason]`), "tenant a's backlog"))
+	click("confirm", `form.bulk button`)
+	if got := textOf(".flash"); !strings.Contains(got, "jobs.cancel") || !strings.Contains(got, "matched 3, done 3, skipped 0") {
+		t.Errorf("after the bulk cancel the page says %q", got)
+	}
+	for _, k := range []string{"hang-0", "hang-1", "hang-2"} {
+		if j := apiJob(t, api, "bulk.e2e", k); j.State != "final" || j.Outcome != "cancelled" {
+			t.Errorf("%s after the bulk cancel: %+v", k, j)
+		}
+	}
+	if j := apiJob(t, api, "e2e", url.PathEscape(xssKey)); j.State == "final" {
+		t.Errorf("a job outside the filter was cancelled: %+v", j)
+	}
+	noErrors("bulk cancel")
+
 	// CSRF: the admin session's POST without the form's token is refused.
 	jar, _ := cookiejar.New(nil)
 	hc := &http.Client{Jar: jar}
@@ -229,9 +261,10 @@ func TestDashboardInBrowser(t *testing.T) {
 	do("open the login page", chromedp.Navigate(base+"/login"))
 	do("type the read token", chromedp.SendKeys(chromedp.CSS(`input[name=token]`), uiRead))
 	click("sign in", `form.login button`)
-	for _, p := range []string{"/", "/queues", "/schedules", "/dead-letters", "/job?job_type=e2e&job_key=ok-3"} {
+	for _, p := range []string{"/", "/queues", "/schedules", "/dead-letters", "/dead-letters?source=intake", "/jobs?queue=bulk",
+		"/job?job_type=e2e&job_key=ok-3"} {
 		do("open "+p, chromedp.Navigate(base+p))
-		if n := eval(`document.querySelectorAll('form[action*="/act/"]').length`); n != 0 {
+		if n := eval(`document.querySelectorAll('form[action*="/act/"], [data-bulk]').length`); n != 0 {
 			t.Errorf("%s: the read role sees %d action buttons", p, n)
 		}
 		noErrors("read role " + p)
