@@ -59,9 +59,9 @@ type Reservation interface {
 	Takes(jobType string) bool
 	// Order is the queue's order: the room goes to the jobs claimed first.
 	Order() correlator.Order
-	// Limits are the queue's limits, nil for a queue without: the store
+	// Limits are the queue's limits (the zero Throttle: none): the store
 	// claims only what they leave room for (store.IntakeBatch.Limits).
-	Limits() *store.IntakeLimits
+	Limits() store.IntakeLimits
 	// Deliver sends the jobs claimed under it and gives back the room
 	// they did not use.
 	Deliver(ctx context.Context, jobs []store.Claimed)
@@ -112,12 +112,10 @@ func (in *Intake) apply(ctx context.Context, recs []*kgo.Record, refused []refus
 		b.DeadLetters = append(b.DeadLetters, dls...)
 	}
 	rs := in.reserve(b.Jobs)
-	for q, r := range rs {
-		if l := r.Limits(); l != nil {
-			if b.Limits == nil {
-				b.Limits = map[string]store.IntakeLimits{}
-			}
-			b.Limits[q] = *l
+	if len(rs) > 0 {
+		b.Limits = make(map[string]store.IntakeLimits, len(rs))
+		for q, r := range rs {
+			b.Limits[q] = r.Limits()
 		}
 	}
 	b.Instance = in.cfg.Instance

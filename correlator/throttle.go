@@ -3,7 +3,9 @@ package correlator
 import (
 	"encoding/json"
 	"fmt"
+	"math/big"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -142,7 +144,7 @@ func (s *Shares) Partition(jobData json.RawMessage) (name string, cap int) {
 		case string:
 			key = x
 		case json.Number:
-			key = x.String()
+			key = numericText(x)
 		case bool:
 			key = fmt.Sprint(x)
 		default:
@@ -153,6 +155,31 @@ func (s *Shares) Partition(jobData json.RawMessage) (name string, cap int) {
 		}
 	}
 	return OtherPartition, s.OtherCap
+}
+
+// numericText is a JSON number as PostgreSQL's #>> writes it: the numeric
+// it reads, with no exponent and as many decimals as the number carried
+// after its exponent is applied (1e2 is 100, 1.50 is 1.50, 15e-1 is 1.5,
+// -0 is 0). A number it cannot read stays as written.
+func numericText(n json.Number) string {
+	s := string(n)
+	mant, exp := s, 0
+	if i := strings.IndexAny(s, "eE"); i >= 0 {
+		e, err := strconv.Atoi(s[i+1:])
+		if err != nil {
+			return s
+		}
+		mant, exp = s[:i], e
+	}
+	decimals := 0
+	if i := strings.IndexByte(mant, '.'); i >= 0 {
+		decimals = len(mant) - i - 1
+	}
+	r, ok := new(big.Rat).SetString(s)
+	if !ok {
+		return s
+	}
+	return r.FloatString(max(0, decimals-exp))
 }
 
 // String lists the caps, for logs.

@@ -99,3 +99,33 @@ func TestNewJobRefusesWhatCouldNeverRun(t *testing.T) {
 		}
 	}
 }
+
+// A number is put in the partition PostgreSQL's #>> names (the claim reads
+// partitions there): its numeric text, never the number as written.
+func TestSharesPartitionReadsNumbersAsPostgreSQL(t *testing.T) {
+	s, err := NewShares("/tenant", map[string]int{"100": 1, "1.50": 1, "0": 1, "0.01": 1, "*": 3}, 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for in, want := range map[string]string{
+		`1e2`: "100", `100`: "100", `1E+2`: "100", `10.0e1`: "100", `1.50`: "1.50", `15.0e-1`: "1.50",
+		`-0`: "0", `0`: "0", `1e-2`: "0.01", `"100"`: "100", `1.5`: "*", `null`: "*",
+	} {
+		if got, _ := s.Partition(json.RawMessage(`{"tenant": ` + in + `}`)); got != want {
+			t.Errorf("tenant %s: partition %q, want %q", in, got, want)
+		}
+	}
+}
+
+// numericText writes what PostgreSQL writes (each pair checked against
+// PostgreSQL 15's jsonb #>>).
+func TestNumericTextIsPostgreSQLs(t *testing.T) {
+	for in, want := range map[string]string{
+		"1e2": "100", "1E+2": "100", "10.0e1": "100", "1.50": "1.50", "15.0e-1": "1.50", "-0": "0", "-0.0": "0.0",
+		"1e-2": "0.01", "2.5e0": "2.5", "1e20": "100000000000000000000", "-1.23e-5": "-0.0000123",
+	} {
+		if got := numericText(json.Number(in)); got != want {
+			t.Errorf("numericText(%s) = %q, want %q", in, got, want)
+		}
+	}
+}

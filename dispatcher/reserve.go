@@ -73,13 +73,10 @@ func (d *Dispatcher) Reserve(queue string, jobTypes []string) *Reservation {
 // jobs of a batch in it when they outnumber the room.
 func (r *Reservation) Order() correlator.Order { return r.queue.Order }
 
-// Limits are the limits of the reservation's queue (nil: none), under
-// which the store claims the jobs as it stores them.
-func (r *Reservation) Limits() *store.IntakeLimits {
-	if !r.queue.Throttle.Bounded() {
-		return nil
-	}
-	return &store.IntakeLimits{Throttle: r.queue.Throttle, Order: r.queue.Order}
+// Limits are the limits of the reservation's queue (the zero Throttle:
+// none), under which the store claims the jobs as it stores them.
+func (r *Reservation) Limits() store.IntakeLimits {
+	return store.IntakeLimits{Throttle: r.queue.Throttle, Order: r.queue.Order}
 }
 
 // Room is how many jobs the reservation holds room for.

@@ -39,7 +39,7 @@ func TestReserveBoundsTheIntakeClaims(t *testing.T) {
 	if d.Reserve("nowhere", alo(3)) != nil {
 		t.Fatal("room reserved in a queue not served")
 	}
-	if h := d.Reserve("held", []string{"limited"}); h == nil || h.Limits() == nil || h.Limits().Throttle.Limit != 5 {
+	if h := d.Reserve("held", []string{"limited"}); h == nil || h.Limits().Throttle.Limit != 5 {
 		t.Fatalf("reservation in a queue with limits: %+v, want its limits", h)
 	} else {
 		h.Release()
@@ -48,7 +48,7 @@ func TestReserveBoundsTheIntakeClaims(t *testing.T) {
 		t.Fatal("room reserved for jobs of types it may not claim")
 	}
 	r := d.Reserve("default", append(alo(4), "windowed"))
-	if r == nil || r.Room() != 4 || r.Limits() != nil || !r.Takes("alo") || !r.Takes("amo") || r.Takes("windowed") || r.Takes("unsendable") {
+	if r == nil || r.Room() != 4 || r.Limits().Throttle.Limit != 0 || !r.Takes("alo") || !r.Takes("amo") || r.Takes("windowed") || r.Takes("unsendable") {
 		t.Fatalf("reservation %+v", r)
 	}
 	r2 := d.Reserve("default", alo(100))
@@ -61,7 +61,8 @@ func TestReserveBoundsTheIntakeClaims(t *testing.T) {
 	r2.Release()
 	r2.Release() // (twice: nothing more)
 	// The reserved jobs, claimed as they are stored, are sent and recorded.
-	b := store.IntakeBatch{Group: "g", Offsets: []store.OffsetAdvance{{Topic: "in", Partition: 0, From: -1, To: 3}}, Instance: "test"}
+	b := store.IntakeBatch{Group: "g", Offsets: []store.OffsetAdvance{{Topic: "in", Partition: 0, From: -1, To: 3}}, Instance: "test",
+		Limits: map[string]store.IntakeLimits{"default": r.Limits()}}
 	for _, k := range []string{"a", "b", "c"} {
 		b.Jobs = append(b.Jobs, store.IntakeJob{Claim: true, Source: store.Source{Topic: "in", Value: []byte(k)}, Job: &correlator.Job{
 			Queue: "default", JobType: "alo", JobKey: k, JobData: []byte(`{}`), MaxAttempts: 1, Priority: 100, ThrottleFactor: 1,
@@ -115,7 +116,8 @@ func TestReservationsAreBoundedAndFresh(t *testing.T) {
 	if r == nil || r.Room() != 3 {
 		t.Fatalf("reservation %+v, want a batch (3)", r)
 	}
-	b := store.IntakeBatch{Group: "g", Offsets: []store.OffsetAdvance{{Topic: "in", Partition: 0, From: -1, To: 2}}, Instance: "test"}
+	b := store.IntakeBatch{Group: "g", Offsets: []store.OffsetAdvance{{Topic: "in", Partition: 0, From: -1, To: 2}}, Instance: "test",
+		Limits: map[string]store.IntakeLimits{"default": r.Limits()}}
 	for _, k := range []string{"stale", "fresh"} {
 		b.Jobs = append(b.Jobs, store.IntakeJob{Claim: true, Source: store.Source{Topic: "in", Value: []byte(k)}, Job: &correlator.Job{
 			Queue: "default", JobType: "alo", JobKey: k, JobData: []byte(`{}`), MaxAttempts: 1, Priority: 100, ThrottleFactor: 1,

@@ -100,9 +100,9 @@ type Claim struct {
 	// RateFreeAt, on PostgreSQL's clock, is when the earliest full rate
 	// window frees (zero: none is full, or all its units are in flight).
 	RateFreeAt time.Time
-	// Held says a claim of a queue with limits left due jobs waiting for
-	// room: the queue was full, or the plan passed jobs over. New jobs of
-	// the queue come after them.
+	// Held says a claim of a queue with limits left due jobs of its types
+	// waiting (for room under the limits, or for the next batch): new jobs
+	// of the queue come after them.
 	Held bool
 	// WindowsErr says why the open jobs with time windows a claim of a
 	// queue without limits found were not moved (its plan or second
@@ -759,7 +759,7 @@ func (s *Store) claimBounded(ctx context.Context, p JobClaimParams) (Claim, erro
 	// Round trip 1: the lock, the rate units settled, and what counts.
 	var paused bool
 	b := &pgx.Batch{}
-	b.Queue("BEGIN")
+	b.Queue("BEGIN ISOLATION LEVEL READ COMMITTED") // (what it reads under the lock is read after the lock)
 	b.Queue(claimSettings)
 	queueUsage(b, p.Queue, &in, &paused)
 	if err := conn.SendBatch(ctx, b).Close(); err != nil {
@@ -779,7 +779,6 @@ func (s *Store) claimBounded(ctx context.Context, p JobClaimParams) (Claim, erro
 	var cands []candidate
 	var plan correlator.ClaimPlan
 	usage := in.Usage
-	cut := true // the last read stopped at its size, or the queue was full before it: due jobs may be left
 	for pass := 0; pass < 8; pass++ {
 		narrow := correlator.NarrowClaim(p.Throttle, usage)
 		if narrow.Nothing {
@@ -797,7 +796,7 @@ func (s *Store) claimBounded(ctx context.Context, p JobClaimParams) (Claim, erro
 		if err != nil {
 			return Claim{}, err
 		}
-		cands, cut = append(cands, read...), len(read) == fetch
+		cands = append(cands, read...)
 		in.Candidates = in.Candidates[:0]
 		for i := range cands {
 			in.Candidates = append(in.Candidates, cands[i].ClaimCandidate)
@@ -818,16 +817,18 @@ func (s *Store) claimBounded(ctx context.Context, p JobClaimParams) (Claim, erro
 		}
 	}
 	out.RateFreeAt = plan.RateFreeAt
-	out.Held = len(plan.Skip) > 0 || cut && len(plan.Take) < p.Limit
 	for _, d := range plan.Defer {
 		out.Closed = append(out.Closed, closedOf(p.Queue, cands, d))
 	}
 
-	// Round trip 3: the plan written, and the commit.
+	// Round trip 3: the plan written; whether due jobs of the claim's
+	// types are still waiting (the limits held them back, or the batch was
+	// full: new jobs come after them); the commit.
 	b = &pgx.Batch{}
 	if len(plan.Take) > 0 {
 		claimWrite(b, p, &plan, cands, &out.Jobs)
 	}
+	b.Queue(dueProbeSQL, p.Queue, p.Types).QueryRow(func(r pgx.Row) error { return r.Scan(&out.Held) })
 	b.Queue("COMMIT")
 	if err := conn.SendBatch(ctx, b).Close(); err != nil {
 		return Claim{}, err

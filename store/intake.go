@@ -54,13 +54,13 @@ type IntakeBatch struct {
 	// Retry, when set, is tried again after the batch's own writes (see
 	// Retry).
 	Retry *IntakeRetry
-	// Limits holds the limits of each queue with limits
-	// (correlator.Throttle.Bounded) whose jobs ask to be claimed: the
-	// batch takes its claim lock as it begins, reads what counts against
-	// its limits as a claim does, and claims only the jobs
-	// correlator.PlanClaim takes of them, in the queue's order. A job
-	// asking to be claimed in a queue not listed is claimed as in a queue
-	// without limits.
+	// Limits holds the limits of each queue whose jobs ask to be claimed
+	// (the zero Throttle: none). In a queue with limits
+	// (correlator.Throttle.Bounded) the batch takes the queue's claim lock
+	// as it begins, reads what counts against its limits as a claim does,
+	// and claims only the jobs correlator.PlanClaim takes, in the queue's
+	// order. A job of a queue not listed is stored waiting, whatever its
+	// Claim.
 	Limits map[string]IntakeLimits
 }
 
@@ -118,10 +118,19 @@ func (s *Store) IntakeApply(ctx context.Context, b IntakeBatch) (IntakeResult, e
 		}
 		return nil
 	}
+	unlisted := slices.ContainsFunc(b.Jobs, func(ij IntakeJob) bool {
+		_, listed := b.Limits[ij.Job.Queue]
+		return ij.Claim && !listed
+	})
 	err := s.inTxOpen(ctx, open, func(tx pgx.Tx) error {
 		jobs := b.Jobs
-		if len(limited) > 0 {
+		if len(limited) > 0 || unlisted {
 			jobs = slices.Clone(b.Jobs)
+			for i := range jobs {
+				if _, listed := b.Limits[jobs[i].Job.Queue]; !listed {
+					jobs[i].Claim = false
+				}
+			}
 			for _, l := range limited {
 				if err := l.plan(jobs); err != nil {
 					return err

@@ -11,10 +11,13 @@ import (
 	"github.com/hipq/hipq/store"
 )
 
-// claimAll asks for every job of b to be claimed as it is stored.
+// claimAll asks for every job of b to be claimed as it is stored, in
+// queues without limits.
 func claimAll(b store.IntakeBatch) store.IntakeBatch {
+	b.Limits = map[string]store.IntakeLimits{}
 	for i := range b.Jobs {
 		b.Jobs[i].Claim = true
+		b.Limits[b.Jobs[i].Job.Queue] = store.IntakeLimits{}
 	}
 	b.Instance = "fast"
 	return b

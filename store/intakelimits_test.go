@@ -146,3 +146,49 @@ func TestIntakeClaimsNothingInAPausedLimitedQueue(t *testing.T) {
 		t.Fatalf("inserted %d, claimed %d (%v); want 2 stored waiting", res.Inserted, len(res.Claimed), err)
 	}
 }
+
+// A job asking to be claimed in a queue the batch names no limits for is
+// stored waiting: the store never claims past limits it was not told.
+func TestIntakeClaimsNothingInAQueueWithoutItsLimits(t *testing.T) {
+	t.Parallel()
+	st := pgtest.New(t)
+	b := claimAll(intakeBatch(-1, 1, job("a"), job("b")))
+	b.Limits = nil
+	res, err := st.IntakeApply(ctx, b)
+	if err != nil || res.Inserted != 2 || len(res.Claimed) != 0 {
+		t.Fatalf("inserted %d, claimed %d (%v); want 2 stored waiting", res.Inserted, len(res.Claimed), err)
+	}
+}
+
+// A claim whose limits leave due jobs waiting says so (Held), whatever
+// kept them out of its read (a full share partition here): new jobs of
+// the queue come after them. Once none waits, it does not.
+func TestClaimSaysWhenLimitsHoldDueJobs(t *testing.T) {
+	t.Parallel()
+	st := pgtest.New(t)
+	shares, err := correlator.NewShares("/tenant", map[string]int{"a": 1, "b": 1}, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	th := correlator.Throttle{Limit: 4, Shares: shares}
+	tenant := func(v string) func(*correlator.Job) {
+		return func(j *correlator.Job) { j.JobData = json.RawMessage(`{"tenant": "` + v + `"}`) }
+	}
+	insert(t, st, job("a1", tenant("a")), job("a2", tenant("a")), job("a3", tenant("a")), job("b1", tenant("b")))
+	p := store.JobClaimParams{Queue: "default", Limit: 100, Instance: "test", Throttle: th}
+	c, err := st.JobClaim(ctx, p)
+	if err != nil || len(c.Jobs) != 3 || !c.Held {
+		t.Fatalf("claimed %d, held %v (%v); want 3, a3 held", len(c.Jobs), c.Held, err)
+	}
+	c, err = st.JobClaim(ctx, p) // (a's partition full: a3 is not even read)
+	if err != nil || len(c.Jobs) != 0 || !c.Held {
+		t.Fatalf("claimed %d, held %v (%v); want none, a3 held", len(c.Jobs), c.Held, err)
+	}
+	if _, err := st.Pool().Exec(ctx, `UPDATE hipq_job SET state = 'final', outcome = 'succeeded' WHERE job_key = 'a1'`); err != nil {
+		t.Fatal(err)
+	}
+	c, err = st.JobClaim(ctx, p)
+	if err != nil || len(c.Jobs) != 1 || c.Held {
+		t.Fatalf("claimed %d, held %v (%v); want a3, nothing held", len(c.Jobs), c.Held, err)
+	}
+}

@@ -989,7 +989,7 @@ func TestIntakeClaimProbesTheDueIndex(t *testing.T) {
 				t.Fatal(err)
 			}
 			for round := range 7 { // (past the five custom plans a generic one follows)
-				b := IntakeBatch{Group: "g", Instance: "i",
+				b := IntakeBatch{Group: "g", Instance: "i", Limits: map[string]IntakeLimits{"y": {}},
 					Offsets: []OffsetAdvance{{Topic: "in", Partition: 0, From: int64(round*10) - 1, To: int64(round*10 + 9)}}}
 				for i := range 10 {
 					b.Jobs = append(b.Jobs, IntakeJob{Claim: true, Source: Source{Topic: "in"}, Job: &correlator.Job{Queue: "y", JobType: "t",

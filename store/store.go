@@ -154,7 +154,10 @@ func (s *Store) inTxOpen(ctx context.Context, open func(*pgx.Batch) error, fn fu
 // unless fn returns nil, then committed.
 func (s *Store) txOpened(ctx context.Context, open func(*pgx.Batch) error, fn func(pgx.Tx) error) (err error) {
 	b := &pgx.Batch{}
-	b.BeginTx(pgx.TxOptions{})
+	// (Read committed, whatever the database's default: what a statement
+	// reads after a lock it waited for, the claim lock of a queue with
+	// limits say, is read after the lock.)
+	b.BeginTx(pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
 	if err := open(b); err != nil {
 		return err
 	}
