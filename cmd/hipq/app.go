@@ -115,7 +115,11 @@ func newApp(ctx context.Context, cfg *config.Config, log *zap.Logger, opts appOp
 	if err != nil {
 		return nil, err
 	}
-	a := &app{log: log, st: st, cfg: cfg, types: cfg.Domain(), metrics: metrics.New(), kc: kafkaConfig(cfg, opts.metadataMinAge),
+	domain := cfg.Domain()
+	// Every statement that ends a job writes the outcome events the
+	// config asks for (nothing when it asks for none).
+	st = st.WithEvents(store.EventsOf(domain))
+	a := &app{log: log, st: st, cfg: cfg, types: domain, metrics: metrics.New(), kc: kafkaConfig(cfg, opts.metadataMinAge),
 		matchers: map[string]correlator.Matcher{}, crash: os.Getenv("HIPQ_CRASHPOINT"), instance: instanceName()}
 	for _, q := range cfg.Queues {
 		a.queues = append(a.queues, q.Name)
@@ -366,6 +370,7 @@ func (a *app) buildAPI(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	a.apiStore = a.apiStore.WithEvents(store.EventsOf(a.types)) // (a cancel ends a job)
 	var ui *api.UIConfig
 	if !c.UI.Disabled {
 		ui = &api.UIConfig{PathPrefix: c.UI.PathPrefix, Redact: c.UI.Redact, Throttles: a.cfg.Throttles(), Lag: a.consumerLag,
