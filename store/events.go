@@ -45,7 +45,7 @@ func EventsOf(types correlator.Types) Events {
 	return e
 }
 
-// On reports whether any event is ever written.
+// On reports whether any event is ever written (a nil *Events: none).
 func (e *Events) On() bool { return e != nil && (len(e.Routes) > 0 || e.ReplyTo) }
 
 // WithEvents returns a store on the same pool whose statements that end

@@ -51,6 +51,7 @@ type app struct {
 	outbox     *consumer.Outbox
 	responses  *consumer.Responses
 	dispatcher *dispatcher.Dispatcher
+	relay      *dispatcher.Relay // outcome events to Kafka, with the dispatcher role
 	sweeper    *sweeper.Sweeper
 	periodic   *sweeper.Periodic
 	api        *api.Server
@@ -284,7 +285,7 @@ func (a *app) buildOutbox(context.Context) error {
 
 // buildDispatcher: the transports of every job type, and the dispatcher
 // over the queues.
-func (a *app) buildDispatcher(context.Context) error {
+func (a *app) buildDispatcher(ctx context.Context) error {
 	cfg := a.cfg
 	routes := map[string]dispatcher.KafkaRoute{}
 	httpRoutes := map[string]dispatcher.HTTPRoute{}
@@ -336,6 +337,24 @@ func (a *app) buildDispatcher(context.Context) error {
 		BatchSize: cfg.Dispatch.BatchSize, Queues: queues, Types: a.types, Senders: senders, Metrics: a.metrics,
 		DeadLetters: a.replyCopies, Tracer: a.tracing.Tracer, TraceLink: a.tracing.Link,
 		IntakeClaimsFor: min(dispatcher.DefaultIntakeClaimsFor, cfg.Dispatch.Grace.D()/2)})
+	// The relay holds a connection to listen, and its leader one for its
+	// lock: it runs when events are configured, or written before a change
+	// of the config wait.
+	ev := store.EventsOf(a.types)
+	var topics []string
+	for _, r := range ev.Routes {
+		if !slices.Contains(topics, r.Topic) {
+			topics = append(topics, r.Topic)
+		}
+	}
+	if !ev.On() {
+		pending, err := a.st.EventsPending(ctx)
+		if err != nil || len(pending) == 0 {
+			return err
+		}
+	}
+	a.relay = dispatcher.NewRelay(a.log, a.st, a.producer, dispatcher.RelayConfig{Interval: cfg.Dispatch.Interval.D(),
+		BatchSize: cfg.Dispatch.BatchSize, Metrics: a.metrics, Topics: topics, CrashPoint: a.crash})
 	return nil
 }
 
@@ -491,6 +510,9 @@ func (a *app) run(ctx context.Context) error {
 	}
 	if a.dispatcher != nil {
 		g.Go(func() error { return a.dispatcher.Run(ctx) })
+	}
+	if a.relay != nil {
+		g.Go(func() error { return a.relay.Run(ctx) })
 	}
 	if a.sweeper != nil {
 		g.Go(func() error { return a.sweeper.Run(ctx) })
