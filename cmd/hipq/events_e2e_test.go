@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -53,11 +54,28 @@ func recHeader(r *kgo.Record, key string) string {
 // The round trip with events: a job that fails once then succeeds gives
 // a retry event then its final one on the events topic; a job whose
 // intake record named a reply_to gets its final event there too, with
-// the hipq-correlation-id it came with.
+// the hipq-correlation-id it came with; a job cancelled through the API
+// (its own store) gets its cancelled event.
 func TestEventsRoundTrip(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, eventsTopics...)
-	e.start(e.config(eventsConfig()))
+	text, apiURL := withAPI(t, eventsConfig(), "")
+	e.start(e.config(text))
+	waitAPI(t, apiURL)
+	for _, call := range []struct{ method, path, body string }{
+		{"PUT", "/v1/jobs/e2e/later", `{"scheduled_run_time": "2099-01-01T00:00:00Z"}`},
+		{"POST", "/v1/jobs/e2e/later/cancel", ""},
+	} {
+		req, _ := http.NewRequest(call.method, apiURL+call.path, strings.NewReader(call.body))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode >= 300 {
+			t.Fatalf("%s %s: %s", call.method, call.path, resp.Status)
+		}
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	e.respond(ctx, "requests", "replies", func(key string, attempt int) (string, bool) {
@@ -69,13 +87,15 @@ func TestEventsRoundTrip(t *testing.T) {
 			{Key: correlator.HeaderReplyTo, Value: []byte(e.kafka.Topic("callers.a"))},
 			{Key: correlator.HeaderCorrelationID, Value: []byte("c-7")}}},
 	)
-	evs := e.readEvents("events", 3)
+	evs := e.readEvents("events", 4)
 	var got []string
 	for _, r := range evs {
 		got = append(got, string(r.Key)+":"+recHeader(r, correlator.HeaderOutcome))
 	}
-	if want := "asker:succeeded"; !strings.Contains(strings.Join(got, ","), want) {
-		t.Errorf("events %v, want %s", got, want)
+	for _, want := range []string{"asker:succeeded", "later:cancelled"} {
+		if !strings.Contains(strings.Join(got, ","), want) {
+			t.Errorf("events %v, want %s", got, want)
+		}
 	}
 	if i, j := strings.Index(strings.Join(got, ","), "twice:retry"), strings.Index(strings.Join(got, ","), "twice:succeeded"); i < 0 || j < i {
 		t.Errorf("events %v, want twice's retry then its success", got)
