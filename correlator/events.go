@@ -66,12 +66,15 @@ func ValidTopic(t string) error {
 		return fmt.Errorf("topic %q is not a valid name", t)
 	}
 	for i := 0; i < len(t); i++ {
-		c := t[i]
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
+		if !topicChar(t[i]) {
 			return fmt.Errorf("topic %q may hold only letters, digits, '.', '_' and '-'", Clip(t, 64))
 		}
 	}
 	return nil
+}
+
+func topicChar(c byte) bool {
+	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-'
 }
 
 // ValidTopicGlob checks a pattern of events.allowed_reply_to: a topic name

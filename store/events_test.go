@@ -285,7 +285,7 @@ func TestRelayReadNeverSkipsALateCommit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer tx.Rollback(ctx) //nolint:errcheck // (committed below)
+	defer func() { _ = tx.Rollback(ctx) }() // (committed below)
 	var slowID int64
 	if err := tx.QueryRow(ctx, `INSERT INTO hipq_event (queue, topic, job_id, job_type, job_key, attempt, outcome, value)
 		VALUES ('default', 'ev', $1, 't', 'slow', 1, 'succeeded', '{}') RETURNING id`, ref["slow"].JobID).Scan(&slowID); err != nil {
