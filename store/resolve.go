@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -126,7 +127,12 @@ var resolveManySQL = `
 // resolveManyEventsSQL is resolveManySQL that writes the jobs' outcome
 // events too (eventsCTE), with the routes in @ev_type, @ev_topic and
 // @ev_attempts.
-var resolveManyEventsSQL = withEvents(resolveManySQL, "@ev_type", "@ev_topic", "@ev_attempts")
+// The queue is named first (so it is $1): the events' CTE reads the moved
+// rows through lateral references, which EXPLAIN numbers $1, $2, … too,
+// and the queue's number must not read like one of them
+// (TestEveryWriteNamesItsQueue).
+var resolveManyEventsSQL = strings.Replace(withEvents(resolveManySQL, "@ev_type", "@ev_topic", "@ev_attempts"),
+	"WITH u AS (\n\t\t  SELECT * FROM unnest(", "WITH u AS (\n\t\t  SELECT u.* FROM (SELECT @queue::text) AS q(queue), unnest(", 1)
 
 // lockJobs locks the jobs refs name in (queue, id) order, the order of
 // every path that waits for jobs' locks, so two never wait on each other
