@@ -99,10 +99,12 @@ func (s *Server) replayDeadLetter(w http.ResponseWriter, r *http.Request) error 
 	switch d.Kind {
 	case store.SourceIntake, store.SourceOutbox:
 		j, err := correlator.DecodeJob(d.Source.Value, s.cfg.MaxBodyBytes, s.cfg.Types, time.Now())
+		if err == nil {
+			err = j.TakeHeaders(d.Source.Headers, s.cfg.Types.Get(j.JobType))
+		}
 		if err != nil {
 			return stillRefused(err)
 		}
-		j.Trace = correlator.TraceContextOf(d.Source.Headers)
 		created, err := s.st.DeadLetterReplayIntake(r.Context(), id, j)
 		if err != nil {
 			return s.replayError(id, err)

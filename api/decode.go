@@ -15,32 +15,49 @@ import (
 // request without job_type and job_key, which the URL gives. An empty
 // body is an empty request. It validates exactly as intake does.
 func decodeEnqueue(body []byte, jobType, jobKey string, maxBytes int) (*correlator.Request, error) {
+	req, _, err := decodeEnqueueTo(body, jobType, jobKey, maxBytes)
+	return req, err
+}
+
+// decodeEnqueueTo is decodeEnqueue that also reads the body's reply_to, the
+// topic the job's final event goes to (what an intake record's header
+// hipq-reply-to says): a string, or absent.
+func decodeEnqueueTo(body []byte, jobType, jobKey string, maxBytes int) (*correlator.Request, string, error) {
 	if err := correlator.CheckJobName(jobType, jobKey); err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	if len(bytes.TrimSpace(body)) == 0 {
 		body = []byte("{}")
 	}
 	if err := correlator.CheckJSON(body, maxBytes); err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	var fields map[string]json.RawMessage
 	if err := json.Unmarshal(body, &fields); err != nil || fields == nil {
-		return nil, &correlator.InputError{Code: correlator.CodeNotObject, Detail: "the body must be a JSON object"}
+		return nil, "", &correlator.InputError{Code: correlator.CodeNotObject, Detail: "the body must be a JSON object"}
 	}
 	for _, f := range []string{"job_type", "job_key"} {
 		if _, ok := fields[f]; ok {
-			return nil, &correlator.InputError{Code: correlator.CodeUnknownField, Detail: f + ": given by the URL, not the body"}
+			return nil, "", &correlator.InputError{Code: correlator.CodeUnknownField, Detail: f + ": given by the URL, not the body"}
 		}
+	}
+	var replyTo string
+	if v, ok := fields["reply_to"]; ok {
+		if err := json.Unmarshal(v, &replyTo); err != nil {
+			return nil, "", &correlator.InputError{Code: correlator.CodeInvalidField, Field: "reply_to",
+				Detail: "reply_to: must be a topic name (a string), got " + correlator.Clip(string(v), 64)}
+		}
+		delete(fields, "reply_to")
 	}
 	t, _ := json.Marshal(jobType)
 	k, _ := json.Marshal(jobKey)
 	fields["job_type"], fields["job_key"] = t, k
 	full, err := json.Marshal(fields)
 	if err != nil {
-		return nil, &correlator.InputError{Code: correlator.CodeInvalidJSON, Detail: err.Error()}
+		return nil, "", &correlator.InputError{Code: correlator.CodeInvalidJSON, Detail: err.Error()}
 	}
-	return correlator.DecodeRequest(full, 0)
+	req, err := correlator.DecodeRequest(full, 0)
+	return req, replyTo, err
 }
 
 // callbackBody is the body of POST /v1/jobs/{type}/{key}/response.

@@ -4,9 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"maps"
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"go.uber.org/zap"
@@ -78,7 +80,7 @@ func (s *Server) enqueue(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	req, err := decodeEnqueue(body, jobType, jobKey, s.cfg.MaxBodyBytes)
+	req, replyTo, err := decodeEnqueueTo(body, jobType, jobKey, s.cfg.MaxBodyBytes)
 	if err != nil {
 		return inputError(err)
 	}
@@ -86,7 +88,14 @@ func (s *Server) enqueue(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return inputError(err)
 	}
+	if err := j.TakeHeaders(correlationOf(r), jt); err != nil {
+		return inputError(err)
+	}
 	j.Trace = traceOf(r)
+	j.ReplyTo = replyTo
+	if err := jt.CheckReplyTo(replyTo); err != nil {
+		return inputError(err)
+	}
 	cur, created, err := s.st.JobEnqueue(r.Context(), j)
 	count := func(result string) { s.cfg.Metrics.IntakeRecords.WithLabelValues(metrics.SourceAPI, result).Inc() }
 	switch {
@@ -313,6 +322,21 @@ func (s *Server) listQueues(w http.ResponseWriter, r *http.Request) error {
 
 // traceOf is the trace context of an API call: the job's, when the call
 // carries a valid traceparent.
+// correlationOf are the request's Hipq-Correlation-* headers, which the
+// job's outcome events carry back (lowercased, as Kafka headers are
+// named).
+func correlationOf(r *http.Request) []correlator.Header {
+	var out []correlator.Header
+	for _, k := range slices.Sorted(maps.Keys(r.Header)) {
+		if lk := strings.ToLower(k); strings.HasPrefix(lk, correlator.HeaderCorrelationPrefix) && len(lk) > len(correlator.HeaderCorrelationPrefix) {
+			for _, v := range r.Header[k] {
+				out = append(out, correlator.Header{Key: lk, Value: []byte(v)})
+			}
+		}
+	}
+	return out
+}
+
 func traceOf(r *http.Request) correlator.TraceContext {
 	if trace.SpanContextFromContext(r.Context()).IsValid() {
 		return tracing.Of(r.Context()) // the request's server span

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"slices"
 	"sort"
@@ -57,6 +58,15 @@ type overviewData struct {
 	Lag         []GroupLag
 	LagErr      string
 	Now         time.Time
+	// Events: outcome events are configured or some wait; Pending counts
+	// those waiting to be relayed, by topic.
+	Events  bool
+	Pending []topicCount
+}
+
+type topicCount struct {
+	Topic string
+	N     int64
 }
 
 // overview: per queue, jobs by state (non-final only: final rows are an
@@ -130,6 +140,15 @@ func (u *ui) overview(r *http.Request, v *view) error {
 	if d.FinalEst, err = u.s.st.FinalEstimate(ctx, nonFinal); err != nil {
 		return err
 	}
+	pending, err := u.s.st.EventsPending(ctx)
+	if err != nil {
+		return err
+	}
+	for _, t := range slices.Sorted(maps.Keys(pending)) {
+		d.Pending = append(d.Pending, topicCount{Topic: t, N: pending[t]})
+	}
+	ev := store.EventsOf(u.s.cfg.Types)
+	d.Events = len(d.Pending) > 0 || ev.On()
 	if u.cfg.Lag != nil {
 		// Kafka down must not hold the page: the lag is left out instead.
 		lctx, cancel := context.WithTimeout(ctx, 2*time.Second)

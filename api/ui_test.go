@@ -399,3 +399,22 @@ func TestDashboardBulkActions(t *testing.T) {
 		t.Errorf("b-1 after the read role's try: %v", j["state"])
 	}
 }
+
+// The overview shows the outcome events waiting to be relayed, by topic.
+func TestDashboardShowsPendingEvents(t *testing.T) {
+	t.Parallel()
+	e := newAPIConfig(t, func(c *Config) { c.UI = &UIConfig{} })
+	if _, err := e.st.Pool().Exec(ctx, `INSERT INTO hipq_event (queue, topic, job_id, job_type, job_key, attempt, outcome, value)
+		SELECT 'default', 'outcomes', i, 't', 'k' || i, 1, 'succeeded', '{}' FROM generate_series(1, 3) i`); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.Get(e.url + "/ui/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !strings.Contains(string(body), `data-count="events-outcomes">3<`) {
+		t.Fatalf("overview %d without the pending events of topic outcomes:\n%s", resp.StatusCode, body)
+	}
+}

@@ -37,6 +37,35 @@ type Config struct {
 	JobTypes        []JobType `yaml:"job_types"`
 	// Schedules are periodic jobs, fired by the sweeper role.
 	Schedules []Schedule `yaml:"schedules"`
+	// Events are the defaults of every job type's outcome events, and
+	// which reply_to topics a job may name. Off unless configured.
+	Events Events `yaml:"events"`
+}
+
+// Events publish how jobs end to Kafka (docs/messages.md, "Outcome
+// events").
+type Events struct {
+	// Topic receives the events of every job type that names none of its
+	// own. Empty: no events but those a type asks for.
+	Topic string `yaml:"topic"`
+	// On says which ends make an event: final (the job's end) and attempt
+	// (also each attempt that ends in a retry). Defaults to [final].
+	On []string `yaml:"on,omitempty"`
+	// AllowedReplyTo are patterns (path.Match: '*' matches any run of
+	// characters) of the topics a job may name as its own reply_to
+	// (intake header hipq-reply-to, the API's reply_to). Defaults to none:
+	// no producer makes hipq write to a topic of its choosing.
+	AllowedReplyTo []string `yaml:"allowed_reply_to,omitempty"`
+}
+
+// JobEvents are a job type's outcome events; fields left out take the
+// top-level events' values.
+type JobEvents struct {
+	// Topic receives the type's events. Defaults to events.topic.
+	Topic string `yaml:"topic"`
+	// On: final and/or attempt; an empty list turns the type's events
+	// off. Defaults to events.on.
+	On []string `yaml:"on"`
 }
 
 // Schedule is a periodic job: a cron timetable and the job each tick
@@ -365,6 +394,9 @@ type JobType struct {
 	DataSchema string `yaml:"data_schema,omitempty"`
 	// dataSchema is DataSchema compiled, by Validate.
 	dataSchema *schemas.DataSchema
+	// Events are the type's outcome events. Defaults to the top-level
+	// events section.
+	Events *JobEvents `yaml:"events,omitempty"`
 }
 
 // Transport names exactly one of kafka or http.

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/hipq/hipq/correlator"
 )
 
 const minimal = `
@@ -313,5 +315,95 @@ func TestSamplerNames(t *testing.T) {
 	_, err := Parse(minimal+"tracing: {sampler: sometimes}\n", env(map[string]string{"DB_URL": "x"}))
 	if err == nil || !strings.Contains(err.Error(), `tracing.sampler: "sometimes" is not one of OpenTelemetry's always_on, always_off, traceidratio`) {
 		t.Errorf("a bad sampler: %v", err)
+	}
+}
+
+// TestEvents: the top-level events section is every type's default, a
+// type's own section replaces it field by field, and the domain gets
+// each type's topic, occasions and the reply_to patterns.
+func TestEvents(t *testing.T) {
+	cfg, err := Parse(minimal+`
+events: {topic: hipq.events, allowed_reply_to: ["replies.*", "svc-?"]}
+job_types:
+  - name: plain
+    transport: {kafka: {topic: p.req}}
+  - name: own
+    transport: {kafka: {topic: o.req}}
+    events: {topic: own.events, on: [final, attempt]}
+  - name: attempts
+    transport: {kafka: {topic: a.req}}
+    events: {on: [attempt]}
+  - name: quiet
+    transport: {kafka: {topic: q.req}}
+    events: {on: []}
+`, env(map[string]string{"DB_URL": "x"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := cfg.Domain()
+	want := map[string]correlator.Events{
+		"plain":    {Topic: "hipq.events"},
+		"own":      {Topic: "own.events", Attempts: true},
+		"attempts": {Topic: "hipq.events", Attempts: true},
+		"quiet":    {},
+	}
+	for name, w := range want {
+		if got := d[name].Events; got != w {
+			t.Errorf("%s events = %+v, want %+v", name, got, w)
+		}
+	}
+	if got := d["plain"].AllowedReplyTo; strings.Join(got, ",") != "replies.*,svc-?" {
+		t.Errorf("allowed_reply_to = %v", got)
+	}
+	if err := d["plain"].CheckReplyTo("replies.billing"); err != nil {
+		t.Errorf("replies.billing refused: %v", err)
+	}
+	if err := d["plain"].CheckReplyTo("other"); err == nil || !strings.HasPrefix(err.Error(), correlator.CodeReplyToNotAllowed+":") {
+		t.Errorf("other: got %v, want %s", err, correlator.CodeReplyToNotAllowed)
+	}
+
+	none, err := Parse(minimal+"job_types: [{name: a, transport: {kafka: {topic: a.req}}}]\n", env(map[string]string{"DB_URL": "x"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e := none.Domain()["a"]; e.Events != (correlator.Events{}) || e.AllowedReplyTo != nil {
+		t.Errorf("events without configuration: %+v, %v", e.Events, e.AllowedReplyTo)
+	}
+}
+
+// TestEventsProblems: each bad events setting is named by its path.
+func TestEventsProblems(t *testing.T) {
+	_, err := Parse(minimal+`
+intake: {topics: [jobs]}
+responses: {topics: [{topic: replies}]}
+events: {on: [always], allowed_reply_to: ["a/b", "[", "job*"]}
+job_types:
+  - name: a
+    transport: {kafka: {topic: a.req}}
+    events: {on: [final]}
+  - name: b
+    transport: {kafka: {topic: b.req}}
+    events: {topic: "no spaces"}
+  - name: c
+    transport: {kafka: {topic: c.req}}
+    events: {topic: replies}
+`, env(map[string]string{"DB_URL": "x"}))
+	var ce Errors
+	if !errors.As(err, &ce) {
+		t.Fatalf("got %v, want Errors", err)
+	}
+	for _, w := range []string{
+		`events.on[0]: "always" is not one of [final attempt]`,
+		"events.on: needs events.topic",
+		"events.allowed_reply_to[0]:",
+		"events.allowed_reply_to[1]:",
+		`events.allowed_reply_to[2]: "job*" matches "jobs", one of hipq's inputs`,
+		"job_types[0].events.topic: is required",
+		"job_types[1].events.topic:",
+		`job_types[2].events.topic: "replies" is one of hipq's inputs`,
+	} {
+		if !strings.Contains(err.Error(), w) {
+			t.Errorf("missing %q in:\n%v", w, err)
+		}
 	}
 }

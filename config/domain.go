@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/url"
 	"reflect"
+	"slices"
 	"strings"
 
 	"gopkg.in/yaml.v3"
@@ -102,6 +103,10 @@ func (c *Config) Domain() correlator.Types {
 		if jt.dataSchema != nil {
 			d.CheckData = jt.dataSchema.Check
 		}
+		if e := jt.Events; e != nil && len(e.On) > 0 {
+			d.Events = correlator.Events{Topic: e.Topic, Attempts: slices.Contains(e.On, correlator.EventsOnAttempt)}
+		}
+		d.AllowedReplyTo = slices.Clone(c.Events.AllowedReplyTo)
 		if h := jt.Transport.HTTP; h != nil {
 			d.SendTimeout = h.Timeout.D() // Kafka types: the record delivery timeout, the default
 		}

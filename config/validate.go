@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/url"
 	"path/filepath"
@@ -114,9 +115,23 @@ func (c *Config) fillDefaults() {
 	for i := range c.Queues {
 		c.Queues[i].Order = cmp.Or(c.Queues[i].Order, correlator.OrderScheduledFirst)
 	}
+	if c.Events.Topic != "" && c.Events.On == nil {
+		c.Events.On = []string{correlator.EventsOnFinal}
+	}
 	for i := range c.JobTypes {
 		jt := &c.JobTypes[i]
 		def(&jt.Queue, DefaultQueue)
+		if e := jt.Events; e != nil {
+			def(&e.Topic, c.Events.Topic)
+			if e.On == nil {
+				e.On = c.Events.On
+				if e.On == nil {
+					e.On = []string{correlator.EventsOnFinal}
+				}
+			}
+		} else if c.Events.Topic != "" {
+			jt.Events = &JobEvents{Topic: c.Events.Topic, On: c.Events.On}
+		}
 		defD(&jt.Timeout, correlator.DefaultJobTimeout)
 		if jt.Priority == nil {
 			p := correlator.DefaultPriority
@@ -478,6 +493,7 @@ func (c *Config) Validate() error {
 			}
 		}
 	}
+	c.validateEvents(bad, replyTopics)
 	names := map[string]bool{}
 	for i := range c.Schedules {
 		sc := &c.Schedules[i]
@@ -567,4 +583,66 @@ func (sc *Schedule) schedule() (*correlator.Schedule, *correlator.FieldError) {
 		return nil, err.(*correlator.FieldError) // Compile's errors name their field
 	}
 	return s, nil
+}
+
+// validateEvents checks the events sections: topics that are topic names
+// and none of hipq's inputs (an event there would be read back as a job or
+// a reply), known occasions, and reply_to patterns that match none of
+// hipq's inputs either.
+func (c *Config) validateEvents(bad func(path, format string, args ...any), replyTopics map[string]bool) {
+	inputs := map[string]string{}
+	for i, t := range c.Intake.Topics {
+		inputs[t] = fmt.Sprintf("intake.topics[%d]", i)
+	}
+	for t := range replyTopics {
+		inputs[t] = "responses.topics"
+	}
+	topic := func(path, t string) {
+		if err := correlator.ValidTopic(t); err != nil {
+			bad(path, "%v", err)
+		} else if in, ok := inputs[t]; ok {
+			bad(path, "%q is one of hipq's inputs (%s): its events would be read back", t, in)
+		}
+	}
+	on := func(path string, on []string) {
+		for k, o := range on {
+			if o != correlator.EventsOnFinal && o != correlator.EventsOnAttempt {
+				bad(fmt.Sprintf("%s[%d]", path, k), "%q is not one of [%s %s]", o, correlator.EventsOnFinal, correlator.EventsOnAttempt)
+			}
+		}
+	}
+	if c.Events.Topic != "" {
+		topic("events.topic", c.Events.Topic)
+	}
+	on("events.on", c.Events.On)
+	if c.Events.Topic == "" && len(c.Events.On) > 0 {
+		bad("events.on", "needs events.topic: the default occasions of a default topic")
+	}
+	for i, g := range c.Events.AllowedReplyTo {
+		p := fmt.Sprintf("events.allowed_reply_to[%d]", i)
+		if err := correlator.ValidTopicGlob(g); err != nil {
+			bad(p, "%v", err)
+			continue
+		}
+		for _, t := range slices.Sorted(maps.Keys(inputs)) {
+			if correlator.TopicAllowed([]string{g}, t) {
+				bad(p, "%q matches %q, one of hipq's inputs (%s): a job's outcome would be read back", g, t, inputs[t])
+				break
+			}
+		}
+	}
+	for i, jt := range c.JobTypes {
+		e := jt.Events
+		if e == nil {
+			continue
+		}
+		p := fmt.Sprintf("job_types[%d].events", i)
+		on(p+".on", e.On)
+		switch {
+		case e.Topic == "" && len(e.On) > 0:
+			bad(p+".topic", "is required: there is no events.topic to default to")
+		case e.Topic != "":
+			topic(p+".topic", e.Topic)
+		}
+	}
 }

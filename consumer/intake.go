@@ -240,16 +240,20 @@ func reduceIntake(kind string, n int, decode func(i int) (store.Source, *correla
 	return jobs, dls, dups
 }
 
-// decodeRecord checks the record's headers, then decodes its value.
+// decodeRecord checks the record's headers, then decodes its value and
+// keeps what the headers say of the job (correlator.Job.TakeHeaders).
 func decodeRecord(r *kgo.Record, src store.Source, maxBytes int, types correlator.Types, now time.Time) (*correlator.Job, error) {
 	if err := correlator.CheckHeaders(src.Headers); err != nil {
 		return nil, err
 	}
 	job, err := correlator.DecodeJob(r.Value, maxBytes, types, now)
 	if err == nil {
-		job.Trace = correlator.TraceContextOf(src.Headers)
+		err = job.TakeHeaders(src.Headers, types.Get(job.JobType))
 	}
-	return job, err
+	if err != nil {
+		return nil, err
+	}
+	return job, nil
 }
 
 // sameJSON compares two JSON values semantically.

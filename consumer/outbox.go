@@ -475,9 +475,12 @@ func (o *Outbox) decodeRow(r store.OutboxRow, now time.Time) (store.Source, *cor
 	}
 	job, err := correlator.DecodeJob(r.Value, o.cfg.MaxBytes, o.cfg.Types, now)
 	if err == nil {
-		job.Trace = correlator.TraceContextOf(src.Headers)
+		err = job.TakeHeaders(src.Headers, o.cfg.Types.Get(job.JobType))
 	}
-	return src, job, err
+	if err != nil {
+		return src, nil, err
+	}
+	return src, job, nil
 }
 
 func (o *Outbox) applied(rows int, res store.IntakeResult, dups int) {

@@ -60,6 +60,11 @@ type JobType struct {
 	// MaxTimeout caps a running attempt from its start whatever news
 	// comes; 0: the job's timeout, so news extends nothing.
 	MaxTimeout time.Duration
+	// Events says where the type's outcome events go (zero: nowhere).
+	Events Events
+	// AllowedReplyTo are the patterns (events.allowed_reply_to) a job's
+	// own reply_to topic must match; none: no job may name one.
+	AllowedReplyTo []string
 }
 
 // Extend is an attempt's deadline after news at now: now plus the
@@ -130,6 +135,12 @@ type Job struct {
 	UpdateTime       time.Time
 	// Trace is the trace context the job came in with (none: zero).
 	Trace TraceContext
+	// ReplyTo is the topic the job's final event goes to, besides its
+	// type's events topic (empty: none), as its producer asked.
+	ReplyTo string
+	// Correlation are the hipq-correlation-* headers the job came with,
+	// which its events carry back.
+	Correlation []Header
 }
 
 // DecodeJob decodes an intake record's value into the job it asks for:

@@ -74,6 +74,25 @@ ALTER TABLE hipq_early_reply ADD CONSTRAINT hipq_early_reply_pkey PRIMARY KEY (i
 CREATE INDEX hipq_early_reply_job_id ON hipq_early_reply USING btree (job_id) WHERE (job_id IS NOT NULL);
 CREATE INDEX hipq_early_reply_key ON hipq_early_reply USING btree (job_type, job_key);
 
+CREATE TABLE hipq_event (
+    id bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
+    queue text NOT NULL,
+    topic text NOT NULL,
+    job_id bigint NOT NULL,
+    job_type text NOT NULL,
+    job_key text NOT NULL,
+    attempt integer NOT NULL,
+    outcome text NOT NULL,
+    trace_parent text,
+    headers jsonb,
+    value jsonb NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL
+);
+ALTER TABLE hipq_event SET (autovacuum_vacuum_insert_scale_factor=0, autovacuum_vacuum_insert_threshold=1000, autovacuum_vacuum_scale_factor=0, autovacuum_vacuum_threshold=1000);
+ALTER TABLE hipq_event ADD CONSTRAINT hipq_event_pkey PRIMARY KEY (id);
+CREATE INDEX hipq_event_topic ON hipq_event USING btree (topic, id);
+CREATE TRIGGER hipq_event_notify AFTER INSERT ON hipq_event REFERENCING NEW TABLE AS hipq_event_new FOR EACH STATEMENT EXECUTE FUNCTION hipq_event_notify();
+
 CREATE TABLE hipq_intake (
     id bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
     value text NOT NULL,
@@ -106,7 +125,9 @@ CREATE TABLE hipq_job (
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     update_time timestamp with time zone DEFAULT now() NOT NULL,
     trace_parent text,
-    trace_state text
+    trace_state text,
+    reply_to text,
+    correlation jsonb
 );
 ALTER TABLE hipq_job ADD CONSTRAINT hipq_job_attempt_check CHECK (attempt >= 0);
 ALTER TABLE hipq_job ADD CONSTRAINT hipq_job_check CHECK ((state = 'final'::text) = (outcome IS NOT NULL));
@@ -233,10 +254,22 @@ CREATE INDEX hipq_ui_session_expires ON hipq_ui_session USING btree (expires_at)
 
 CREATE SEQUENCE hipq_dead_letter_id_seq AS bigint START 1 INCREMENT 1 MINVALUE 1 MAXVALUE 9223372036854775807 CACHE 1; -- owned by hipq_dead_letter.id
 CREATE SEQUENCE hipq_early_reply_id_seq AS bigint START 1 INCREMENT 1 MINVALUE 1 MAXVALUE 9223372036854775807 CACHE 1; -- owned by hipq_early_reply.id
+CREATE SEQUENCE hipq_event_id_seq AS bigint START 1 INCREMENT 1 MINVALUE 1 MAXVALUE 9223372036854775807 CACHE 1; -- owned by hipq_event.id
 CREATE SEQUENCE hipq_intake_id_seq AS bigint START 1 INCREMENT 1 MINVALUE 1 MAXVALUE 9223372036854775807 CACHE 1; -- owned by hipq_intake.id
 CREATE SEQUENCE hipq_job_id_seq AS bigint START 1 INCREMENT 1 MINVALUE 1 MAXVALUE 9223372036854775807 CACHE 1; -- owned by hipq_job.id
 CREATE SEQUENCE hipq_operation_id_seq AS bigint START 1 INCREMENT 1 MINVALUE 1 MAXVALUE 9223372036854775807 CACHE 1; -- owned by hipq_operation.id
 CREATE SEQUENCE hipq_rate_unit_id_seq AS bigint START 1 INCREMENT 1 MINVALUE 1 MAXVALUE 9223372036854775807 CACHE 1; -- owned by hipq_rate_unit.id
+
+CREATE OR REPLACE FUNCTION hipq_event_notify()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    IF EXISTS (SELECT 1 FROM hipq_event_new) THEN
+        PERFORM pg_notify('hipq_event', '');
+    END IF;
+    RETURN NULL;
+END $function$;
 
 CREATE OR REPLACE FUNCTION hipq_intake_notify()
  RETURNS trigger

@@ -40,9 +40,11 @@ func (s *Store) JobEnqueue(ctx context.Context, j *correlator.Job) (*correlator.
 		cur, err := scanJobAnd(s.pool.QueryRow(ctx, `
 			WITH ins AS (
 			  INSERT INTO hipq_job (queue, job_type, job_key, job_data, max_attempts, priority, throttle_factor,
-			                        timeout_seconds, scheduled_run_time, expires_at, time_windows, trace_parent, trace_state)
+			                        timeout_seconds, scheduled_run_time, expires_at, time_windows, trace_parent, trace_state,
+			                        reply_to, correlation)
 			  VALUES (@queue, @job_type, @job_key, @job_data::jsonb, @max_attempts, @priority, @throttle_factor, @timeout_seconds,
-			          coalesce(@scheduled_run_time::timestamptz, now()), @expires_at, @time_windows::jsonb, @trace_parent, @trace_state)
+			          coalesce(@scheduled_run_time::timestamptz, now()), @expires_at, @time_windows::jsonb, @trace_parent, @trace_state,
+			          @reply_to, @correlation::jsonb)
 			  ON CONFLICT (job_type, job_key) WHERE state <> 'final' DO NOTHING
 			  RETURNING `+jobColumns+`
 			), notify AS (
@@ -55,7 +57,8 @@ func (s *Store) JobEnqueue(ctx context.Context, j *correlator.Job) (*correlator.
 			pgx.StrictNamedArgs{"queue": j.Queue, "job_type": j.JobType, "job_key": j.JobKey, "job_data": string(j.JobData),
 				"max_attempts": j.MaxAttempts, "priority": j.Priority, "throttle_factor": j.ThrottleFactor,
 				"timeout_seconds": j.TimeoutSeconds, "scheduled_run_time": scheduled(j), "expires_at": j.ExpiresAt,
-				"time_windows": windows, "trace_parent": nullable(j.Trace.Parent), "trace_state": nullable(j.Trace.State)}),
+				"time_windows": windows, "trace_parent": nullable(j.Trace.Parent), "trace_state": nullable(j.Trace.State),
+				"reply_to": nullable(j.ReplyTo), "correlation": correlationJSON(j.Correlation)}),
 			&created, &same)
 		switch {
 		case errors.Is(err, correlator.ErrNotFound):
@@ -250,10 +253,12 @@ func (s *Store) JobCancel(ctx context.Context, jobType, jobKey string) (*correla
 		var j *correlator.Job
 		err = s.inTx(ctx, func(tx pgx.Tx) error {
 			var err error
-			j, err = scanJob(tx.QueryRow(ctx, `
-				UPDATE hipq_job SET state = 'final', outcome = 'cancelled', error = $4, update_time = now()
-				WHERE queue = $5 AND id = $1 AND state = $2 AND attempt = $3
-				RETURNING `+jobColumns, cur.ID, string(cur.State), cur.Attempt, correlator.ErrorCancelled, cur.Queue))
+			stmt, args := cancelSQL, []any{cur.ID, string(cur.State), cur.Attempt, correlator.ErrorCancelled, cur.Queue}
+			if s.events.On() {
+				types, topics, attempts := s.events.args()
+				stmt, args = cancelEventsSQL, append(args, types, topics, attempts)
+			}
+			j, err = scanJob(tx.QueryRow(ctx, stmt, args...))
 			if err != nil {
 				return err
 			}
@@ -276,6 +281,20 @@ func (s *Store) JobCancel(ctx context.Context, jobType, jobKey string) (*correla
 	}
 	return nil, fmt.Errorf("cancel %s/%s: the job kept moving", jobType, jobKey)
 }
+
+// cancelSQL ends the job of id $1 in queue $5, in state $2 and attempt
+// $3, final / cancelled (error $4), and returns it.
+var cancelSQL = `
+		WITH done AS (
+		  UPDATE hipq_job j SET state = 'final', outcome = 'cancelled', error = $4, update_time = now()
+		  WHERE j.queue = $5 AND j.id = $1 AND j.state = $2 AND j.attempt = $3
+		  RETURNING j.*
+		), /*events*/cancelled AS (SELECT 1)
+		SELECT ` + jobColumns + ` FROM done`
+
+// cancelEventsSQL is cancelSQL that writes the job's outcome events too,
+// with the routes in $6, $7 and $8.
+var cancelEventsSQL = withEvents(cancelSQL, "$6", "$7", "$8")
 
 // JobReplay makes a new job from the latest final job of (type, key): same
 // type, key and data, defaults from jt (or the old row's when jt is nil).

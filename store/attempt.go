@@ -269,7 +269,7 @@ func (s *Store) JobFailUnsent(ctx context.Context, rs []Resolve) ([]AttemptRef, 
 		if err != nil {
 			return fmt.Errorf("fail unsent claims: %w", err)
 		}
-		done, err = jobResolveMany(ctx, tx, still)
+		done, err = jobResolveMany(ctx, tx, s.events, still)
 		return err
 	})
 	return refsOf(done), err

@@ -174,16 +174,15 @@ func (s *Store) JobDefer(ctx context.Context, ds []Deferral) (int, error) {
 		for i, d := range ds {
 			ids[i], states[i], atts[i], runAt[i], expire[i] = d.ID, string(d.State), int32(d.Attempt), d.RunAt, d.Expire
 		}
-		tag, err := s.pool.Exec(ctx, `
-		UPDATE hipq_job j
-		SET scheduled_run_time = CASE WHEN u.expire THEN j.scheduled_run_time ELSE u.run_at END,
-		    state = CASE WHEN u.expire THEN 'final' ELSE j.state END,
-		    outcome = CASE WHEN u.expire THEN 'expired' ELSE j.outcome END,
-		    error = CASE WHEN u.expire THEN $6 ELSE j.error END,
-		    update_time = now()
-		FROM unnest($1::bigint[], $2::text[], $3::int[], $4::timestamptz[], $5::bool[]) AS u(id, state, att, run_at, expire)
-		WHERE j.queue = $7 AND j.id = u.id AND j.state = u.state AND j.attempt = u.att AND j.state IN ('initial', 'retry')`,
-			ids, states, atts, runAt, expire, correlator.ErrorExpired, q)
+		args := []any{ids, states, atts, runAt, expire, correlator.ErrorExpired, q}
+		if s.events.On() && slices.Contains(expire, true) {
+			types, topics, attempts := s.events.args()
+			var n int
+			err := s.pool.QueryRow(ctx, deferEventsSQL, append(args, types, topics, attempts)...).Scan(&n)
+			moved += n
+			return err
+		}
+		tag, err := s.pool.Exec(ctx, deferSQL, args...)
 		moved += int(tag.RowsAffected())
 		return err
 	})
@@ -192,6 +191,29 @@ func (s *Store) JobDefer(ctx context.Context, ds []Deferral) (int, error) {
 	}
 	return moved, nil
 }
+
+// deferSQL moves the waiting jobs of queue $7 of ids $1 (expected states
+// $2, attempts $3) to run at $4, or, where $5, ends them final / expired
+// (error $6).
+const deferSQL = `
+		UPDATE hipq_job j
+		SET scheduled_run_time = CASE WHEN u.expire THEN j.scheduled_run_time ELSE u.run_at END,
+		    state = CASE WHEN u.expire THEN 'final' ELSE j.state END,
+		    outcome = CASE WHEN u.expire THEN 'expired' ELSE j.outcome END,
+		    error = CASE WHEN u.expire THEN $6 ELSE j.error END,
+		    update_time = now()
+		FROM unnest($1::bigint[], $2::text[], $3::int[], $4::timestamptz[], $5::bool[]) AS u(id, state, att, run_at, expire)
+		WHERE j.queue = $7 AND j.id = u.id AND j.state = u.state AND j.attempt = u.att AND j.state IN ('initial', 'retry')`
+
+// deferEventsSQL is deferSQL that writes the outcome events of the jobs it
+// ends (routes in $8, $9 and $10), and returns how many rows it moved.
+var deferEventsSQL = withEvents(`
+		WITH moved AS (`+deferSQL+`
+		  RETURNING j.id, j.queue, j.job_type, j.attempt/*event columns*/
+		), done AS (
+		  SELECT * FROM moved WHERE state = 'final'
+		), /*events*/counted AS (SELECT count(*) AS n FROM moved)
+		SELECT n FROM counted`, "$8", "$9", "$10")
 
 // dueSQL is the one definition, in SQL, of a due job j: waiting (initial
 // or retry) and dueTimeSQL (correlator.Job.Due in Go).

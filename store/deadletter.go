@@ -173,7 +173,7 @@ func (s *Store) DeadLetterReplayReply(ctx context.Context, id int64, in ReplyIn,
 	var res ReplyResult
 	err := s.deadLetterReplay(ctx, id, func(tx pgx.Tx) error {
 		var err error
-		if res, err = applyReplies(ctx, tx, []ReplyIn{in}, types, earlyTTL, time.Time{}); err != nil {
+		if res, err = applyReplies(ctx, tx, s.events, []ReplyIn{in}, types, earlyTTL, time.Time{}); err != nil {
 			return err
 		}
 		if res.Verdicts[0] == correlator.DeadLetter {

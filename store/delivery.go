@@ -110,7 +110,7 @@ func (s *Store) DeliveryRecord(ctx context.Context, d Delivery, types correlator
 		res.Undone += resent
 		// A resolution whose guard does not match was overtaken by another
 		// writer (a reply, the sweeper): the guard keeps both from applying.
-		done, err := jobResolveMany(ctx, tx, d.Resolves)
+		done, err := jobResolveMany(ctx, tx, s.events, d.Resolves)
 		if err != nil {
 			return err
 		}
@@ -118,7 +118,7 @@ func (s *Store) DeliveryRecord(ctx context.Context, d Delivery, types correlator
 			return err
 		}
 		if len(d.Replies) > 0 {
-			if res.Replies, err = applyReplies(ctx, tx, d.Replies, types, 0, time.Time{}); err != nil {
+			if res.Replies, err = applyReplies(ctx, tx, s.events, d.Replies, types, 0, time.Time{}); err != nil {
 				return err
 			}
 			if err := deadLettersInsert(ctx, tx, res.Replies.DeadLetters); err != nil {
@@ -128,7 +128,7 @@ func (s *Store) DeliveryRecord(ctx context.Context, d Delivery, types correlator
 		// Then the early replies waiting for the jobs sent (after a reply
 		// that came with the send: that one is the answer to this request).
 		if len(d.Sent) > 0 {
-			if res.Early, _, err = earlyReplyApply(ctx, tx, d.Sent, 0, 0, types); err != nil {
+			if res.Early, _, err = earlyReplyApply(ctx, tx, s.events, d.Sent, 0, 0, types); err != nil {
 				return err
 			}
 		}

@@ -97,7 +97,7 @@ func (s *Store) EarlyReplyApply(ctx context.Context, sent []AttemptRef, types co
 	var res ReplyResult
 	err := s.inTx(ctx, func(tx pgx.Tx) error {
 		var err error
-		res, _, err = earlyReplyApply(ctx, tx, sent, 0, 0, types)
+		res, _, err = earlyReplyApply(ctx, tx, s.events, sent, 0, 0, types)
 		return err
 	})
 	return res, err
@@ -112,13 +112,13 @@ func (s *Store) EarlyReplySweep(ctx context.Context, after int64, limit int, typ
 	var last int64
 	err := s.inTx(ctx, func(tx pgx.Tx) error {
 		var err error
-		res, last, err = earlyReplyApply(ctx, tx, nil, after, limit, types)
+		res, last, err = earlyReplyApply(ctx, tx, s.events, nil, after, limit, types)
 		return err
 	})
 	return res, last, err
 }
 
-func earlyReplyApply(ctx context.Context, tx pgx.Tx, sent []AttemptRef, after int64, limit int, types correlator.Types) (ReplyResult, int64, error) {
+func earlyReplyApply(ctx context.Context, tx pgx.Tx, ev *Events, sent []AttemptRef, after int64, limit int, types correlator.Types) (ReplyResult, int64, error) {
 	var res ReplyResult
 	var last int64
 	var ins []ReplyIn
@@ -140,7 +140,7 @@ func earlyReplyApply(ctx context.Context, tx pgx.Tx, sent []AttemptRef, after in
 	if err != nil {
 		return res, 0, fmt.Errorf("load early replies: %w", err)
 	}
-	res, err = applyReplies(ctx, tx, ins, types, 0, time.Time{})
+	res, err = applyReplies(ctx, tx, ev, ins, types, 0, time.Time{})
 	if err != nil {
 		return res, 0, err
 	}

@@ -293,15 +293,18 @@ func jobsInsert(ctx context.Context, tx pgx.Tx, jobs []IntakeJob, instance strin
 	expires := make([]*time.Time, n)
 	windows := make([]*string, n)
 	tparents, tstates := make([]*string, n), make([]*string, n)
+	replyTo, correlation := make([]*string, n), make([]*string, n)
 	claim := make([]bool, n)
 	var unitRates, unitParts []string
 	var unitOrds []int64
-	traced, claiming := false, false
+	traced, claiming, asking := false, false, false
 	now := time.Now()
 	for i, ij := range jobs {
 		j := ij.Job
 		tparents[i], tstates[i] = nullable(j.Trace.Parent), nullable(j.Trace.State)
 		traced = traced || j.Trace.Parent != ""
+		replyTo[i], correlation[i] = nullable(j.ReplyTo), correlationJSON(j.Correlation)
+		asking = asking || j.ReplyTo != "" || len(j.Correlation) > 0
 		queues[i], types[i], keys[i], data[i] = j.Queue, j.JobType, j.JobKey, string(j.JobData)
 		maxAtt[i], prio[i], factor[i], timeout[i] = int32(j.MaxAttempts), int32(j.Priority), int32(j.ThrottleFactor), int32(j.TimeoutSeconds)
 		sched[i], expires[i] = scheduled(j), j.ExpiresAt
@@ -326,6 +329,9 @@ func jobsInsert(ctx context.Context, tx pgx.Tx, jobs []IntakeJob, instance strin
 	if !claiming {
 		claim = nil
 	}
+	if !asking {
+		replyTo, correlation = nil, nil // (as the trace context's)
+	}
 	var b pgx.Batch // (one round trip for all it holds)
 	q := "/* stores */"
 	if claiming {
@@ -346,7 +352,7 @@ func jobsInsert(ctx context.Context, tx pgx.Tx, jobs []IntakeJob, instance strin
 		units, args = `, units AS (
 		  INSERT INTO hipq_rate_unit (queue, claimed_at, rate, part, job_ids, attempts, n)
 		  SELECT i.queue, now(), u.rate, u.part, array_agg(i.id), array_agg(1), count(*)
-		  FROM unnest($16::text[], $17::text[], $18::bigint[]) AS u(rate, part, ord)
+		  FROM unnest($18::text[], $19::text[], $20::bigint[]) AS u(rate, part, ord)
 		  JOIN n ON n.ord = u.ord
 		  JOIN ins i ON i.job_type = n.job_type AND i.job_key = n.job_key AND i.state = 'running'
 		  GROUP BY i.queue, u.rate, u.part
@@ -361,9 +367,9 @@ func jobsInsert(ctx context.Context, tx pgx.Tx, jobs []IntakeJob, instance strin
 		WITH n AS (
 		  SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::jsonb[], $5::int[], $6::int[], $7::int[],
 		                       $8::int[], $9::timestamptz[], $10::timestamptz[], $11::jsonb[], $12::text[], $13::text[],
-		                       $14::bool[]) WITH ORDINALITY
+		                       $14::bool[], $16::text[], $17::jsonb[]) WITH ORDINALITY
 		    AS n(queue, job_type, job_key, job_data, max_attempts, priority, throttle_factor, timeout_seconds,
-		         scheduled_run_time, expires_at, time_windows, trace_parent, trace_state, claim, ord)
+		         scheduled_run_time, expires_at, time_windows, trace_parent, trace_state, claim, reply_to, correlation, ord)
 		), open AS (
 		  -- The queues whose new due jobs may be claimed as they are
 		  -- stored: not paused, and no due job waiting, which comes first.
@@ -399,9 +405,9 @@ func jobsInsert(ctx context.Context, tx pgx.Tx, jobs []IntakeJob, instance strin
 		), ins AS (
 		  INSERT INTO hipq_job (queue, job_type, job_key, job_data, max_attempts, priority, throttle_factor,
 		                        timeout_seconds, scheduled_run_time, expires_at, time_windows, trace_parent, trace_state,
-		                        state, attempt, started_at)
+		                        reply_to, correlation, state, attempt, started_at)
 		  SELECT queue, job_type, job_key, job_data, max_attempts, priority, throttle_factor, timeout_seconds,
-		         coalesce(scheduled_run_time, now()), expires_at, time_windows, trace_parent, trace_state,
+		         coalesce(scheduled_run_time, now()), expires_at, time_windows, trace_parent, trace_state, reply_to, correlation,
 		         CASE WHEN run THEN 'running' ELSE 'initial' END, CASE WHEN run THEN 1 ELSE 0 END, CASE WHEN run THEN now() END
 		  FROM m
 		  ON CONFLICT (job_type, job_key) WHERE state <> 'final' DO NOTHING
@@ -424,7 +430,7 @@ func jobsInsert(ctx context.Context, tx pgx.Tx, jobs []IntakeJob, instance strin
 		LEFT JOIN ins i ON i.job_type = n.job_type AND i.job_key = n.job_key
 		WHERE (SELECT count(*) FROM notify) >= 0`,
 		append([]any{queues, types, keys, data, maxAtt, prio, factor, timeout, sched, expires, windows, tparents, tstates, claim,
-			instance}, args...)...)
+			instance, replyTo, correlation}, args...)...)
 	out := make([]acceptStatus, n)
 	var claimed []Claimed
 	if claiming {

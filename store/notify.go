@@ -17,6 +17,9 @@ const (
 	// channelIntake: rows were committed to the outbox hipq_intake (by
 	// its trigger, 0004_outbox.sql).
 	channelIntake = "hipq_intake"
+	// channelEvent: outcome events were committed to hipq_event (by its
+	// trigger, schemas/repeatable/hipq_event_notify.sql).
+	channelEvent = "hipq_event"
 )
 
 // WaitJobReady calls wake at each notice that a job became due or left
@@ -31,6 +34,11 @@ func (s *Store) WaitJobReady(ctx context.Context, wake func(), failed func(error
 // WaitIntake is WaitJobReady for rows committed to the outbox.
 func (s *Store) WaitIntake(ctx context.Context, wake func(), failed func(error)) {
 	s.listen(ctx, channelIntake, wake, failed)
+}
+
+// WaitEvents is WaitJobReady for outcome events committed.
+func (s *Store) WaitEvents(ctx context.Context, wake func(), failed func(error)) {
+	s.listen(ctx, channelEvent, wake, failed)
 }
 
 // listen holds one connection of the pool LISTENing on channel while ctx

@@ -381,11 +381,11 @@ func (s *Store) OperationStep(ctx context.Context, id int64, w OperationWork) (O
 		var st step
 		switch op.Kind {
 		case OperationCancel, OperationRunNow:
-			st, err = jobsMoveBatch(ctx, tx, op, w.Batch)
+			st, err = jobsMoveBatch(ctx, tx, s.events, op, w.Batch)
 		case OperationReplay:
 			st, err = jobsReplayBatch(ctx, tx, op, w)
 		case OperationDeadLetterReplay:
-			st, err = deadLettersReplayBatch(ctx, tx, op, w)
+			st, err = deadLettersReplayBatch(ctx, tx, s.events, op, w)
 		default:
 			err = fmt.Errorf("unknown kind %q", op.Kind)
 		}
@@ -452,7 +452,7 @@ func byQueue(ws []walked) ([]string, map[string][]walked) {
 // job is written only if it is still in the state and attempt the walk
 // read (a claim, a reply or the sweeper may have moved it since): one
 // that moved is skipped. A run-now skips a job due already too.
-func jobsMoveBatch(ctx context.Context, tx pgx.Tx, op Operation, n int) (step, error) {
+func jobsMoveBatch(ctx context.Context, tx pgx.Tx, ev *Events, op Operation, n int) (step, error) {
 	ws, err := jobsWalk(ctx, tx, op, n)
 	if err != nil || len(ws) == 0 {
 		return step{}, err
@@ -469,7 +469,7 @@ func jobsMoveBatch(ctx context.Context, tx pgx.Tx, op Operation, n int) (step, e
 		args := pgx.StrictNamedArgs{"queue": q, "id": ids, "state": states, "attempt": attempts}
 		var moved int
 		if op.Kind == OperationCancel {
-			moved, err = jobsCancelGuarded(ctx, tx, args)
+			moved, err = jobsCancelGuarded(ctx, tx, ev, args)
 		} else {
 			var tag pgconn.CommandTag
 			tag, err = tx.Exec(ctx, `UPDATE hipq_job j SET scheduled_run_time = now()
@@ -499,13 +499,16 @@ func jobsMoveBatch(ctx context.Context, tx pgx.Tx, op Operation, n int) (step, e
 // jobsCancelGuarded cancels the jobs of one queue still in the state and
 // attempt given, and marks their attempt in flight cancelled (its reply,
 // should one come, is then a duplicate), as JobCancel does: the jobs
-// first, then their attempts.
-func jobsCancelGuarded(ctx context.Context, tx pgx.Tx, args pgx.StrictNamedArgs) (int, error) {
+// first (with their outcome events, in the same statement), then their
+// attempts.
+func jobsCancelGuarded(ctx context.Context, tx pgx.Tx, ev *Events, args pgx.StrictNamedArgs) (int, error) {
 	args["error"] = correlator.ErrorCancelled
-	rows, err := tx.Query(ctx, `UPDATE hipq_job j SET state = 'final', outcome = 'cancelled', error = @error, update_time = now()
-		FROM unnest(@id::bigint[], @state::text[], @attempt::int[]) u(id, state, attempt)
-		WHERE j.queue = @queue AND j.id = u.id AND j.state = u.state AND j.attempt = u.attempt
-		RETURNING j.id, j.attempt`, args)
+	stmt := bulkCancelSQL
+	if ev.On() {
+		stmt = bulkCancelEventsSQL
+		args["ev_types"], args["ev_topics"], args["ev_attempts"] = ev.args()
+	}
+	rows, err := tx.Query(ctx, stmt, args)
 	if err != nil {
 		return 0, err
 	}
@@ -528,6 +531,21 @@ func jobsCancelGuarded(ctx context.Context, tx pgx.Tx, args pgx.StrictNamedArgs)
 		pgx.StrictNamedArgs{"queue": args["queue"], "id": ids, "attempt": attempts, "error": correlator.ErrorCancelled})
 	return len(ids), err
 }
+
+// bulkCancelSQL ends the jobs of queue @queue whose ids, states and
+// attempts are @id, @state and @attempt (unnested together) final /
+// cancelled, each only from the state and attempt given.
+const bulkCancelSQL = `WITH done AS (
+		  UPDATE hipq_job j SET state = 'final', outcome = 'cancelled', error = @error, update_time = now()
+		  FROM unnest(@id::bigint[], @state::text[], @attempt::int[]) u(id, state, attempt)
+		  WHERE j.queue = @queue AND j.id = u.id AND j.state = u.state AND j.attempt = u.attempt
+		  RETURNING j.id, j.queue, j.job_type, j.attempt /*event columns*/
+		), /*events*/cancelled AS (SELECT 1)
+		SELECT id, attempt FROM done`
+
+// bulkCancelEventsSQL is bulkCancelSQL that writes the jobs' outcome
+// events too, with the routes in @ev_types, @ev_topics and @ev_attempts.
+var bulkCancelEventsSQL = withEvents(bulkCancelSQL, "@ev_types", "@ev_topics", "@ev_attempts")
 
 // jobsReplayBatch replays the next batch of final jobs: each that is the
 // newest job of its key, of a type configured now, becomes a new job as
@@ -599,7 +617,7 @@ func replayOf(old *correlator.Job, jt *correlator.JobType, now time.Time) *corre
 // through the reply table (one refused again is skipped, and not
 // dead-lettered a second time). Each replayed one gets its replayed_at;
 // one replayed meanwhile (locked, then found replayed) is skipped.
-func deadLettersReplayBatch(ctx context.Context, tx pgx.Tx, op Operation, w OperationWork) (step, error) {
+func deadLettersReplayBatch(ctx context.Context, tx pgx.Tx, ev *Events, op Operation, w OperationWork) (step, error) {
 	args := pgx.NamedArgs{"cursor": op.Cursor, "until": op.Until, "n": w.Batch}
 	rows, err := tx.Query(ctx, `SELECT d.id FROM hipq_dead_letter d
 		WHERE d.id > @cursor AND d.id <= @until AND `+op.DeadLetters.where(args)+` ORDER BY d.id LIMIT @n`, args)
@@ -648,7 +666,7 @@ func deadLettersReplayBatch(ctx context.Context, tx pgx.Tx, op Operation, w Oper
 			replayed = append(replayed, jobOf[ij.Job])
 		}
 	}
-	res, err := applyReplies(ctx, tx, replies, w.Types, w.EarlyTTL, time.Time{})
+	res, err := applyReplies(ctx, tx, ev, replies, w.Types, w.EarlyTTL, time.Time{})
 	if err != nil {
 		return st, fmt.Errorf("replay reply dead letters: %w", err)
 	}

@@ -419,3 +419,26 @@ func TestOperationGet(t *testing.T) {
 		t.Fatalf("get of no operation: %v", err)
 	}
 }
+
+// A bulk cancel writes each cancelled job's outcome event in the batch
+// that ends it, as a single cancel does; a job it skips gets none.
+func TestBulkCancelWritesOutcomeEvents(t *testing.T) {
+	t.Parallel()
+	st := pgtest.New(t).WithEvents(store.EventsOf(eventTypes()))
+	insert(t, st, job("a-1"), job("a-2"), job("a-3"), job("b-1"))
+	now, err := st.DatabaseNow(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	op := store.Operation{Kind: store.OperationCancel, Reason: "test", TokenName: "sha256:test",
+		Jobs: &store.JobFilter{Queue: "default", KeyPrefix: "a-", CreatedBefore: &now}}
+	got := runOperation(t, st, op, store.OperationWork{Batch: 2})
+	wantCounts(t, got, 3, 3, 0)
+	if n := count(t, st, `SELECT count(*) FROM hipq_event e JOIN hipq_job j ON j.id = e.job_id
+		WHERE e.topic = 'ev' AND e.outcome = 'cancelled' AND j.job_key LIKE 'a-%' AND j.outcome = 'cancelled'`); n != 3 {
+		t.Fatalf("%d outcome events of 3 cancelled jobs", n)
+	}
+	if n := count(t, st, `SELECT count(*) FROM hipq_event`); n != 3 {
+		t.Fatalf("%d events in all, want the 3 cancelled jobs'", n)
+	}
+}

@@ -169,7 +169,7 @@ func TestRepliesProbeByKey(t *testing.T) {
 	if err := lockJobs(ctx, tx, refs); err != nil {
 		t.Fatal(err)
 	}
-	done, err := jobResolveMany(ctx, tx, func() []Resolve {
+	done, err := jobResolveMany(ctx, tx, nil, func() []Resolve {
 		var rs []Resolve
 		for _, id := range ids {
 			rs = append(rs, Resolve{Queue: "q", JobID: id, Attempt: 1, Res: correlator.Resolution{State: correlator.StateFinal,

@@ -12,14 +12,14 @@ import (
 
 const jobColumns = `id, queue, job_type, job_key, job_data, state, coalesce(outcome, ''), error, attempt, max_attempts,
 	scheduled_run_time, priority, throttle_factor, time_windows, timeout_seconds, expires_at, started_at, result,
-	created_at, update_time, coalesce(trace_parent, ''), coalesce(trace_state, '')`
+	created_at, update_time, coalesce(trace_parent, ''), coalesce(trace_state, ''), coalesce(reply_to, '')`
 
 func scanJob(row pgx.Row) (*correlator.Job, error) {
 	var j correlator.Job
 	var windows []byte
 	err := row.Scan(&j.ID, &j.Queue, &j.JobType, &j.JobKey, &j.JobData, &j.State, &j.Outcome, &j.Error, &j.Attempt,
 		&j.MaxAttempts, &j.ScheduledRunTime, &j.Priority, &j.ThrottleFactor, &windows, &j.TimeoutSeconds, &j.ExpiresAt,
-		&j.StartedAt, &j.Result, &j.CreatedAt, &j.UpdateTime, &j.Trace.Parent, &j.Trace.State)
+		&j.StartedAt, &j.Result, &j.CreatedAt, &j.UpdateTime, &j.Trace.Parent, &j.Trace.State, &j.ReplyTo)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, correlator.ErrNotFound
 	}

@@ -213,10 +213,19 @@ func explainStore(t *testing.T, generic, analyze bool) (ex, plain *Store, plans 
 // or changed later is checked too.
 func TestEveryWriteNamesItsQueue(t *testing.T) {
 	t.Parallel()
-	for _, generic := range []bool{false, true} {
-		t.Run(map[bool]string{false: "custom plans", true: "generic plans"}[generic], func(t *testing.T) {
+	for _, c := range []struct{ generic, events bool }{{false, false}, {true, false}, {false, true}, {true, true}} {
+		name := map[bool]string{false: "custom plans", true: "generic plans"}[c.generic] + map[bool]string{true: ", events on"}[c.events]
+		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			st, plain, plans := explainStore(t, generic, false)
+			st, plain, plans := explainStore(t, c.generic, false)
+			if c.events {
+				// The statements that end jobs, with their events' CTE.
+				routes := map[string]correlator.Events{}
+				for _, q := range []string{"a", "b", "c"} {
+					routes["t"+q] = correlator.Events{Topic: "ev", Attempts: true}
+				}
+				st = st.WithEvents(Events{Routes: routes, ReplyTo: true})
+			}
 			queueLife(t, st, plain)
 			seen := 0
 			for _, e := range plans() {

@@ -130,7 +130,7 @@ func (s *Store) ReplyApply(ctx context.Context, b ReplyBatch, types correlator.T
 	}
 	err := s.inTxOpen(ctx, open, func(tx pgx.Tx) error {
 		var err error
-		res, err = applyReplies(ctx, tx, b.Replies, types, b.EarlyTTL, now)
+		res, err = applyReplies(ctx, tx, s.events, b.Replies, types, b.EarlyTTL, now)
 		if err != nil {
 			return err
 		}
@@ -142,18 +142,18 @@ func (s *Store) ReplyApply(ctx context.Context, b ReplyBatch, types correlator.T
 		if err := deadLettersInsert(ctx, tx, res.DeadLetters); err != nil || b.Retry == nil {
 			return err
 		}
-		return replyRetry(ctx, tx, b.Retry, types, b.EarlyTTL, now, &res)
+		return replyRetry(ctx, tx, s.events, b.Retry, types, b.EarlyTTL, now, &res)
 	})
 	return res, err
 }
 
 // replyRetry writes r (see ReplyRetry) and adds what it did to res.
-func replyRetry(ctx context.Context, tx pgx.Tx, r *ReplyRetry, types correlator.Types, earlyTTL time.Duration, now time.Time,
+func replyRetry(ctx context.Context, tx pgx.Tx, ev *Events, r *ReplyRetry, types correlator.Types, earlyTTL time.Duration, now time.Time,
 	res *ReplyResult) error {
 	var again ReplyResult
 	refused, err := tryAgain(ctx, tx, func(tx pgx.Tx) error {
 		var err error
-		if again, err = applyReplies(ctx, tx, r.Replies, types, earlyTTL, now); err != nil {
+		if again, err = applyReplies(ctx, tx, ev, r.Replies, types, earlyTTL, now); err != nil {
 			return err
 		}
 		again.DeadLetters = append(append([]DeadLetter(nil), r.DeadLetters...), again.DeadLetters...)
@@ -174,7 +174,7 @@ func replyRetry(ctx context.Context, tx pgx.Tx, r *ReplyRetry, types correlator.
 // early replies kept and used up, and (returned, not written) dead
 // letters. now is the database's clock in tx (now()), or zero: then it
 // is read here.
-func applyReplies(ctx context.Context, tx pgx.Tx, ins []ReplyIn, types correlator.Types, earlyTTL time.Duration, now time.Time) (ReplyResult, error) {
+func applyReplies(ctx context.Context, tx pgx.Tx, ev *Events, ins []ReplyIn, types correlator.Types, earlyTTL time.Duration, now time.Time) (ReplyResult, error) {
 	res := ReplyResult{Verdicts: make([]correlator.Verdict, len(ins))}
 	if len(ins) == 0 {
 		return res, nil
@@ -226,7 +226,7 @@ func applyReplies(ctx context.Context, tx pgx.Tx, ins []ReplyIn, types correlato
 			drop = append(drop, in.earlyID)
 		}
 	}
-	done, err := jobResolveMany(ctx, tx, resolves)
+	done, err := jobResolveMany(ctx, tx, ev, resolves)
 	if err != nil {
 		return res, err
 	}

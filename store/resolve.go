@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -55,7 +56,7 @@ func (s *Store) JobResolveMany(ctx context.Context, rs []Resolve) ([]AttemptRef,
 			return err
 		}
 		var err error
-		done, err = jobResolveMany(ctx, tx, rs)
+		done, err = jobResolveMany(ctx, tx, s.events, rs)
 		return err
 	})
 	return refsOf(done), err
@@ -81,7 +82,7 @@ func refsOf(rs []resolved) []AttemptRef {
 // resolveManySQL is jobResolveMany's statement. Its caller has locked the
 // jobs in an earlier statement of the transaction (in (queue, id) order, as
 // every path that writes jobs or attempts does: see DeliveryRecord).
-const resolveManySQL = `
+var resolveManySQL = `
 		WITH u AS (
 		  SELECT * FROM unnest(@id::bigint[], @attempt::int[], @state::text[], @outcome::text[], @error::text[],
 		                       @next_run::timestamptz[], @result::jsonb[], @att_outcome::text[], @att_error::text[], @reply::jsonb[],
@@ -105,8 +106,8 @@ const resolveManySQL = `
 		  FROM t
 		  WHERE j.queue = @queue AND j.ctid = t.tid AND t.cur_state = 'running' AND t.cur_att = t.att
 		    AND (t.claim IS NULL OR t.cur_claim = t.claim)
-		  RETURNING j.id, j.queue, j.job_type, j.attempt, j.started_at, t.att_outcome, t.att_error, t.reply, t.sent
-		), notify AS (
+		  RETURNING j.id, j.queue, j.job_type, j.attempt, j.started_at, t.att_outcome, t.att_error, t.reply, t.sent/*event columns*/
+		), /*events*/notify AS (
 		  -- A job left running: a throttle slot is free, so dispatchers
 		  -- may claim now rather than at their next poll.
 		  SELECT pg_notify('` + channelJobReady + `', q) FROM (SELECT DISTINCT queue AS q FROM done) d
@@ -122,6 +123,16 @@ const resolveManySQL = `
 		)
 		SELECT id, attempt, job_type, extract(epoch FROM now() - started_at)::float8 FROM done
 		WHERE (SELECT count(*) FROM notify) >= 0`
+
+// resolveManyEventsSQL is resolveManySQL that writes the jobs' outcome
+// events too (eventsCTE), with the routes in @ev_type, @ev_topic and
+// @ev_attempts.
+// The queue is named first (so it is $1): the events' CTE reads the moved
+// rows through lateral references, which EXPLAIN numbers $1, $2, … too,
+// and the queue's number must not read like one of them
+// (TestEveryWriteNamesItsQueue).
+var resolveManyEventsSQL = strings.Replace(withEvents(resolveManySQL, "@ev_type", "@ev_topic", "@ev_attempts"),
+	"WITH u AS (\n\t\t  SELECT * FROM unnest(", "WITH u AS (\n\t\t  SELECT u.* FROM (SELECT @queue::text) AS q(queue), unnest(", 1)
 
 // lockJobs locks the jobs refs name in (queue, id) order, the order of
 // every path that waits for jobs' locks, so two never wait on each other
@@ -140,11 +151,12 @@ func lockJobs(ctx context.Context, tx execer, refs []AttemptRef) error {
 }
 
 // jobResolveMany applies resolutions in tx, which holds the jobs' locks
-// (lockJobs, or the reply and sweep paths' own locking reads).
-func jobResolveMany(ctx context.Context, tx pgx.Tx, rs []Resolve) ([]resolved, error) {
+// (lockJobs, or the reply and sweep paths' own locking reads), and writes
+// the outcome events ev asks for in the same statements.
+func jobResolveMany(ctx context.Context, tx pgx.Tx, ev *Events, rs []Resolve) ([]resolved, error) {
 	var out []resolved
 	err := perQueue(rs, func(r Resolve) string { return r.Queue }, func(q string, rs []Resolve) error {
-		done, err := resolveQueue(ctx, tx, q, rs)
+		done, err := resolveQueue(ctx, tx, ev, q, rs)
 		out = append(out, done...)
 		return err
 	})
@@ -155,7 +167,7 @@ func jobResolveMany(ctx context.Context, tx pgx.Tx, rs []Resolve) ([]resolved, e
 }
 
 // resolveQueue is jobResolveMany's statement for the resolutions of one queue.
-func resolveQueue(ctx context.Context, tx pgx.Tx, queue string, rs []Resolve) ([]resolved, error) {
+func resolveQueue(ctx context.Context, tx pgx.Tx, ev *Events, queue string, rs []Resolve) ([]resolved, error) {
 	n := len(rs)
 	ids, atts := make([]int64, n), make([]int32, n)
 	states, errs, attOutcomes := make([]string, n), make([]string, n), make([]string, n)
@@ -185,11 +197,16 @@ func resolveQueue(ctx context.Context, tx pgx.Tx, queue string, rs []Resolve) ([
 			replies[i] = nullable(string(r.Reply))
 		}
 	}
-	rows, err := tx.Query(ctx, resolveManySQL, pgx.StrictNamedArgs{
+	q, args := resolveManySQL, pgx.StrictNamedArgs{
 		"id": ids, "attempt": atts, "state": states, "outcome": outcomes, "error": errs, "next_run": next, "result": results,
 		"att_outcome": attOutcomes, "att_error": attErrs, "reply": replies, "sent": sent, "result_is_reply": resultIsReply,
 		"claim": claimsOf(rs, func(r Resolve) time.Time { return r.Claim }), "queue": queue,
-	})
+	}
+	if ev.On() {
+		q = resolveManyEventsSQL
+		args["ev_type"], args["ev_topic"], args["ev_attempts"] = ev.args()
+	}
+	rows, err := tx.Query(ctx, q, args)
 	if err != nil {
 		return nil, err
 	}

@@ -26,6 +26,9 @@ type Store struct {
 	pool   *pgxpool.Pool
 	schema string
 	writes *writeWatch
+	// events are the outcome events the statements that end jobs write
+	// (nil: none).
+	events *Events
 }
 
 // Defaults of Config.

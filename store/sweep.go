@@ -207,7 +207,7 @@ func (s *Store) timeOutQueue(ctx context.Context, queue string, limit int, types
 		if rs, err = withoutNews(ctx, tx, queue, rs); err != nil {
 			return err
 		}
-		r, err := jobResolveMany(ctx, tx, rs)
+		r, err := jobResolveMany(ctx, tx, s.events, rs)
 		done = refsOf(r)
 		return err
 	})
@@ -436,19 +436,12 @@ func (s *Store) JobExpire(ctx context.Context, limit int) (int, error) {
 			break
 		}
 		var n int
-		err := s.pool.QueryRow(ctx, `
-		WITH done AS (
-		  UPDATE hipq_job j
-		  SET state = 'final', outcome = 'expired', error = 'expired', update_time = now()
-		  FROM (SELECT id, state, attempt FROM hipq_job
-		        WHERE queue = $2 AND state IN ('initial', 'retry') AND expires_at <= now()
-		        ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED) d
-		  WHERE j.queue = $2 AND j.id = d.id AND j.state = d.state AND j.attempt = d.attempt
-		  RETURNING j.id
-		), notify AS ( -- waits for these jobs look now
-		  SELECT pg_notify('`+channelJobReady+`', $2) WHERE EXISTS (SELECT 1 FROM done)
-		)
-		SELECT count(*) FROM done WHERE (SELECT count(*) FROM notify) >= 0`, limit-total, q).Scan(&n)
+		stmt, args := expireSQL, []any{limit - total, q}
+		if s.events.On() {
+			types, topics, attempts := s.events.args()
+			stmt, args = expireEventsSQL, append(args, types, topics, attempts)
+		}
+		err := s.pool.QueryRow(ctx, stmt, args...).Scan(&n)
 		total += n
 		if err != nil {
 			errs = append(errs, fmt.Errorf("expire jobs of queue %q: %w", q, err))
@@ -456,6 +449,25 @@ func (s *Store) JobExpire(ctx context.Context, limit int) (int, error) {
 	}
 	return total, errors.Join(errs...)
 }
+
+// expireSQL ends up to $1 waiting jobs of queue $2 past expires_at.
+var expireSQL = `
+		WITH done AS (
+		  UPDATE hipq_job j
+		  SET state = 'final', outcome = 'expired', error = 'expired', update_time = now()
+		  FROM (SELECT id, state, attempt FROM hipq_job
+		        WHERE queue = $2 AND state IN ('initial', 'retry') AND expires_at <= now()
+		        ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED) d
+		  WHERE j.queue = $2 AND j.id = d.id AND j.state = d.state AND j.attempt = d.attempt
+		  RETURNING j.id, j.queue, j.job_type, j.attempt/*event columns*/
+		), /*events*/notify AS ( -- waits for these jobs look now
+		  SELECT pg_notify('` + channelJobReady + `', $2) WHERE EXISTS (SELECT 1 FROM done)
+		)
+		SELECT count(*) FROM done WHERE (SELECT count(*) FROM notify) >= 0`
+
+// expireEventsSQL is expireSQL that writes the jobs' outcome events too,
+// with the routes in $3, $4 and $5.
+var expireEventsSQL = withEvents(expireSQL, "$3", "$4", "$5")
 
 // JobPrune deletes up to limit final jobs (and their attempts) last updated
 // longer than retention ago, on PostgreSQL's clock.

@@ -7,6 +7,7 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -35,4 +36,32 @@ func ExampleProducer_Enqueue() {
 	// or client.Wait tell what became of it.
 	fmt.Println("acknowledged by Kafka")
 	// Output: acknowledged by Kafka
+}
+
+// A request/reply round trip over Kafka: the job's outcome comes back on a
+// topic of the caller's (hipq's events.allowed_reply_to allows it).
+func ExampleCaller_Call() {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	brokers := kgo.SeedBrokers(strings.Split(os.Getenv("HIPQ_EXAMPLE_BROKERS"), ",")...)
+	cl, err := kgo.NewClient(brokers)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer cl.Close()
+	p := kafkaintake.New(cl, os.Getenv("HIPQ_EXAMPLE_INTAKE_TOPIC"))
+	caller, err := kafkaintake.NewCaller(ctx, p, os.Getenv("HIPQ_EXAMPLE_REPLY_TOPIC"), brokers)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer caller.Close()
+	out, err := caller.Call(ctx, client.Job{Type: "invoice.quote", Key: "quote_1", Data: json.RawMessage(`{"order": 45}`)})
+	if err != nil {
+		fmt.Println(err) // ctx ended first: the job goes on in hipq
+		return
+	}
+	fmt.Println(out.Outcome, string(out.Result))
+	// Output: succeeded {"echo": {"order": 45}, "status": "succeeded"}
 }

@@ -6,9 +6,21 @@
 // record is durably in Kafka. hipq reads it later and makes it a job, or,
 // should it refuse it (an unknown job type, a bad field), a dead letter
 // in hipq_dead_letter and the intake dead-letter topic. To learn a job's
-// fate, read it through the API (client.Get, client.Wait). For a job that
-// must exist exactly when a database transaction commits, use the outbox
-// (pgxoutbox, sqloutbox) instead.
+// fate, read it through the API (client.Get, client.Wait), or over Kafka:
+// a Caller (NewCaller) produces a job naming a reply topic of its own and
+// returns the job's outcome event from there (request/reply over Kafka,
+// durable on hipq's side; hipq's events.allowed_reply_to must allow the
+// topic). For a job that must exist exactly when a database transaction
+// commits, use the outbox (pgxoutbox, sqloutbox) instead.
+//
+//	caller, err := kafkaintake.NewCaller(ctx, kafkaintake.New(cl, "hipq.jobs"), "billing.replies",
+//		kgo.SeedBrokers("localhost:9092"))
+//	...
+//	defer caller.Close()
+//	out, err := caller.Call(ctx, client.Job{Type: "invoice.quote", Key: "q-1", Data: data})
+//	if err == nil && out.Succeeded() {
+//		use(out.Result)
+//	}
 package kafkaintake
 
 import (

@@ -53,6 +53,7 @@ type app struct {
 	outbox     *consumer.Outbox
 	responses  *consumer.Responses
 	dispatcher *dispatcher.Dispatcher
+	relay      *dispatcher.Relay // outcome events to Kafka, with the dispatcher role
 	sweeper    *sweeper.Sweeper
 	periodic   *sweeper.Periodic
 	api        *api.Server
@@ -118,7 +119,11 @@ func newApp(ctx context.Context, cfg *config.Config, log *zap.Logger, opts appOp
 	if err != nil {
 		return nil, err
 	}
-	a := &app{log: log, st: st, cfg: cfg, types: cfg.Domain(), metrics: metrics.New(), kc: kafkaConfig(cfg, opts.metadataMinAge),
+	domain := cfg.Domain()
+	// Every statement that ends a job writes the outcome events the
+	// config asks for (nothing when it asks for none).
+	st = st.WithEvents(store.EventsOf(domain))
+	a := &app{log: log, st: st, cfg: cfg, types: domain, metrics: metrics.New(), kc: kafkaConfig(cfg, opts.metadataMinAge),
 		matchers: map[string]correlator.Matcher{}, crash: os.Getenv("HIPQ_CRASHPOINT"), instance: instanceName()}
 	for _, q := range cfg.Queues {
 		a.queues = append(a.queues, q.Name)
@@ -283,7 +288,7 @@ func (a *app) buildOutbox(context.Context) error {
 
 // buildDispatcher: the transports of every job type, and the dispatcher
 // over the queues.
-func (a *app) buildDispatcher(context.Context) error {
+func (a *app) buildDispatcher(ctx context.Context) error {
 	cfg := a.cfg
 	routes := map[string]dispatcher.KafkaRoute{}
 	httpRoutes := map[string]dispatcher.HTTPRoute{}
@@ -349,6 +354,24 @@ func (a *app) buildDispatcher(context.Context) error {
 		BatchSize: cfg.Dispatch.BatchSize, Queues: queues, Types: a.types, Senders: senders, Metrics: a.metrics,
 		DeadLetters: a.replyCopies, Tracer: a.tracing.Tracer, TraceLink: a.tracing.Link,
 		IntakeClaimsFor: min(dispatcher.DefaultIntakeClaimsFor, cfg.Dispatch.Grace.D()/2)})
+	// The relay holds a connection to listen, and its leader one for its
+	// lock: it runs when events are configured, or written before a change
+	// of the config wait.
+	ev := store.EventsOf(a.types)
+	var topics []string
+	for _, r := range ev.Routes {
+		if !slices.Contains(topics, r.Topic) {
+			topics = append(topics, r.Topic)
+		}
+	}
+	if !ev.On() {
+		pending, err := a.st.EventsPending(ctx)
+		if err != nil || len(pending) == 0 {
+			return err
+		}
+	}
+	a.relay = dispatcher.NewRelay(a.log, a.st, a.producer, dispatcher.RelayConfig{Interval: cfg.Dispatch.Interval.D(),
+		BatchSize: cfg.Dispatch.BatchSize, Metrics: a.metrics, Topics: topics, CrashPoint: a.crash})
 	return nil
 }
 
@@ -383,6 +406,7 @@ func (a *app) buildAPI(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	a.apiStore = a.apiStore.WithEvents(store.EventsOf(a.types)) // (a cancel ends a job)
 	var ui *api.UIConfig
 	if !c.UI.Disabled {
 		ui = &api.UIConfig{PathPrefix: c.UI.PathPrefix, Redact: c.UI.Redact, Throttles: a.cfg.Throttles(), Lag: a.consumerLag,
@@ -523,6 +547,9 @@ func (a *app) run(ctx context.Context) error {
 	}
 	if a.dispatcher != nil {
 		g.Go(func() error { return a.dispatcher.Run(ctx) })
+	}
+	if a.relay != nil {
+		g.Go(func() error { return a.relay.Run(ctx) })
 	}
 	if a.sweeper != nil {
 		g.Go(func() error { return a.sweeper.Run(ctx) })

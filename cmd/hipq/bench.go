@@ -53,6 +53,9 @@ type benchResult struct {
 	// StatementUsPerJob is PostgreSQL's statement time per job (with
 	// --db-profile).
 	StatementUsPerJob float64 `json:"statement_us_per_job,omitempty"`
+	// Events: each job's outcome event was written and relayed (--events);
+	// the run ends once every one was acknowledged by the broker.
+	Events bool `json:"events,omitempty"`
 }
 
 // benchOpts are the bench's flags.
@@ -62,7 +65,7 @@ type benchOpts struct {
 	duration                                     time.Duration
 	expired, dbProfile, asJSON                   bool
 	throttle, rateLimit                          int
-	shares                                       bool
+	shares, events                               bool
 	intake                                       string
 	outboxBatch                                  int
 	cpuProfile                                   string
@@ -87,6 +90,7 @@ func parseBench(args []string) (*benchOpts, error) {
 	fs.IntVar(&o.rateLimit, "rate-limit", 0, "give the queue a rate limit of this many requests per second (0 = none), to measure what rates cost")
 	fs.StringVar(&o.intake, "intake", "kafka", "how jobs come in: kafka (records to the intake topic) or outbox (rows of hipq_intake, 4 writers, --outbox-batch rows per transaction)")
 	fs.IntVar(&o.outboxBatch, "outbox-batch", 100, "with --intake outbox: rows per application transaction")
+	fs.BoolVar(&o.events, "events", false, "publish each job's outcome event (events.topic), and end the run once every one reached Kafka, to measure what events cost")
 	if err := fs.Parse(args); err != nil {
 		return nil, &exitError{2, err}
 	}
@@ -135,12 +139,19 @@ func cmdBench(args []string, stdout io.Writer) error {
 	if o.dbProfile {
 		pgSettings = map[string]string{"shared_preload_libraries": "pg_stat_statements", "pg_stat_statements.track": "top"}
 	}
-	sb, err := newSandboxWith(ctx, true, int32(o.partitions), pgSettings, "hipq.jobs", "bench.requests", "bench.responses")
+	topics := []string{"hipq.jobs", "bench.requests", "bench.responses"}
+	if o.events {
+		topics = append(topics, "bench.events")
+	}
+	sb, err := newSandboxWith(ctx, true, int32(o.partitions), pgSettings, topics...)
 	if err != nil {
 		return err
 	}
 	defer sb.close()
 	conf := benchConfig
+	if o.events {
+		conf += "events: {topic: bench.events}\n"
+	}
 	if o.throttle > 0 || o.rateLimit > 0 {
 		extra := ""
 		if o.shares {
@@ -189,8 +200,12 @@ func cmdBench(args []string, stdout io.Writer) error {
 	if o.rate > 0 {
 		load = fmt.Sprintf("%.0f jobs/s for %v (%d jobs)", o.rate, o.duration, o.n)
 	}
-	fmt.Fprintf(stdout, "hipq bench: %s, %s → dispatch → responder → match → final, embedded Kafka (%d partitions), %d hipq instance(s), %s, %s\n",
-		load, from, o.partitions, o.instances, sb.dbDescription(), limits)
+	end := "final"
+	if o.events {
+		end = "final → outcome event on Kafka"
+	}
+	fmt.Fprintf(stdout, "hipq bench: %s, %s → dispatch → responder → match → %s, embedded Kafka (%d partitions), %d hipq instance(s), %s, %s\n",
+		load, from, end, o.partitions, o.instances, sb.dbDescription(), limits)
 	if o.backlog > 0 || o.finalRows > 0 {
 		seedStart := time.Now()
 		finalAt := time.Now().Add(-time.Minute)
@@ -299,7 +314,8 @@ func cmdBench(args []string, stdout io.Writer) error {
 			return err
 		}
 		pruned = m["hipq_sweeper_actions_total{action=\"pruned\"}"]
-		if int(m["hipq_round_trip_seconds_count"]) >= o.n {
+		events := m[`hipq_events_total{result="sent",topic="bench.events"}`]
+		if int(m["hipq_round_trip_seconds_count"]) >= o.n && (!o.events || int(events) >= o.n) {
 			break
 		}
 		select {
@@ -312,7 +328,8 @@ func cmdBench(args []string, stdout io.Writer) error {
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
-	res := benchResult{Jobs: o.n, Instances: o.instances, Rate: o.rate, Backlog: o.backlog, FinalRows: o.finalRows}
+	eventsDone := time.Now() // (within the scrape interval: the last event's ack is not timed more closely)
+	res := benchResult{Jobs: o.n, Instances: o.instances, Rate: o.rate, Backlog: o.backlog, FinalRows: o.finalRows, Events: o.events}
 	for _, in := range insts {
 		res.PeakRSSBytes = max(res.PeakRSSBytes, in.peakRSS())
 	}
@@ -328,6 +345,9 @@ func cmdBench(args []string, stdout io.Writer) error {
 	res.SlowestSecond, res.SlowestP99ms = lat.SlowestSecond+1, lat.SlowestP99
 	last, stages := lat.Last, [3][2]float64{lat.Intake, lat.Claim, lat.Reply}
 	res.Seconds = last.Sub(start).Seconds()
+	if o.events {
+		res.Seconds = eventsDone.Sub(start).Seconds() // every event relayed, not only every job final
+	}
 	res.JobsPerSec = float64(o.n) / res.Seconds
 	if o.expired {
 		res.PrunedPerSec = pruned / time.Since(start).Seconds()

@@ -59,3 +59,21 @@ func TestBenchFlags(t *testing.T) {
 		}
 	}
 }
+
+// hipq bench --events publishes each job's outcome event and ends once
+// every one reached Kafka (a small n: this checks it works).
+func TestBenchEvents(t *testing.T) {
+	t.Parallel()
+	var out strings.Builder
+	if err := cmdBench([]string{"-n", "200", "--json", "--events"}, &out); err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	var res benchResult
+	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &res); err != nil || res.Jobs != 200 || !res.Events || res.JobsPerSec <= 0 {
+		t.Fatalf("%+v %v\n%s", res, err, out.String())
+	}
+	if !strings.Contains(out.String(), "outcome event on Kafka") {
+		t.Errorf("the output does not say the events are part of the run:\n%s", out.String())
+	}
+}

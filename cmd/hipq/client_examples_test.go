@@ -24,7 +24,7 @@ func TestClientExamples(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := newEnv(t, "jobs", "requests")
+	e := newEnv(t, "jobs", "requests", "quotes", "replies", "callers")
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -37,9 +37,15 @@ name: examples
 database: {url: "{{DB}}"}
 kafka: {brokers: ["{{BROKERS}}"]}
 intake: {topics: ["{{T:jobs}}"]}
+responses: {topics: [{topic: "{{T:replies}}"}]}
 dispatch: {interval: 100ms}
+events: {allowed_reply_to: ["{{T:callers}}"]}
 api: {listen: "%s", tokens: ["%s"], callback_secret: "%s"}
 job_types:
+  - name: invoice.quote
+    transport: {kafka: {topic: "{{T:quotes}}"}}
+    reply_topic: "{{T:replies}}"
+    timeout: 1h
   - name: invoice.ship
     transport: {kafka: {topic: "{{T:requests}}"}}
     timeout: 1h
@@ -48,6 +54,9 @@ job_types:
     timeout: 1h
 `, apiAddr, token, strings.Repeat("S", 32)))
 	a := e.start(cfg)
+	rctx, stopResponder := context.WithCancel(context.Background())
+	defer stopResponder()
+	e.respond(rctx, "quotes", "replies", func(string, int) (string, bool) { return "succeeded", true })
 
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -56,7 +65,7 @@ job_types:
 	cmd.Env = append(os.Environ(),
 		"HIPQ_EXAMPLE_API_URL=http://"+apiAddr, "HIPQ_EXAMPLE_API_TOKEN="+token,
 		"HIPQ_EXAMPLE_DATABASE_URL="+e.dbURL, "HIPQ_EXAMPLE_BROKERS="+strings.Join(e.kafka.Brokers, ","),
-		"HIPQ_EXAMPLE_INTAKE_TOPIC="+e.kafka.Topic("jobs"))
+		"HIPQ_EXAMPLE_INTAKE_TOPIC="+e.kafka.Topic("jobs"), "HIPQ_EXAMPLE_REPLY_TOPIC="+e.kafka.Topic("callers"))
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("the client module's examples: %v\n%s", err, out)
@@ -67,7 +76,7 @@ job_types:
 		}
 	}
 	testutil.Eventually(t, 30*time.Second, func() (bool, string) {
-		n := e.countJobs(a, "job_key IN ('shp_enqueue', 'shp_wait', 'shp_pgx', 'shp_sql', 'shp_kafka', 'shp_list_1', 'shp_list_2', 'shp_list_3')")
-		return n == 8, fmt.Sprintf("%d of 8 jobs", n)
+		n := e.countJobs(a, "job_key IN ('shp_enqueue', 'shp_wait', 'shp_pgx', 'shp_sql', 'shp_kafka', 'shp_list_1', 'shp_list_2', 'shp_list_3', 'quote_1')")
+		return n == 9, fmt.Sprintf("%d of 9 jobs", n)
 	}, "the examples' jobs")
 }

@@ -389,6 +389,7 @@ intake: {topics: ["{{T:jobs}}"], dead_letter_topic: "{{T:jobs.dlq}}"}
 responses: {topics: [{topic: "{{T:replies}}"}], dead_letter_topic: "{{T:replies.dlq}}"}
 dispatch: {interval: 100ms, batch_size: 50, grace: 1s}
 sweeper: {schedule: "@every 1s"}
+events: {topic: "{{T:events}}"}
 job_types:
   - name: e2e
     transport: {kafka: {topic: "{{T:requests}}"}}
@@ -479,7 +480,7 @@ func TestDeployUsesExportedMetrics(t *testing.T) {
 	}
 	slices.Sort(live)
 
-	e := newEnv(t, e2eTopics...)
+	e := newEnv(t, append(slices.Clone(e2eTopics), "events")...)
 	role, appURL := e.appRole()
 	text, apiURL := withAPI(t, strings.Replace(deployConfig, "{{APPDB}}", appURL, 1), "")
 	e.start(e.config(text))
@@ -490,9 +491,10 @@ func TestDeployUsesExportedMetrics(t *testing.T) {
 	e.produce("jobs", jobReq("one"))
 	testutil.Eventually(t, 30*time.Second, func() (bool, string) {
 		fams := liveFamilies(t, apiURL+"/metrics")
-		return exported(fams, "hipq_round_trip_seconds") && exported(fams, "hipq_sweeper_actions_total"),
-			"round trips and sweeps not on /metrics yet"
-	}, "a job's round trip and a sweep")
+		return exported(fams, "hipq_round_trip_seconds") && exported(fams, "hipq_sweeper_actions_total") &&
+				exported(fams, "hipq_events_total") && exported(fams, "hipq_events_pending"),
+			"round trips, sweeps and events not on /metrics yet"
+	}, "a job's round trip, its event and a sweep")
 
 	if _, err := e.pool().Exec(ctx, fmt.Sprintf(`REVOKE INSERT ON hipq_job FROM %s`, pgx.Identifier{role}.Sanitize())); err != nil {
 		t.Fatal(err)

@@ -103,3 +103,49 @@ func TestPythonResponder(t *testing.T) {
 	}
 	foreignRoundTrip(t, func(e *env) { runResponder(t, e, dir, python, "responder.py") })
 }
+
+// Issue 33: request/reply over Kafka from Node: examples/caller-node
+// produces jobs naming its reply topic and a correlation id of its own,
+// and reads each job's outcome event back with stock kafkajs 2.2.4 and no
+// extra codec.
+func TestNodeCaller(t *testing.T) {
+	t.Parallel()
+	for _, tool := range []string{"node", "npm"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("%s is not installed: the Node caller (examples/caller-node) is not tried", tool)
+		}
+	}
+	dir := t.TempDir()
+	for _, f := range []string{"caller.js", "package.json"} {
+		b, err := os.ReadFile(filepath.Join("..", "..", "examples", "caller-node", f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, f), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	install := exec.CommandContext(ctx, "npm", "install", "--no-audit", "--no-fund", "--loglevel=error")
+	install.Dir = dir
+	if out, err := install.CombinedOutput(); err != nil {
+		t.Skipf("npm could not install kafkajs 2.2.4 (no registry here?), so the Node caller is not tried: %v\n%s", err, out)
+	}
+	e := newEnv(t, eventsTopics...)
+	e.start(e.config(eventsConfig()))
+	e.respond(ctx, "requests", "replies", func(string, int) (string, bool) { return "succeeded", true })
+	caller := exec.CommandContext(ctx, "node", "caller.js")
+	caller.Dir = dir
+	caller.Env = append(os.Environ(), "BROKERS="+strings.Join(e.kafka.Brokers, ","), "INTAKE="+e.kafka.Topic("jobs"),
+		"REPLY_TO="+e.kafka.Topic("callers.a"), "JOB_TYPE=e2e", "KEYS=node-1,node-2,node-3")
+	out, err := caller.CombinedOutput()
+	if err != nil {
+		t.Fatalf("node caller.js: %v\n%s", err, out)
+	}
+	for _, k := range []string{"node-1", "node-2", "node-3"} {
+		if !strings.Contains(string(out), `{"key":"`+k+`","outcome":"succeeded"`) {
+			t.Errorf("no succeeded outcome of %s:\n%s", k, out)
+		}
+	}
+}

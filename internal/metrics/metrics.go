@@ -60,6 +60,15 @@ type Metrics struct {
 	// none after it to compare with, for long), by the SQLSTATE of the
 	// refusal (reason); 0 once it flows again.
 	Stalled *prometheus.GaugeVec
+	// EventsPending is the outcome events waiting in PostgreSQL to be
+	// relayed, by topic, as the relaying instance last counted them (the
+	// other instances report none).
+	EventsPending *prometheus.GaugeVec
+	// Events counts outcome events the relay produced, by topic and
+	// result: sent (acknowledged by the broker), refused (the topic
+	// refused it: it waits and is sent again), result_omitted (sent without
+	// its result, which made it larger than the broker takes).
+	Events *prometheus.CounterVec
 
 	lag *lagCollector
 }
@@ -101,13 +110,20 @@ func New() *Metrics {
 		Stalled: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "hipq_consumer_stalled",
 			Help: "1 while a consumer group (or the outbox drainer, group outbox) waits because PostgreSQL refuses its records for a reason not theirs (or one record, alone, for long), by SQLSTATE (reason); 0 once it flows again."},
 			[]string{"group", "reason"}),
+		EventsPending: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "hipq_events_pending",
+			Help: "Outcome events waiting in PostgreSQL to be relayed to Kafka, by topic (reported by the relaying instance)."},
+			[]string{"topic"}),
+		Events: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hipq_events_total",
+			Help: "Outcome events relayed, by topic and result (sent, refused: it waits and is sent again, result_omitted: sent without its too large result)."},
+			[]string{"topic", "result"}),
 		lag: &lagCollector{groups: map[string]func(context.Context) ([]PartitionLag, error){},
 			desc: prometheus.NewDesc("hipq_consumer_lag_records",
 				"Records between a partition's end offset and the next offset this instance applies, by consumer group; partitions assigned here only.",
 				[]string{"group", "topic", "partition"}, nil)},
 	}
 	m.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		m.IntakeRecords, m.Claimed, m.ClaimRounds, m.Dispatches, m.Deferred, m.Replies, m.RoundTrip, m.Sweeper, m.Waits, m.ScheduleFires, m.Stalled, m.lag)
+		m.IntakeRecords, m.Claimed, m.ClaimRounds, m.Dispatches, m.Deferred, m.Replies, m.RoundTrip, m.Sweeper, m.Waits, m.ScheduleFires, m.Stalled,
+		m.EventsPending, m.Events, m.lag)
 	return m
 }
 

@@ -1,0 +1,402 @@
+package dispatcher
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"go.uber.org/zap"
+
+	"github.com/hipq/hipq/correlator"
+	"github.com/hipq/hipq/internal/metrics"
+	"github.com/hipq/hipq/store"
+)
+
+// HeaderResultOmitted marks an event sent without its result, which made
+// it larger than the broker takes.
+const HeaderResultOmitted = "hipq-result-omitted"
+
+// Defaults of RelayConfig.
+const (
+	// DefaultRelayMaxBackoff bounds how long a refusing topic waits
+	// between tries.
+	DefaultRelayMaxBackoff = 30 * time.Second
+	// relayDeleteTimeout bounds the delete of events sent, which runs
+	// even when the relay is stopping (else they are sent again).
+	relayDeleteTimeout = 10 * time.Second
+)
+
+// RelayConfig configures the events relay.
+type RelayConfig struct {
+	// Interval between looks for events when no notice wakes the relay,
+	// and between its checks that it still holds the relay's lock.
+	// Defaults to DefaultInterval.
+	Interval time.Duration
+	// BatchSize is the most events of a topic read and produced at once.
+	// Defaults to DefaultBatchSize.
+	BatchSize int
+	// MaxBackoff bounds the wait of a refusing topic. Defaults to
+	// DefaultRelayMaxBackoff.
+	MaxBackoff time.Duration
+	Metrics    *metrics.Metrics
+	// Topics are the configured events topics: their pending count is
+	// reported (0 included) whether or not events wait.
+	Topics []string
+	// CrashPoint is a test hook: "events:after-produce" kills the process
+	// once a batch was acknowledged, before its rows are deleted.
+	CrashPoint string
+}
+
+// WithDefaults fills what is left out.
+func (c RelayConfig) WithDefaults() RelayConfig {
+	c.Interval = cmp.Or(c.Interval, DefaultInterval)
+	c.BatchSize = cmp.Or(c.BatchSize, DefaultBatchSize)
+	c.MaxBackoff = cmp.Or(c.MaxBackoff, DefaultRelayMaxBackoff)
+	c.Metrics = metrics.Or(c.Metrics)
+	return c
+}
+
+// Relay produces the outcome events committed to hipq_event to Kafka and
+// deletes each once the broker acknowledged it: at least once, with the
+// event's id (hipq-event-id) the same every time it is sent.
+//
+// One instance relays at a time: the one holding the relay's PostgreSQL
+// lock (store.EventRelayLock); the others wait to take it over. The leader
+// drains each topic with events pending in a goroutine of its own, so a
+// topic that refuses holds back its own events only, and backs off
+// (longer each time in a row) before it tries that topic again.
+//
+// Order. The events of one job key are numbered in the order they were
+// committed (store.eventsCTE), and rows are deleted once sent, never
+// passed by a mark: an event committed after one of a higher id is read at
+// the next look, never skipped. A batch takes each key's first pending
+// event only, so a key's later event can never be acknowledged while an
+// earlier one failed; with one key on one partition and an idempotent
+// producer, a key's events reach the topic in commit order. An event is
+// sent again (never lost) when the relay dies between produce and delete,
+// or loses its lock while a produce is in flight (then the new leader may
+// send an event again after that key's next one: consumers keep the ids
+// they have seen).
+type Relay struct {
+	log *zap.Logger
+	st  *store.Store
+	cl  *kgo.Client
+	cfg RelayConfig
+
+	wake chan struct{}
+
+	mu      sync.Mutex
+	outages map[string]*outage // by topic
+	pending map[string]bool    // topics whose pending count is reported
+}
+
+// NewRelay builds the relay of st's events over cl, an idempotent
+// producer (KafkaProducerOpts).
+func NewRelay(log *zap.Logger, st *store.Store, cl *kgo.Client, cfg RelayConfig) *Relay {
+	return &Relay{log: log.Named("events"), st: st, cl: cl, cfg: cfg.WithDefaults(), wake: make(chan struct{}, 1),
+		outages: map[string]*outage{}, pending: map[string]bool{}}
+}
+
+func (r *Relay) poke() {
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Run relays events while ctx lasts: as the leader when it holds the
+// relay's lock, else trying to take it every Interval.
+func (r *Relay) Run(ctx context.Context) error {
+	listening := make(chan struct{})
+	go func() {
+		defer close(listening)
+		r.st.WaitEvents(ctx, r.poke, func(err error) { r.log.Warn("listening for events failed; polling meanwhile", zap.Error(err)) })
+	}()
+	defer func() { <-listening }()
+	for {
+		lease, ok, err := r.st.EventRelayLock(ctx)
+		switch {
+		case err != nil && ctx.Err() == nil:
+			r.log.Warn("could not try the relay's lock", zap.Error(err))
+		case ok:
+			r.log.Info("relaying outcome events")
+			r.lead(ctx, lease)
+			lease.Release()
+			r.forgetPending()
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(r.cfg.Interval):
+		}
+	}
+}
+
+// lead relays while the lease holds and ctx lasts.
+func (r *Relay) lead(ctx context.Context, lease *store.Lease) {
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer func() { cancel(); wg.Wait() }()
+	var mu sync.Mutex
+	draining := map[string]bool{}
+	tick := time.NewTicker(r.cfg.Interval)
+	defer tick.Stop()
+	for {
+		topics, err := r.st.EventTopics(ctx)
+		if err != nil && ctx.Err() == nil {
+			r.log.Warn("could not list the topics with events", zap.Error(err))
+		}
+		for _, t := range topics {
+			mu.Lock()
+			busy := draining[t]
+			mu.Unlock()
+			if busy || r.backingOff(t) {
+				continue
+			}
+			mu.Lock()
+			draining[t] = true
+			mu.Unlock()
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				r.drain(ctx, t)
+				mu.Lock()
+				delete(draining, t)
+				mu.Unlock()
+				r.poke() // (more may have come meanwhile)
+			}()
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-r.wake:
+		case <-tick.C:
+			if err := lease.Alive(ctx); err != nil {
+				if ctx.Err() == nil {
+					r.log.Warn("lost the relay's lock; another instance may relay now", zap.Error(err))
+				}
+				return
+			}
+			r.countPending(ctx)
+		}
+	}
+}
+
+// drain relays topic's events until none is left or the topic refuses.
+func (r *Relay) drain(ctx context.Context, topic string) {
+	for ctx.Err() == nil {
+		n, more, err := r.RelayTopic(ctx, topic)
+		if err != nil {
+			if ctx.Err() == nil {
+				r.refused(topic, err)
+			}
+			return
+		}
+		if n > 0 {
+			r.recovered(topic)
+		}
+		if !more {
+			return
+		}
+	}
+}
+
+// RelayTopic produces one batch of topic's pending events, in id order,
+// and deletes those the broker acknowledged. It takes each job key's first
+// pending event only (see Relay). It returns how many were sent, whether
+// more may wait, and why some were not sent (the topic refused them: they
+// wait for the next try).
+func (r *Relay) RelayTopic(ctx context.Context, topic string) (int, bool, error) {
+	evs, err := r.st.EventRead(ctx, topic, r.cfg.BatchSize)
+	if err != nil {
+		return 0, false, err
+	}
+	more := len(evs) == r.cfg.BatchSize
+	seen := make(map[string]bool, len(evs))
+	batch := evs[:0]
+	for _, e := range evs {
+		if seen[e.JobKey] {
+			more = true // (a later event of a key sent in this batch waits for the next)
+			continue
+		}
+		seen[e.JobKey] = true
+		batch = append(batch, e)
+	}
+	if len(batch) == 0 {
+		return 0, false, nil
+	}
+	recs := make([]*kgo.Record, len(batch))
+	for i := range batch {
+		recs[i] = EventRecord(&batch[i], false)
+	}
+	results := r.cl.ProduceSync(ctx, recs...)
+	sent := make([]int64, 0, len(batch))
+	var tooLarge []int
+	var firstErr error
+	for i, pr := range results {
+		switch {
+		case pr.Err == nil:
+			sent = append(sent, batch[i].ID)
+		case errors.Is(pr.Err, kerr.MessageTooLarge), errors.Is(pr.Err, kerr.RecordListTooLarge):
+			tooLarge = append(tooLarge, i)
+		case firstErr == nil:
+			firstErr = fmt.Errorf("produce events to %s: %w", topic, pr.Err)
+		}
+	}
+	omitted := 0
+	if len(tooLarge) > 0 {
+		// Never a topic stalled by an event it can never take: sent
+		// without its result, and marked so.
+		small := make([]*kgo.Record, len(tooLarge))
+		for k, i := range tooLarge {
+			small[k] = EventRecord(&batch[i], true)
+		}
+		for k, pr := range r.cl.ProduceSync(ctx, small...) {
+			if pr.Err == nil {
+				sent = append(sent, batch[tooLarge[k]].ID)
+				omitted++
+			} else if firstErr == nil {
+				firstErr = fmt.Errorf("produce events to %s: %w", topic, pr.Err)
+			}
+		}
+	}
+	if r.cfg.CrashPoint == "events:after-produce" && len(sent) > 0 {
+		// Tests: die with events sent and their rows still pending.
+		_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+		select {}
+	}
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), relayDeleteTimeout)
+	defer cancel()
+	if err := r.st.EventDelete(dctx, sent); err != nil {
+		// Sent, not deleted: they are sent again (consumers drop repeats).
+		return len(sent), false, err
+	}
+	r.cfg.Metrics.Events.WithLabelValues(topic, "sent").Add(float64(len(sent) - omitted))
+	if omitted > 0 {
+		r.cfg.Metrics.Events.WithLabelValues(topic, "result_omitted").Add(float64(omitted))
+		r.log.Warn("events sent without their results: larger than the broker takes", zap.String("topic", topic), zap.Int("events", omitted))
+	}
+	if refused := len(batch) - len(sent); refused > 0 {
+		r.cfg.Metrics.Events.WithLabelValues(topic, "refused").Add(float64(refused))
+	}
+	return len(sent), more && firstErr == nil, firstErr
+}
+
+// EventRecord is the Kafka record of an event (docs/messages.md, "Outcome
+// events"); without its result (null, and the header
+// HeaderResultOmitted) when omitResult.
+func EventRecord(e *store.Event, omitResult bool) *kgo.Record {
+	headers := make([]kgo.RecordHeader, 0, 7+len(e.Headers))
+	headers = append(headers,
+		kgo.RecordHeader{Key: correlator.HeaderJobType, Value: []byte(e.JobType)},
+		kgo.RecordHeader{Key: correlator.HeaderJobKey, Value: []byte(e.JobKey)},
+		kgo.RecordHeader{Key: correlator.HeaderJobID, Value: []byte(strconv.FormatInt(e.JobID, 10))},
+		kgo.RecordHeader{Key: correlator.HeaderAttempt, Value: []byte(strconv.Itoa(e.Attempt))},
+		kgo.RecordHeader{Key: correlator.HeaderOutcome, Value: []byte(e.Outcome)},
+		kgo.RecordHeader{Key: correlator.HeaderEventID, Value: []byte(strconv.FormatInt(e.ID, 10))},
+	)
+	if e.TraceParent != "" {
+		headers = append(headers, kgo.RecordHeader{Key: correlator.HeaderTraceParent, Value: []byte(e.TraceParent)})
+	}
+	for _, h := range e.Headers {
+		headers = append(headers, kgo.RecordHeader{Key: h.Key, Value: h.Value})
+	}
+	value := []byte(e.Value)
+	if omitResult {
+		value = withoutResult(e.Value)
+		headers = append(headers, kgo.RecordHeader{Key: HeaderResultOmitted, Value: []byte("true")})
+	}
+	return &kgo.Record{Topic: e.Topic, Key: []byte(e.JobKey), Value: value, Headers: headers}
+}
+
+// refused backs topic off, longer each time in a row.
+func (r *Relay) refused(topic string, err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	o := r.outages[topic]
+	if o == nil {
+		o = &outage{since: time.Now()}
+		r.outages[topic] = o
+	}
+	o.failures++
+	wait := min(time.Second<<min(o.failures-1, 5), r.cfg.MaxBackoff)
+	o.until = time.Now().Add(wait)
+	r.log.Warn("a topic refused events; they wait", zap.String("topic", topic), zap.Duration("for", wait),
+		zap.Duration("refusing_since", time.Since(o.since).Round(time.Millisecond)), zap.Error(err))
+	time.AfterFunc(wait, r.poke)
+}
+
+func (r *Relay) recovered(topic string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.outages[topic] != nil {
+		r.log.Info("a topic takes events again", zap.String("topic", topic))
+		delete(r.outages, topic)
+	}
+}
+
+func (r *Relay) backingOff(topic string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	o := r.outages[topic]
+	return o != nil && time.Now().Before(o.until)
+}
+
+// countPending reports the events pending by topic.
+func (r *Relay) countPending(ctx context.Context) {
+	n, err := r.st.EventsPending(ctx)
+	if err != nil {
+		if ctx.Err() == nil {
+			r.log.Warn("could not count pending events", zap.Error(err))
+		}
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, t := range r.cfg.Topics {
+		r.pending[t] = true
+	}
+	for t := range r.pending {
+		if _, ok := n[t]; !ok {
+			r.cfg.Metrics.EventsPending.WithLabelValues(t).Set(0)
+		}
+	}
+	for t, c := range n {
+		r.pending[t] = true
+		r.cfg.Metrics.EventsPending.WithLabelValues(t).Set(float64(c))
+	}
+}
+
+// forgetPending stops reporting pending events (another instance may
+// relay now, and reports them).
+func (r *Relay) forgetPending() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for t := range r.pending {
+		r.cfg.Metrics.EventsPending.DeleteLabelValues(t)
+	}
+	r.pending = map[string]bool{}
+}
+
+// withoutResult is an event's value with its result null.
+func withoutResult(v json.RawMessage) []byte {
+	var m map[string]json.RawMessage
+	if json.Unmarshal(v, &m) != nil {
+		return v
+	}
+	m["result"] = json.RawMessage("null")
+	b, err := json.Marshal(m)
+	if err != nil {
+		return v
+	}
+	return b
+}

@@ -1,0 +1,371 @@
+package dispatcher_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/hipq/hipq/correlator"
+	"github.com/hipq/hipq/dispatcher"
+	"github.com/hipq/hipq/internal/metrics"
+	"github.com/hipq/hipq/internal/pgtest"
+	tu "github.com/hipq/hipq/internal/testutil"
+	"github.com/hipq/hipq/store"
+)
+
+// eventRig is a database whose job types publish outcome events, a kfake
+// cluster that creates no topic by itself, and a producer that gives a
+// missing topic up fast.
+type eventRig struct {
+	t     *testing.T
+	st    *store.Store
+	types correlator.Types
+	fake  *kfake.Cluster
+	cl    *kgo.Client
+}
+
+// newEventRig: each type of topics (type name → topic) publishes there,
+// each retry too (two attempts), and allows reply_to topics "rep.*".
+func newEventRig(t *testing.T, topics map[string]string, existing ...string) *eventRig {
+	t.Helper()
+	tys := correlator.Types{}
+	for name, topic := range topics {
+		tys[name] = &correlator.JobType{Name: name, Queue: "default", Timeout: time.Hour, Delivery: correlator.AtLeastOnce,
+			Retry:          &correlator.Backoff{Attempts: 2, When: []correlator.AttemptOutcome{correlator.AttemptFailed}},
+			Events:         correlator.Events{Topic: topic, Attempts: true},
+			AllowedReplyTo: []string{"rep.*"}}
+	}
+	fake, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.DefaultNumPartitions(3), kfake.SeedTopics(3, existing...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(fake.Close)
+	cl, err := kgo.NewClient(append(dispatcher.KafkaProducerOpts(), kgo.SeedBrokers(fake.ListenAddrs()...),
+		kgo.MetadataMinAge(50*time.Millisecond), kgo.UnknownTopicRetries(1), kgo.RecordDeliveryTimeout(time.Second))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	return &eventRig{t: t, st: pgtest.New(t).WithEvents(store.EventsOf(tys)), types: tys, fake: fake, cl: cl}
+}
+
+func (r *eventRig) relay(m *metrics.Metrics) *dispatcher.Relay {
+	return dispatcher.NewRelay(zaptest.NewLogger(r.t), r.st, r.cl, dispatcher.RelayConfig{Interval: 50 * time.Millisecond,
+		BatchSize: 50, MaxBackoff: 200 * time.Millisecond, Metrics: m})
+}
+
+// run runs relays until the test ends.
+func (r *eventRig) run(relays ...*dispatcher.Relay) {
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for _, rl := range relays {
+		wg.Add(1)
+		go func() { defer wg.Done(); _ = rl.Run(ctx) }()
+	}
+	r.t.Cleanup(func() { cancel(); wg.Wait() })
+}
+
+// insert makes jobs of typ, keys prefix0..prefix(n-1), each changed by opts.
+func (r *eventRig) insert(typ, prefix string, n int, opts ...func(*correlator.Job)) {
+	r.t.Helper()
+	var jobs []*correlator.Job
+	for i := range n {
+		j := &correlator.Job{Queue: "default", JobType: typ, JobKey: prefix + strconv.Itoa(i), JobData: json.RawMessage(`{}`),
+			MaxAttempts: 2, Priority: 100, ThrottleFactor: 1, TimeoutSeconds: 3600, ScheduledRunTime: time.Now().Add(-time.Second)}
+		for _, o := range opts {
+			o(j)
+		}
+		jobs = append(jobs, j)
+	}
+	if _, err := r.st.JobsInsert(ctx, jobs); err != nil {
+		r.t.Fatal(err)
+	}
+}
+
+// answer claims every due job and replies to each: ok or a failure (a
+// retry, due at once, or the end of its last attempt).
+func (r *eventRig) answer(ok bool) int {
+	r.t.Helper()
+	c, err := r.st.JobClaim(ctx, store.JobClaimParams{Queue: "default", Limit: 1000, Instance: "test"})
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	var ins []store.ReplyIn
+	for _, j := range c.Jobs {
+		att := j.Attempt
+		ins = append(ins, store.ReplyIn{Kind: store.SourceReply, Reply: &correlator.Reply{JobType: j.JobType, JobKey: j.JobKey, Attempt: &att,
+			Success: ok, Retryable: true, Error: map[bool]string{false: "nope"}[ok], Result: json.RawMessage(`{"n":` + strconv.Itoa(att) + `}`)}})
+	}
+	res, err := r.st.ReplyApply(ctx, store.ReplyBatch{Replies: ins, EarlyTTL: time.Minute}, r.types)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	if len(res.Applied) != len(ins) {
+		r.t.Fatalf("%d of %d replies applied", len(res.Applied), len(ins))
+	}
+	return len(ins)
+}
+
+// reader reads topics from their start.
+type reader struct {
+	t    *testing.T
+	cl   *kgo.Client
+	recs []*kgo.Record
+}
+
+func (r *eventRig) reader(topics ...string) *reader {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(r.fake.ListenAddrs()...), kgo.ConsumeTopics(topics...),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.MetadataMinAge(50*time.Millisecond))
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	r.t.Cleanup(cl.Close)
+	return &reader{t: r.t, cl: cl}
+}
+
+// until reads until cond holds of what was read, or fails after a minute.
+func (rd *reader) until(what string, cond func([]*kgo.Record) bool) {
+	rd.t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for !cond(rd.recs) {
+		if time.Now().After(deadline) {
+			rd.t.Fatalf("waited a minute for %s; read %d records", what, len(rd.recs))
+		}
+		pctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+		fs := rd.cl.PollFetches(pctx)
+		cancel()
+		fs.EachRecord(func(r *kgo.Record) { rd.recs = append(rd.recs, r) })
+	}
+}
+
+func header(r *kgo.Record, key string) string {
+	for _, h := range r.Headers {
+		if h.Key == key {
+			return string(h.Value)
+		}
+	}
+	return ""
+}
+
+func ofTopic(recs []*kgo.Record, topic string) []*kgo.Record {
+	var out []*kgo.Record
+	for _, r := range recs {
+		if r.Topic == topic {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// Each event reaches its topic once, keyed by its job key, with the
+// headers and value of docs/messages.md; a job's reply_to gets its final
+// event, with the correlation headers and traceparent it came with; sent
+// events are deleted. Two relays run at once, and still each event is sent
+// once: one holds the relay's lock.
+func TestRelayProducesEvents(t *testing.T) {
+	t.Parallel()
+	r := newEventRig(t, map[string]string{"t": "ev"}, "ev", "rep.a")
+	r.insert("t", "k", 5)
+	r.insert("t", "asker", 1, func(j *correlator.Job) {
+		j.ReplyTo = "rep.a"
+		j.Correlation = []correlator.Header{{Key: "hipq-correlation-id", Value: []byte("c-1")}}
+		j.Trace.Parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+	})
+	m := metrics.New()
+	r.run(r.relay(m), r.relay(metrics.New()))
+	if n := r.answer(false); n != 6 { // attempt 1 fails: a retry event each
+		t.Fatalf("answered %d", n)
+	}
+	r.answer(true) // attempt 2 succeeds: a final event each, and asker's reply_to gets one
+	rd := r.reader("ev", "rep.a")
+	rd.until("12 events and the reply_to one", func(rs []*kgo.Record) bool { return len(rs) >= 13 })
+	ids := map[string]int{}
+	byKey := map[string][]*kgo.Record{}
+	for _, rec := range ofTopic(rd.recs, "ev") {
+		ids[header(rec, correlator.HeaderEventID)]++
+		byKey[string(rec.Key)] = append(byKey[string(rec.Key)], rec)
+	}
+	for id, n := range ids {
+		if n != 1 {
+			t.Errorf("event %s sent %d times, want once", id, n)
+		}
+	}
+	for key, recs := range byKey {
+		if len(recs) != 2 || header(recs[0], correlator.HeaderOutcome) != "retry" || header(recs[1], correlator.HeaderOutcome) != "succeeded" {
+			t.Errorf("%s: outcomes %v, want retry then succeeded", key, outcomes(recs))
+			continue
+		}
+		j, err := r.st.JobGet(ctx, "t", key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, rec := range recs {
+			att := strconv.Itoa(i + 1)
+			if header(rec, correlator.HeaderJobType) != "t" || header(rec, correlator.HeaderJobKey) != key ||
+				header(rec, correlator.HeaderJobID) != strconv.FormatInt(j.ID, 10) || header(rec, correlator.HeaderAttempt) != att {
+				t.Errorf("%s: headers %v", key, rec.Headers)
+			}
+			var v map[string]any
+			if err := json.Unmarshal(rec.Value, &v); err != nil {
+				t.Fatalf("%s: value %s: %v", key, rec.Value, err)
+			}
+			if v["job_key"] != key || v["attempt"] != float64(i+1) || v["outcome"] != header(rec, correlator.HeaderOutcome) {
+				t.Errorf("%s: value %s", key, rec.Value)
+			}
+		}
+		var last map[string]any
+		_ = json.Unmarshal(recs[1].Value, &last)
+		if fmt.Sprint(last["result"]) != "map[n:2]" || last["error"] != nil || last["state"] != "final" {
+			t.Errorf("%s: final value %s", key, recs[1].Value)
+		}
+		if key == "asker0" && (header(recs[1], "hipq-correlation-id") != "c-1" || header(recs[1], correlator.HeaderTraceParent) == "") {
+			t.Errorf("asker0: headers %v, want its correlation id and traceparent", recs[1].Headers)
+		}
+	}
+	rep := ofTopic(rd.recs, "rep.a")
+	if len(rep) != 1 || string(rep[0].Key) != "asker0" || header(rep[0], correlator.HeaderOutcome) != "succeeded" ||
+		header(rep[0], "hipq-correlation-id") != "c-1" {
+		t.Errorf("reply_to records %v, want asker0's final event with its correlation id", rep)
+	}
+	tu.Eventually(t, 10*time.Second, func() bool { return scalar(t, r.st, "SELECT count(*) FROM hipq_event") == 0 }, "sent events deleted")
+	if got := testutil.ToFloat64(m.Events.WithLabelValues("ev", "sent")); got != 0 && got != 12 {
+		t.Errorf("hipq_events_total{ev,sent} = %v, want 12 (or 0: the other relay led)", got)
+	}
+}
+
+func outcomes(recs []*kgo.Record) []string {
+	var out []string
+	for _, r := range recs {
+		out = append(out, header(r, correlator.HeaderOutcome))
+	}
+	return out
+}
+
+// A topic that refuses (missing) holds back its own events only: jobs keep
+// ending, its events wait in PostgreSQL (hipq_events_pending) while
+// another topic's flow; once it exists they all arrive, each key's in the
+// order they happened.
+func TestRelayRefusingTopicHoldsBackItsOwn(t *testing.T) {
+	t.Parallel()
+	r := newEventRig(t, map[string]string{"flows": "good", "waits": "late"}, "good")
+	m := metrics.New()
+	r.run(r.relay(m))
+	r.insert("flows", "f", 10)
+	r.insert("waits", "w", 10)
+	r.answer(false) // retries
+	rd := r.reader("good", "late")
+	rd.until("the flowing topic's retry events", func(rs []*kgo.Record) bool { return len(ofTopic(rs, "good")) >= 10 })
+	tu.Eventually(t, time.Minute, func() (bool, string) {
+		refused := testutil.ToFloat64(m.Events.WithLabelValues("late", "refused"))
+		pending := testutil.ToFloat64(m.EventsPending.WithLabelValues("late"))
+		return refused > 0 && pending == 10, fmt.Sprintf("refused %v, pending %v", refused, pending)
+	}, "the refusing topic's events counted refused and pending")
+	// Jobs keep ending meanwhile.
+	r.answer(true)
+	rd.until("the flowing topic's final events", func(rs []*kgo.Record) bool { return len(ofTopic(rs, "good")) >= 20 })
+	if n := scalar(t, r.st, "SELECT count(*) FROM hipq_event WHERE topic = 'late'"); n != 20 {
+		t.Fatalf("%d events wait for the refusing topic, want 20", n)
+	}
+	if n := scalar(t, r.st, "SELECT count(*) FROM hipq_job WHERE state = 'final'"); n != 20 {
+		t.Fatalf("%d jobs final, want 20: ending waits for no event", n)
+	}
+	// The topic takes events again.
+	admin := kadm.NewClient(r.cl)
+	if _, err := admin.CreateTopic(ctx, 3, 1, nil, "late"); err != nil {
+		t.Fatal(err)
+	}
+	rd.until("the refusing topic's events", func(rs []*kgo.Record) bool { return len(ofTopic(rs, "late")) >= 20 })
+	for _, topic := range []string{"good", "late"} {
+		byKey := map[string][]*kgo.Record{}
+		for _, rec := range ofTopic(rd.recs, topic) {
+			byKey[string(rec.Key)] = append(byKey[string(rec.Key)], rec)
+		}
+		for key, recs := range byKey {
+			if got := outcomes(recs); !slices.Equal(got, []string{"retry", "succeeded"}) {
+				t.Errorf("%s %s: outcomes %v, want retry then succeeded", topic, key, got)
+			}
+		}
+		if len(byKey) != 10 {
+			t.Errorf("%s: events of %d keys, want 10", topic, len(byKey))
+		}
+	}
+	tu.Eventually(t, 10*time.Second, func() bool { return scalar(t, r.st, "SELECT count(*) FROM hipq_event") == 0 }, "every event deleted")
+}
+
+// A relay that dies between the broker's acknowledgement and the delete
+// (here: the delete refused) leaves the events pending; they are sent
+// again, with the same hipq-event-id, and then deleted: each event
+// arrives at least once, none is lost.
+func TestRelaySendsAgainAfterALostDelete(t *testing.T) {
+	t.Parallel()
+	r := newEventRig(t, map[string]string{"t": "ev"}, "ev")
+	r.insert("t", "k", 20)
+	r.answer(true)
+	if _, err := r.st.Pool().Exec(ctx, `
+		CREATE FUNCTION refuse_delete() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'down'; END $$;
+		CREATE TRIGGER refuse_delete BEFORE DELETE ON hipq_event FOR EACH STATEMENT EXECUTE FUNCTION refuse_delete()`); err != nil {
+		t.Fatal(err)
+	}
+	rl := r.relay(metrics.New())
+	if n, _, err := rl.RelayTopic(ctx, "ev"); err == nil || n != 20 {
+		t.Fatalf("relay with the delete refused: %d sent, %v; want 20 sent and the error", n, err)
+	}
+	if n := scalar(t, r.st, "SELECT count(*) FROM hipq_event"); n != 20 {
+		t.Fatalf("%d events pending, want the 20 sent but not deleted", n)
+	}
+	if _, err := r.st.Pool().Exec(ctx, `DROP TRIGGER refuse_delete ON hipq_event`); err != nil {
+		t.Fatal(err)
+	}
+	if n, more, err := rl.RelayTopic(ctx, "ev"); err != nil || n != 20 || more {
+		t.Fatalf("relay again: %d sent (more %v), %v", n, more, err)
+	}
+	rd := r.reader("ev")
+	rd.until("every event twice", func(rs []*kgo.Record) bool { return len(rs) >= 40 })
+	ids := map[string]int{}
+	for _, rec := range rd.recs {
+		ids[header(rec, correlator.HeaderEventID)]++
+	}
+	if len(ids) != 20 {
+		t.Errorf("%d event ids, want 20", len(ids))
+	}
+	for id, n := range ids {
+		if n != 2 {
+			t.Errorf("event %s sent %d times, want twice (once again after the lost delete)", id, n)
+		}
+	}
+	if n := scalar(t, r.st, "SELECT count(*) FROM hipq_event"); n != 0 {
+		t.Errorf("%d events pending after the second relay", n)
+	}
+}
+
+// A batch takes each key's first pending event only: a key's later event
+// is never sent before its earlier one is acknowledged.
+func TestRelaySendsOneEventPerKeyAtATime(t *testing.T) {
+	t.Parallel()
+	r := newEventRig(t, map[string]string{"t": "ev"}, "ev")
+	r.insert("t", "k", 3)
+	r.answer(false)
+	r.answer(true)
+	rl := r.relay(metrics.New())
+	n, more, err := rl.RelayTopic(ctx, "ev")
+	if err != nil || n != 3 || !more {
+		t.Fatalf("first batch: %d sent (more %v), %v; want each key's first event and more", n, more, err)
+	}
+	if got := scalar(t, r.st, "SELECT count(*) FROM hipq_event WHERE outcome = 'succeeded'"); got != 3 {
+		t.Fatalf("%d final events pending, want the 3 that wait for their keys' retries", got)
+	}
+	if n, _, err := rl.RelayTopic(ctx, "ev"); err != nil || n != 3 {
+		t.Fatalf("second batch: %d sent, %v", n, err)
+	}
+}

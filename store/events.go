@@ -1,0 +1,279 @@
+package store
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/hipq/hipq/correlator"
+)
+
+// Events say which outcome events the statements that end jobs write
+// (hipq_event, relayed to Kafka after commit): for each job type with a
+// topic, an event when its job ends and, when asked, when an attempt of it
+// ends in a retry; and for each job that names its own reply_to, its final
+// event there. Without any, those statements are the ones they were before
+// events: nothing more is written or sent.
+type Events struct {
+	// Routes are the job types' events, by type name.
+	Routes map[string]correlator.Events
+	// ReplyTo: jobs may name their own reply_to topic (some type allows
+	// one), which gets their final event.
+	ReplyTo bool
+
+	// the routes as the statements' parameters
+	types, topics []string
+	attempts      []bool
+}
+
+// EventsOf are the events the job types ask for.
+func EventsOf(types correlator.Types) Events {
+	e := Events{Routes: map[string]correlator.Events{}}
+	for name, jt := range types {
+		if jt.Events.Topic != "" {
+			e.Routes[name] = jt.Events
+		}
+		e.ReplyTo = e.ReplyTo || len(jt.AllowedReplyTo) > 0
+	}
+	return e
+}
+
+// On reports whether any event is ever written (a nil *Events: none).
+func (e *Events) On() bool { return e != nil && (len(e.Routes) > 0 || e.ReplyTo) }
+
+// WithEvents returns a store on the same pool whose statements that end
+// jobs write the events e asks for.
+func (s *Store) WithEvents(e Events) *Store {
+	c := *s
+	for _, name := range slices.Sorted(maps.Keys(e.Routes)) {
+		r := e.Routes[name]
+		e.types, e.topics, e.attempts = append(e.types, name), append(e.topics, r.Topic), append(e.attempts, r.Attempts)
+	}
+	c.events = &e
+	return &c
+}
+
+// args are the parameters of the routes in a statement built with
+// eventsCTE.
+func (e *Events) args() (types, topics []string, attempts []bool) {
+	if e == nil {
+		return nil, nil, nil
+	}
+	return e.types, e.topics, e.attempts
+}
+
+// eventColumns are what eventsCTE reads of each job a statement moved
+// (hipq_job j), besides id, queue, job_type and attempt: the row as it is
+// after the move.
+const eventColumns = `j.job_key, j.state, j.outcome, j.error, j.result, j.created_at, j.update_time, j.trace_parent, j.reply_to, j.correlation`
+
+// eventsCTE is a data-modifying CTE, named ev, that writes the outcome
+// events of the jobs in the CTE from (their id, queue, job_type, attempt
+// and eventColumns, as the move left them), in the statement that moved
+// them: so an event is committed exactly when its job's end is. The routes
+// are the parameters types, topics and attempts (unnested together): a
+// job of a routed type gets an event on its type's topic when it is final,
+// and when its attempt ended in a retry if the route asks for attempts;
+// a final job with a reply_to gets one there (once, should it be the
+// type's topic too). A row's id is assigned while the statement holds the
+// job's row lock, so the events of one job (and of one key: a new job of
+// a key exists only once the last is final) are numbered in the order
+// they are committed.
+func eventsCTE(from, types, topics, attempts string) string {
+	return `ev AS (
+		  INSERT INTO hipq_event (queue, topic, job_id, job_type, job_key, attempt, outcome, trace_parent, headers, value)
+		  SELECT d.queue, e.topic, d.id, d.job_type, d.job_key, d.attempt, coalesce(d.outcome, '` + correlator.EventOutcomeRetry + `'),
+		         d.trace_parent, d.correlation,
+		         jsonb_build_object('job_type', d.job_type, 'job_key', d.job_key, 'job_id', d.id, 'attempt', d.attempt,
+		                            'state', d.state, 'outcome', coalesce(d.outcome, '` + correlator.EventOutcomeRetry + `'),
+		                            'result', d.result, 'error', nullif(d.error, '` + correlator.ErrorNone + `'),
+		                            'created_at', d.created_at, 'finished_at', d.update_time)
+		  FROM ` + from + ` d
+		  CROSS JOIN LATERAL (
+		    SELECT r.topic FROM unnest(` + types + `::text[], ` + topics + `::text[], ` + attempts + `::bool[]) AS r(job_type, topic, attempts)
+		    WHERE r.job_type = d.job_type AND (d.state = 'final' OR r.attempts)
+		    UNION
+		    SELECT d.reply_to WHERE d.reply_to IS NOT NULL AND d.state = 'final') e
+		  ORDER BY d.id, e.topic
+		)`
+}
+
+// withEvents makes of a statement that moves jobs in a CTE named done
+// (returning their id, queue, job_type and attempt, then the marker
+// /*event columns*/, and followed by the marker /*events*/ where a CTE may
+// go) the statement that writes their outcome events too, with the routes
+// in the parameters types, topics and attempts.
+func withEvents(stmt, types, topics, attempts string) string {
+	return strings.NewReplacer(
+		"/*event columns*/", ", "+eventColumns,
+		"/*events*/", eventsCTE("done", types, topics, attempts)+", ",
+	).Replace(stmt)
+}
+
+// correlationJSON encodes a job's correlation headers as hipq_job.correlation
+// keeps them (the format of headersJSON, nothing dropped: the producer
+// chose to have them copied back); nil when there are none.
+func correlationJSON(hs []correlator.Header) *string {
+	if len(hs) == 0 {
+		return nil
+	}
+	out := make([]headerJSON, len(hs))
+	for i, h := range hs {
+		out[i] = headerJSON{Key: h.Key, Value: base64.StdEncoding.EncodeToString(h.Value)}
+		if strings.IndexByte(h.Key, 0) >= 0 || !json.Valid([]byte(`"`+h.Key+`"`)) {
+			out[i].Key, out[i].KeyBase64 = "", base64.StdEncoding.EncodeToString([]byte(h.Key))
+		}
+	}
+	b, _ := json.Marshal(out)
+	s := string(b)
+	return &s
+}
+
+// Event is one outcome event waiting in hipq_event to be relayed.
+type Event struct {
+	ID          int64 // its hipq-event-id
+	Queue       string
+	Topic       string
+	JobID       int64
+	JobType     string
+	JobKey      string
+	Attempt     int
+	Outcome     string
+	TraceParent string
+	Headers     []correlator.Header // the job's hipq-correlation-* headers
+	Value       json.RawMessage
+	CreatedAt   time.Time
+}
+
+// EventTopics lists the topics with events pending, in name order: a skip
+// scan of hipq_event_topic, one probe per topic however many wait.
+func (s *Store) EventTopics(ctx context.Context) ([]string, error) {
+	rows, err := s.pool.Query(ctx, `
+		WITH RECURSIVE t AS (
+		  (SELECT topic FROM hipq_event ORDER BY topic LIMIT 1)
+		  UNION ALL
+		  SELECT (SELECT e.topic FROM hipq_event e WHERE e.topic > t.topic ORDER BY e.topic LIMIT 1)
+		  FROM t WHERE t.topic IS NOT NULL
+		)
+		SELECT topic FROM t WHERE topic IS NOT NULL`)
+	if err != nil {
+		return nil, fmt.Errorf("list topics with events: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("list topics with events: %w", err)
+	}
+	return out, nil
+}
+
+// EventRead returns up to limit of topic's pending events, in id order:
+// for each job key, the order its events were committed in.
+func (s *Store) EventRead(ctx context.Context, topic string, limit int) ([]Event, error) {
+	rows, err := s.pool.Query(ctx, `
+		SELECT id, queue, topic, job_id, job_type, job_key, attempt, outcome, coalesce(trace_parent, ''), headers, value, created_at
+		FROM hipq_event WHERE topic = $1 ORDER BY id LIMIT $2`, topic, limit)
+	if err != nil {
+		return nil, fmt.Errorf("read events of %s: %w", topic, err)
+	}
+	var out []Event
+	var e Event
+	var headers []byte
+	_, err = pgx.ForEachRow(rows, []any{&e.ID, &e.Queue, &e.Topic, &e.JobID, &e.JobType, &e.JobKey, &e.Attempt, &e.Outcome,
+		&e.TraceParent, &headers, &e.Value, &e.CreatedAt}, func() error {
+		ev := e
+		ev.Value = append(json.RawMessage(nil), e.Value...)
+		ev.Headers = nil
+		if headers != nil {
+			ev.Headers = decodeHeaders(headers)
+		}
+		out = append(out, ev)
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read events of %s: %w", topic, err)
+	}
+	return out, nil
+}
+
+// EventDelete deletes relayed events (the broker acknowledged them).
+func (s *Store) EventDelete(ctx context.Context, ids []int64) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	if _, err := s.pool.Exec(ctx, `DELETE FROM hipq_event WHERE id = ANY($1)`, ids); err != nil {
+		return fmt.Errorf("delete relayed events: %w", err)
+	}
+	return nil
+}
+
+// EventsPending counts the pending events of each topic that has some.
+func (s *Store) EventsPending(ctx context.Context) (map[string]int64, error) {
+	rows, err := s.pool.Query(ctx, `SELECT topic, count(*) FROM hipq_event GROUP BY topic`)
+	if err != nil {
+		return nil, fmt.Errorf("count pending events: %w", err)
+	}
+	out := map[string]int64{}
+	var t string
+	var n int64
+	if _, err := pgx.ForEachRow(rows, []any{&t, &n}, func() error { out[t] = n; return nil }); err != nil {
+		return nil, fmt.Errorf("count pending events: %w", err)
+	}
+	return out, nil
+}
+
+// relayLock is the advisory lock key held by the one instance relaying
+// events, so no two relay a topic at once (each topic's events leave in
+// order).
+const relayLock = 0x68697071_72656c79 // "hipqrely"
+
+// Lease is a session lock held on a connection of its own.
+type Lease struct {
+	alive   func(context.Context) error
+	release func()
+}
+
+// Alive checks the lock is still held: its connection answers (a lost
+// connection lost its lock with it).
+func (l *Lease) Alive(ctx context.Context) error { return l.alive(ctx) }
+
+// Release gives the lock up and its connection back.
+func (l *Lease) Release() { l.release() }
+
+// EventRelayLock tries to take the relay's lock. When ok, the lease must
+// be released.
+func (s *Store) EventRelayLock(ctx context.Context) (*Lease, bool, error) {
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return nil, false, fmt.Errorf("relay lock: %w", err)
+	}
+	var ok bool
+	if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", int64(relayLock)).Scan(&ok); err != nil || !ok {
+		conn.Release()
+		if err != nil {
+			return nil, false, fmt.Errorf("relay lock: %w", err)
+		}
+		return nil, false, nil
+	}
+	return &Lease{
+		alive: func(ctx context.Context) error {
+			if _, err := conn.Exec(ctx, "SELECT 1"); err != nil {
+				return fmt.Errorf("relay lock: %w", err)
+			}
+			return nil
+		},
+		release: func() {
+			if _, err := conn.Exec(context.Background(), "SELECT pg_advisory_unlock($1)", int64(relayLock)); err != nil {
+				// A connection whose unlock failed must not go back to the pool holding the lock.
+				_ = conn.Conn().Close(context.Background())
+			}
+			conn.Release()
+		},
+	}, true, nil
+}

@@ -1,0 +1,351 @@
+package store_test
+
+import (
+	"encoding/json"
+	"errors"
+	"io/fs"
+	"maps"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hipq/hipq/correlator"
+	"github.com/hipq/hipq/internal/pgtest"
+	"github.com/hipq/hipq/schemas"
+	"github.com/hipq/hipq/store"
+)
+
+// eventTypes: "t" (three attempts) and "once" (one) publish on "ev", with
+// each retry too; "quiet" publishes nothing; every type allows reply_to
+// topics "rep.*".
+func eventTypes() correlator.Types {
+	ts := correlator.Types{}
+	for name, jt := range types {
+		cp := *jt
+		ts[name] = &cp
+	}
+	ts["once"] = &correlator.JobType{Name: "once", Queue: "default", Timeout: time.Hour, Priority: 100, ThrottleFactor: 1,
+		Delivery: correlator.AtMostOnce, Retry: correlator.NoRetry}
+	ts["quiet"] = &correlator.JobType{Name: "quiet", Queue: "default", Timeout: time.Hour, Priority: 100, ThrottleFactor: 1,
+		Delivery: correlator.AtLeastOnce, Retry: correlator.NoRetry}
+	for name, jt := range ts {
+		if name != "quiet" {
+			jt.Events = correlator.Events{Topic: "ev", Attempts: true}
+		}
+		jt.AllowedReplyTo = []string{"rep.*"}
+	}
+	return ts
+}
+
+// eventValue is an event's value as a consumer reads it.
+type eventValue struct {
+	JobType    string          `json:"job_type"`
+	JobKey     string          `json:"job_key"`
+	JobID      int64           `json:"job_id"`
+	Attempt    int             `json:"attempt"`
+	State      string          `json:"state"`
+	Outcome    string          `json:"outcome"`
+	Result     json.RawMessage `json:"result"`
+	Error      *string         `json:"error"`
+	CreatedAt  time.Time       `json:"created_at"`
+	FinishedAt time.Time       `json:"finished_at"`
+}
+
+// pendingEvents reads every pending event of topic, by job key.
+func pendingEvents(t *testing.T, st *store.Store, topic string) map[string][]store.Event {
+	t.Helper()
+	evs, err := st.EventRead(ctx, topic, 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string][]store.Event{}
+	for _, e := range evs {
+		out[e.JobKey] = append(out[e.JobKey], e)
+	}
+	return out
+}
+
+// TestEveryEndWritesItsEvent: each way a job ends (a reply, a sync reply
+// and an early reply, a timeout, a dispatch error, a rescue ending an
+// at_most_once claim, expiry by the sweeper and at a window deferral, a
+// cancel) writes one event on its type's topic, in the transaction that
+// ends it, with its outcome, attempt and value; an attempt ending in a
+// retry writes one of outcome retry; a job's own reply_to gets its final
+// event, with the correlation headers it came with; a type without events
+// writes none.
+func TestEveryEndWritesItsEvent(t *testing.T) {
+	t.Parallel()
+	tys := eventTypes()
+	st := pgtest.New(t).WithEvents(store.EventsOf(tys))
+	once := func(j *correlator.Job) { j.JobType, j.MaxAttempts = "once", 1 }
+	past := time.Now().Add(-time.Minute)
+	closed := []correlator.TimeWindow{{Start: "00:00", End: "00:01", TZ: "UTC"}}
+	insert(t, st,
+		job("ok", func(j *correlator.Job) {
+			j.ReplyTo = "rep.a"
+			j.Correlation = []correlator.Header{{Key: "hipq-correlation-id", Value: []byte("c-1")}}
+			j.Trace.Parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+		}),
+		job("retry"), job("timeout", once), job("dispatch", once), job("sync"), job("rescue", once), job("cancel"),
+		job("quiet", func(j *correlator.Job) { j.JobType = "quiet"; j.MaxAttempts = 1 }),
+		job("early"),
+	)
+	c := claim(t, st, 100)
+	byKey := map[string]*store.Claimed{}
+	for i := range c {
+		byKey[c[i].JobKey] = &c[i]
+	}
+	// A job that expires waiting, and one found past its expiry outside its
+	// windows, come after the claim.
+	insert(t, st, job("expire", func(j *correlator.Job) { j.ExpiresAt = &past }),
+		job("defer", func(j *correlator.Job) { j.TimeWindows = closed }))
+
+	// Replies: success (to the job with a reply_to), failure (a retry), and
+	// a reply to the type without events.
+	quiet := reply("quiet", 1, true)
+	quiet.Reply.JobType = "quiet"
+	if _, err := st.ReplyApply(ctx, store.ReplyBatch{Replies: []store.ReplyIn{reply("ok", 1, true), reply("retry", 1, false), quiet},
+		EarlyTTL: time.Minute}, tys); err != nil {
+		t.Fatal(err)
+	}
+	// A delivery: a dispatch error, and a sync reply.
+	run := func(j *store.Claimed) correlator.Running {
+		return correlator.Running{Attempt: j.Attempt, MaxAttempts: j.MaxAttempts}
+	}
+	d := byKey["dispatch"]
+	syncReply := reply("sync", 1, true)
+	if _, err := st.DeliveryRecord(ctx, store.Delivery{
+		Sent: []store.AttemptRef{byKey["sync"].Ref()},
+		Resolves: []store.Resolve{{Queue: d.Queue, JobID: d.ID, Attempt: d.Attempt, Claim: d.StartedAt,
+			Res: correlator.DispatchFailed(tys["once"], run(d), "HTTP 500", true, correlator.RetryAfter{}, time.Now())}},
+		Replies: []store.ReplyIn{syncReply},
+	}, tys); err != nil {
+		t.Fatal(err)
+	}
+	// A timeout (its send recorded, its deadline past).
+	if err := st.AttemptMarkSent(ctx, []store.AttemptRef{byKey["timeout"].Ref()}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Pool().Exec(ctx, `UPDATE hipq_job SET started_at = now() - interval '2 hours' WHERE job_key = 'timeout'`); err != nil {
+		t.Fatal(err)
+	}
+	if done, err := st.JobTimeOutStuck(ctx, 100, tys); err != nil || len(done) != 1 {
+		t.Fatalf("timed out %v, %v", done, err)
+	}
+	// The rescue ending an at_most_once claim never known to be sent.
+	r := byKey["rescue"]
+	_, unknown := correlator.SendUnknown(tys["once"], "claimed but not known to be sent")
+	if done, err := st.JobFailUnsent(ctx, []store.Resolve{{Queue: r.Queue, JobID: r.ID, Attempt: r.Attempt, Claim: r.StartedAt, Res: unknown}}); err != nil || len(done) != 1 {
+		t.Fatalf("rescue ended %v, %v", done, err)
+	}
+	// An early reply kept, then applied by the sweep.
+	if _, err := st.Pool().Exec(ctx, `INSERT INTO hipq_early_reply (job_type, job_key, attempt, success, retryable, reply, topic, expires_at)
+		VALUES ('t', 'early', 1, true, true, '{"status": "succeeded"}', 'replies', now() + interval '1 minute')`); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := st.EarlyReplySweep(ctx, 0, 100, tys); err != nil {
+		t.Fatal(err)
+	}
+	// Expiry by the sweeper, and at a deferral.
+	if n, err := st.JobExpire(ctx, 100); err != nil || n != 1 {
+		t.Fatalf("expired %d, %v", n, err)
+	}
+	def := get(t, st, "defer")
+	if n, err := st.JobDefer(ctx, []store.Deferral{{Queue: def.Queue, ID: def.ID, State: def.State, Attempt: def.Attempt, Expire: true}}); err != nil || n != 1 {
+		t.Fatalf("deferred %d, %v", n, err)
+	}
+	// A cancel.
+	if _, err := st.JobCancel(ctx, "t", "cancel"); err != nil {
+		t.Fatal(err)
+	}
+
+	evs := pendingEvents(t, st, "ev")
+	want := map[string][]string{ // outcomes in order
+		"ok": {"succeeded"}, "retry": {"retry"}, "timeout": {"timed_out"}, "dispatch": {"failed"}, "sync": {"succeeded"},
+		"rescue": {"failed"}, "early": {"succeeded"}, "expire": {"expired"}, "defer": {"expired"}, "cancel": {"cancelled"},
+	}
+	for key, outcomes := range want {
+		got := evs[key]
+		if len(got) != len(outcomes) {
+			t.Errorf("%s: %d events, want %d", key, len(got), len(outcomes))
+			continue
+		}
+		for i, e := range got {
+			j, err := st.JobGet(ctx, e.JobType, key)
+			if err != nil {
+				t.Fatalf("%s: %v", key, err)
+			}
+			var v eventValue
+			if err := json.Unmarshal(e.Value, &v); err != nil {
+				t.Fatalf("%s: value %s: %v", key, e.Value, err)
+			}
+			if e.Outcome != outcomes[i] || v.Outcome != outcomes[i] || e.JobID != j.ID || v.JobID != j.ID || v.JobKey != key ||
+				v.JobType != j.JobType || e.JobType != j.JobType || v.Attempt != j.Attempt || e.Attempt != j.Attempt ||
+				v.State != string(j.State) || v.CreatedAt.IsZero() || v.FinishedAt.Before(v.CreatedAt) {
+				t.Errorf("%s: event %+v value %s, want outcome %s of job %d (%s, attempt %d)", key, e, e.Value, outcomes[i], j.ID, j.State, j.Attempt)
+			}
+			if (v.Error == nil) != (outcomes[i] == "succeeded") {
+				t.Errorf("%s: error %v with outcome %s", key, v.Error, outcomes[i])
+			}
+		}
+	}
+	if len(evs) != len(want) {
+		t.Errorf("events for %d jobs, want %d: %v", len(evs), len(want), evs)
+	}
+	// The value holds exactly the fields its schema requires.
+	b, err := fs.ReadFile(schemas.JSON, "json/event.schema.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var schema struct {
+		Required []string `json:"required"`
+	}
+	if err := json.Unmarshal(b, &schema); err != nil {
+		t.Fatal(err)
+	}
+	var fields map[string]json.RawMessage
+	_ = json.Unmarshal(evs["retry"][0].Value, &fields)
+	if got := slices.Sorted(maps.Keys(fields)); !slices.Equal(got, slices.Sorted(slices.Values(schema.Required))) {
+		t.Errorf("value fields %v, the schema requires %v", got, schema.Required)
+	}
+	var ok eventValue
+	_ = json.Unmarshal(evs["ok"][0].Value, &ok)
+	if string(ok.Result) != `{"r": 1}` {
+		t.Errorf("result %s, want the reply's", ok.Result)
+	}
+	if e := evs["ok"][0]; e.TraceParent == "" || len(e.Headers) != 1 || e.Headers[0].Key != "hipq-correlation-id" || string(e.Headers[0].Value) != "c-1" {
+		t.Errorf("ok: trace %q headers %v, want its traceparent and correlation id", e.TraceParent, e.Headers)
+	}
+	rep := pendingEvents(t, st, "rep.a")
+	if len(rep) != 1 || len(rep["ok"]) != 1 || rep["ok"][0].Outcome != "succeeded" || len(rep["ok"][0].Headers) != 1 {
+		t.Errorf("reply_to events %v, want the final one of ok, with its headers", rep)
+	}
+	if n := count(t, st, "SELECT count(*) FROM hipq_event WHERE job_type = 'quiet'"); n != 0 {
+		t.Errorf("%d events of a type without events", n)
+	}
+}
+
+// TestNoEventsWhenOff: a store without events writes none, whatever the
+// job asked (a reply_to stored by an instance that allowed one).
+func TestNoEventsWhenOff(t *testing.T) {
+	t.Parallel()
+	st := pgtest.New(t)
+	insert(t, st, job("a", func(j *correlator.Job) { j.ReplyTo = "rep.a" }))
+	claim(t, st, 1)
+	applyReplies(t, st, reply("a", 1, true))
+	if n := count(t, st, "SELECT count(*) FROM hipq_event"); n != 0 {
+		t.Errorf("%d events written with events off", n)
+	}
+	if j := get(t, st, "a"); j.ReplyTo != "rep.a" {
+		t.Errorf("reply_to %q, want it stored", j.ReplyTo)
+	}
+}
+
+// TestEventsCommitWithTheirEnd: an event is there exactly when its job's
+// end is committed: a reply batch rolled back (its offsets moved under it)
+// leaves neither.
+func TestEventsCommitWithTheirEnd(t *testing.T) {
+	t.Parallel()
+	tys := eventTypes()
+	st := pgtest.New(t).WithEvents(store.EventsOf(tys))
+	insert(t, st, job("a"))
+	claim(t, st, 1)
+	_, err := st.ReplyApply(ctx, store.ReplyBatch{Group: "g", Offsets: []store.OffsetAdvance{{Topic: "replies", Partition: 0, From: 5, To: 6}},
+		Replies: []store.ReplyIn{reply("a", 1, true)}}, tys)
+	if !errors.Is(err, store.ErrOffsetConflict) {
+		t.Fatalf("got %v, want the offset conflict", err)
+	}
+	if n := count(t, st, "SELECT count(*) FROM hipq_event"); n != 0 {
+		t.Errorf("%d events of an end rolled back", n)
+	}
+	wantState(t, get(t, st, "a"), correlator.StateRunning, "", 1)
+}
+
+// TestRelayReadNeverSkipsALateCommit: events are deleted once relayed,
+// never passed by a mark, so one committed after an event of a higher id
+// was read (its transaction began first, and was slow) is read at the next
+// look, and per key the ids follow the commits.
+func TestRelayReadNeverSkipsALateCommit(t *testing.T) {
+	t.Parallel()
+	tys := eventTypes()
+	st := pgtest.New(t).WithEvents(store.EventsOf(tys))
+	insert(t, st, job("slow"), job("fast"))
+	cs := claim(t, st, 2)
+	ref := map[string]store.AttemptRef{}
+	for i := range cs {
+		ref[cs[i].JobKey] = cs[i].Ref()
+	}
+	ends := func(key string) []store.Resolve {
+		return []store.Resolve{{Queue: ref[key].Queue, JobID: ref[key].JobID, Attempt: 1,
+			Res: correlator.Replied(tys["t"], correlator.Running{Attempt: 1, MaxAttempts: 3}, &correlator.Reply{Success: true}, time.Now())}}
+	}
+	// The slow end takes its event id first and commits last.
+	tx, err := st.Pool().Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }() // (committed below)
+	var slowID int64
+	if err := tx.QueryRow(ctx, `INSERT INTO hipq_event (queue, topic, job_id, job_type, job_key, attempt, outcome, value)
+		VALUES ('default', 'ev', $1, 't', 'slow', 1, 'succeeded', '{}') RETURNING id`, ref["slow"].JobID).Scan(&slowID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.JobResolveMany(ctx, ends("fast")); err != nil {
+		t.Fatal(err)
+	}
+	first, err := st.EventRead(ctx, "ev", 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(first) != 1 || first[0].JobKey != "fast" || first[0].ID < slowID {
+		t.Fatalf("read %v, want only fast's event, of an id above %d", first, slowID)
+	}
+	if err := st.EventDelete(ctx, []int64{first[0].ID}); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	next, err := st.EventRead(ctx, "ev", 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(next) != 1 || next[0].ID != slowID {
+		t.Fatalf("after the late commit read %v, want the event %d", next, slowID)
+	}
+}
+
+// TestOneRelayHoldsTheLock: the relay's lock is held by one lease at a
+// time, and is free again once released.
+func TestOneRelayHoldsTheLock(t *testing.T) {
+	t.Parallel()
+	st := pgtest.New(t)
+	var mu sync.Mutex
+	held := 0
+	var leases []*store.Lease
+	for range 3 {
+		l, ok, err := st.EventRelayLock(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ok {
+			mu.Lock()
+			held++
+			leases = append(leases, l)
+			mu.Unlock()
+		}
+	}
+	if held != 1 {
+		t.Fatalf("%d leases held at once, want 1", held)
+	}
+	if err := leases[0].Alive(ctx); err != nil {
+		t.Fatal(err)
+	}
+	leases[0].Release()
+	l, ok, err := st.EventRelayLock(ctx)
+	if err != nil || !ok {
+		t.Fatalf("lock after release: %v %v", ok, err)
+	}
+	l.Release()
+}
