@@ -442,3 +442,33 @@ func TestBulkCancelWritesOutcomeEvents(t *testing.T) {
 		t.Fatalf("%d events in all, want the 3 cancelled jobs'", n)
 	}
 }
+
+// Operations that ended are pruned once older than the retention; one
+// still running never is.
+func TestOperationPrune(t *testing.T) {
+	t.Parallel()
+	st := pgtest.New(t)
+	insert(t, st, job("a-1"))
+	now, err := st.DatabaseNow(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	op := store.Operation{Kind: store.OperationCancel, Reason: "test", TokenName: "sha256:test",
+		Jobs: &store.JobFilter{KeyPrefix: "a-", CreatedBefore: &now}}
+	runOperation(t, st, op, store.OperationWork{Batch: 10})
+	if _, err := st.OperationCreate(ctx, op, "test", time.Minute); err != nil { // (running)
+		t.Fatal(err)
+	}
+	if n, err := st.OperationPrune(ctx, time.Hour, 10); err != nil || n != 0 {
+		t.Fatalf("pruned %d (%v) within the retention", n, err)
+	}
+	if _, err := st.Pool().Exec(ctx, `UPDATE hipq_operation SET updated_at = now() - interval '2 hours'`); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := st.OperationPrune(ctx, time.Hour, 10); err != nil || n != 1 {
+		t.Fatalf("pruned %d (%v), want the one that ended", n, err)
+	}
+	if n := count(t, st, `SELECT count(*) FROM hipq_operation WHERE state = 'running'`); n != 1 {
+		t.Fatalf("%d running operations left, want 1", n)
+	}
+}

@@ -525,3 +525,17 @@ func (s *Store) DeadLetterPrune(ctx context.Context, retention time.Duration, li
 	}
 	return int(tag.RowsAffected()), nil
 }
+
+// OperationPrune deletes up to limit bulk operations that ended (done or
+// stopped) longer than retention ago, on PostgreSQL's clock: they are
+// kept as long as the final jobs they acted on.
+func (s *Store) OperationPrune(ctx context.Context, retention time.Duration, limit int) (int, error) {
+	tag, err := s.pool.Exec(ctx, `
+		DELETE FROM hipq_operation WHERE id IN (
+		  SELECT id FROM hipq_operation WHERE state <> 'running' AND updated_at < now() - $1::interval ORDER BY id LIMIT $2)`,
+		retention, limit)
+	if err != nil {
+		return 0, fmt.Errorf("prune operations: %w", err)
+	}
+	return int(tag.RowsAffected()), nil
+}

@@ -88,6 +88,7 @@ const fullSearchEvery = 20
 // Report counts what one sweep did.
 type Report struct {
 	TimedOut, Rescued, FailedUnsent, Expired, EarlyApplied, EarlyDeadLettered, Pruned, DeadLettersPruned int
+	OperationsPruned                                                                                     int
 }
 
 // New builds a sweeper; Run starts it.
@@ -118,7 +119,8 @@ func (s *Sweeper) Run(ctx context.Context) error {
 			s.log.Info("sweep done", zap.Int("timed_out", rep.TimedOut), zap.Int("rescued", rep.Rescued),
 				zap.Int("failed_unsent", rep.FailedUnsent), zap.Int("expired", rep.Expired),
 				zap.Int("early_applied", rep.EarlyApplied), zap.Int("early_dead_lettered", rep.EarlyDeadLettered),
-				zap.Int("pruned", rep.Pruned), zap.Int("dead_letters_pruned", rep.DeadLettersPruned))
+				zap.Int("pruned", rep.Pruned), zap.Int("dead_letters_pruned", rep.DeadLettersPruned),
+				zap.Int("operations_pruned", rep.OperationsPruned))
 		}
 	})
 	if err != nil {
@@ -154,6 +156,9 @@ func (s *Sweeper) RunOnce(ctx context.Context) (Report, error) {
 	add(s.drain(ctx, "dead_letters_pruned", &rep.DeadLettersPruned, func() (int, error) {
 		return s.st.DeadLetterPrune(ctx, s.cfg.DeadLetterRetention, s.cfg.BatchSize)
 	}))
+	add(s.drain(ctx, "operations_pruned", &rep.OperationsPruned, func() (int, error) {
+		return s.st.OperationPrune(ctx, s.cfg.Retention, s.cfg.BatchSize)
+	}))
 	s.count(rep)
 	return rep, errors.Join(errs...)
 }
@@ -186,7 +191,7 @@ func (s *Sweeper) earlyReplies(ctx context.Context, rep *Report, types correlato
 func (s *Sweeper) count(rep Report) {
 	for action, n := range map[string]int{"rescued": rep.Rescued, "failed_unsent": rep.FailedUnsent,
 		"early_applied": rep.EarlyApplied, "early_dead_lettered": rep.EarlyDeadLettered,
-		"timed_out": 0, "expired": 0, "pruned": 0, "dead_letters_pruned": 0} {
+		"timed_out": 0, "expired": 0, "pruned": 0, "dead_letters_pruned": 0, "operations_pruned": 0} {
 		c := s.cfg.Metrics.Sweeper.WithLabelValues(action)
 		if n > 0 {
 			c.Add(float64(n))
