@@ -20,6 +20,7 @@ import (
 	"github.com/hipq/hipq/correlator"
 	"github.com/hipq/hipq/dispatcher"
 	"github.com/hipq/hipq/internal/kafkaconn"
+	"github.com/hipq/hipq/internal/memlimit"
 	"github.com/hipq/hipq/internal/tracing"
 	"github.com/hipq/hipq/schemas"
 	"github.com/hipq/hipq/store"
@@ -295,6 +296,10 @@ func (c *Config) Validate() error {
 		}
 	}
 	positive("shutdown_timeout", c.ShutdownTimeout)
+	if c.MemoryLimit != 0 && c.MemoryLimit < memlimit.Min {
+		bad("memory_limit", "%s is below the minimum of %s (the runtime, the connections and a batch of records need it)",
+			memlimit.Format(int64(c.MemoryLimit)), memlimit.Format(memlimit.Min))
+	}
 	if s := c.Tracing.Sampler; s != "" && s != tracing.SamplerParentRatio && !slices.Contains(tracing.Samplers, s) {
 		bad("tracing.sampler", "%q is not one of OpenTelemetry's %s", s, strings.Join(tracing.Samplers, ", "))
 	}
