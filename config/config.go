@@ -37,7 +37,7 @@ type Config struct {
 	// limit, and the consumers' fetches and producers' buffers drawn from
 	// it (internal/memlimit). Unset: GOMEMLIMIT, else 90% of the cgroup's
 	// limit, else 64MiB; resolved at start, so not filled in here. At
-	// least 16MiB.
+	// least 32MiB.
 	MemoryLimit ByteSize  `yaml:"memory_limit,omitempty"`
 	Log         Log       `yaml:"log"`
 	Tracing     Tracing   `yaml:"tracing"`

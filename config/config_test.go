@@ -340,7 +340,7 @@ func TestMemoryLimit(t *testing.T) {
 	}
 	for text, want := range map[string]string{
 		"64 megabytes": `memory_limit: "64 megabytes" is not a size such as 64MiB, 512MB or 1GiB`,
-		"8MiB":         "memory_limit: 8MiB is below the minimum of 16MiB",
+		"16MiB":        "memory_limit: 16MiB is below the minimum of 32MiB",
 		"-1":           `memory_limit: "-1" is not a size`,
 		"[1]":          "memory_limit: not a size",
 	} {

@@ -297,7 +297,7 @@ func (c *Config) Validate() error {
 	}
 	positive("shutdown_timeout", c.ShutdownTimeout)
 	if c.MemoryLimit != 0 && c.MemoryLimit < memlimit.Min {
-		bad("memory_limit", "%s is below the minimum of %s (the runtime, the connections and a batch of records need it)",
+		bad("memory_limit", "%s is below the minimum of %s (the binary's resident pages and the heap at rest nearly fill that)",
 			memlimit.Format(int64(c.MemoryLimit)), memlimit.Format(memlimit.Min))
 	}
 	if s := c.Tracing.Sampler; s != "" && s != tracing.SamplerParentRatio && !slices.Contains(tracing.Samplers, s) {

@@ -34,9 +34,12 @@ const (
 const (
 	// Default is the limit when nothing sets one.
 	Default = 64 * MiB
-	// Min is the smallest limit hipq accepts: below it the runtime, the
-	// connections and one batch of records do not fit.
-	Min = 16 * MiB
+	// Min is the smallest limit hipq accepts. The binary's own resident
+	// pages (about 27 MiB, outside the runtime's memory) and the heap at
+	// rest (10 to 15 MiB) nearly fill it already: at this limit a burst
+	// runs at a fraction of its speed, the collector running all along,
+	// and the resident set passes the limit by half.
+	Min = 32 * MiB
 	// cgroupPercent of a cgroup's limit is what the process takes.
 	cgroupPercent = 90
 	// unlimited: a cgroup limit at or above it is no limit (cgroup v1

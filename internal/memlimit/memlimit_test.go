@@ -1,10 +1,15 @@
 package memlimit
 
 import (
+	"context"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/hipq/hipq/internal/testutil"
 )
 
 // fakeRoot writes files (path → content) under a test's directory, as a
@@ -67,7 +72,7 @@ func TestResolveOrder(t *testing.T) {
 // A bad GOMEMLIMIT is an error naming it and why.
 func TestResolveBadGOMEMLIMIT(t *testing.T) {
 	t.Parallel()
-	for v, want := range map[string]string{"64MB": "not a size in Go's syntax", "lots": "not a size", "8MiB": "below hipq's minimum of 16MiB"} {
+	for v, want := range map[string]string{"64MB": "not a size in Go's syntax", "lots": "not a size", "24MiB": "below hipq's minimum of 32MiB"} {
 		_, err := Resolve(0, env(t.TempDir(), map[string]string{"GOMEMLIMIT": v}))
 		if err == nil || !strings.HasPrefix(err.Error(), "GOMEMLIMIT: ") || !strings.Contains(err.Error(), want) {
 			t.Errorf("GOMEMLIMIT=%s: %v, want an error saying %q", v, err, want)
@@ -161,7 +166,7 @@ func TestSplitOf(t *testing.T) {
 	t.Parallel()
 	for limit, want := range map[int64]Split{
 		Default:  {FetchMaxBytes: 256 * KiB, FetchMaxPartitionBytes: 256 * KiB, MaxConcurrentFetches: 4, ProducerBytes: 8 * MiB},
-		Min:      {FetchMaxBytes: 64 * KiB, FetchMaxPartitionBytes: 64 * KiB, MaxConcurrentFetches: 4, ProducerBytes: 2 * MiB},
+		Min:      {FetchMaxBytes: 128 * KiB, FetchMaxPartitionBytes: 128 * KiB, MaxConcurrentFetches: 4, ProducerBytes: 4 * MiB},
 		GiB:      {FetchMaxBytes: 4 * MiB, FetchMaxPartitionBytes: MiB, MaxConcurrentFetches: 4, ProducerBytes: 128 * MiB},
 		64 * GiB: {FetchMaxBytes: 50 * MiB, FetchMaxPartitionBytes: MiB, MaxConcurrentFetches: 4, ProducerBytes: 8 * GiB},
 		4 * MiB:  {FetchMaxBytes: 64 * KiB, FetchMaxPartitionBytes: 64 * KiB, MaxConcurrentFetches: 4, ProducerBytes: 512 * KiB},
@@ -180,7 +185,51 @@ func TestSplitOf(t *testing.T) {
 	if got := s.ProducerBufferedBytes(4, 1000012); got != 2*MiB {
 		t.Errorf("four clients at 64MiB: %d each, want 2MiB", got)
 	}
-	if got := SplitOf(Min).ProducerBufferedBytes(4, 1000012); got != 1000012 {
-		t.Errorf("four clients at 16MiB: %d each, want the largest record, 1000012", got)
+	if got := SplitOf(Min).ProducerBufferedBytes(5, 1000012); got != 1000012 {
+		t.Errorf("five clients at 32MiB: %d each, want the largest record, 1000012", got)
 	}
+}
+
+// The runtime's share is the limit less the resident pages it does not
+// count (file-backed and shared, from /proc/self/status), at least half.
+func TestRuntimeShare(t *testing.T) {
+	t.Parallel()
+	root := fakeRoot(t, map[string]string{"proc/self/status": "Name:\thipq\nVmRSS:\t   60000 kB\nRssAnon:\t   32000 kB\n" +
+		"RssFile:\t   26624 kB\nRssShmem:\t    1024 kB\nVmSwap:\t       0 kB\n"})
+	if got := Outside(root); got != 27*MiB {
+		t.Errorf("outside: %d, want 27MiB", got)
+	}
+	if got := Outside(t.TempDir()); got != 0 {
+		t.Errorf("outside without /proc: %d, want 0", got)
+	}
+	for _, c := range []struct{ limit, outside, want int64 }{
+		{Default, 27 * MiB, 37 * MiB},
+		{GiB, 27 * MiB, GiB - 27*MiB},
+		{Min, 27 * MiB, 16 * MiB}, // at least half
+		{Default, 0, Default},
+	} {
+		if got := RuntimeShare(c.limit, c.outside); got != c.want {
+			t.Errorf("%s less %s: %s, want %s", Format(c.limit), Format(c.outside), Format(got), Format(c.want))
+		}
+	}
+}
+
+// Apply sets the runtime's soft limit to its share, and Keep follows the
+// resident pages outside it until its context ends.
+func TestApplyAndKeep(t *testing.T) {
+	prev := debug.SetMemoryLimit(-1)
+	t.Cleanup(func() { debug.SetMemoryLimit(prev) })
+	root := fakeRoot(t, map[string]string{"proc/self/status": "RssFile:\t20480 kB\n"})
+	if got := Apply(GiB, root); got != GiB-20*MiB || debug.SetMemoryLimit(-1) != GiB-20*MiB {
+		t.Fatalf("share %d, runtime's limit %d; want %d", got, debug.SetMemoryLimit(-1), GiB-20*MiB)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { Keep(ctx, GiB, root, time.Millisecond); close(done) }()
+	defer func() { cancel(); <-done }()
+	if err := os.WriteFile(filepath.Join(root, "proc/self/status"), []byte("RssFile:\t30720 kB\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 10*time.Second, func() bool { return debug.SetMemoryLimit(-1) == GiB-30*MiB },
+		"the runtime's limit to follow the pages outside it up to 30MiB")
 }
