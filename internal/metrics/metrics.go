@@ -60,6 +60,9 @@ type Metrics struct {
 	// none after it to compare with, for long), by the SQLSTATE of the
 	// refusal (reason); 0 once it flows again.
 	Stalled *prometheus.GaugeVec
+	// MemoryLimit is the memory the process holds itself to
+	// (memory_limit, GOMEMLIMIT, 90% of its cgroup's, or the default).
+	MemoryLimit prometheus.Gauge
 
 	lag *lagCollector
 }
@@ -101,13 +104,15 @@ func New() *Metrics {
 		Stalled: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "hipq_consumer_stalled",
 			Help: "1 while a consumer group (or the outbox drainer, group outbox) waits because PostgreSQL refuses its records for a reason not theirs (or one record, alone, for long), by SQLSTATE (reason); 0 once it flows again."},
 			[]string{"group", "reason"}),
+		MemoryLimit: prometheus.NewGauge(prometheus.GaugeOpts{Name: "hipq_memory_limit_bytes",
+			Help: "The memory the process holds itself to: memory_limit, else GOMEMLIMIT, else 90% of its cgroup's limit, else 64 MiB."}),
 		lag: &lagCollector{groups: map[string]func(context.Context) ([]PartitionLag, error){},
 			desc: prometheus.NewDesc("hipq_consumer_lag_records",
 				"Records between a partition's end offset and the next offset this instance applies, by consumer group; partitions assigned here only.",
 				[]string{"group", "topic", "partition"}, nil)},
 	}
 	m.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		m.IntakeRecords, m.Claimed, m.ClaimRounds, m.Dispatches, m.Deferred, m.Replies, m.RoundTrip, m.Sweeper, m.Waits, m.ScheduleFires, m.Stalled, m.lag)
+		m.IntakeRecords, m.Claimed, m.ClaimRounds, m.Dispatches, m.Deferred, m.Replies, m.RoundTrip, m.Sweeper, m.Waits, m.ScheduleFires, m.Stalled, m.MemoryLimit, m.lag)
 	return m
 }
 
