@@ -172,6 +172,13 @@ func cmdRun(args []string, stderr io.Writer) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
+	if path := os.Getenv("HIPQ_MEMPROFILE"); path != "" { // hipq bench --memprofile
+		go func() {
+			if err := watchHeapPeak(ctx, path, 50*time.Millisecond); err != nil {
+				log.Warn("cannot write the heap profile", zap.String("path", path), zap.Error(err))
+			}
+		}()
+	}
 	limit, err := applyMemoryLimit(ctx, cfg, log, memlimit.System())
 	if err != nil {
 		return err
