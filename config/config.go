@@ -4,11 +4,13 @@
 package config
 
 import (
+	"strings"
 	"time"
 
 	"github.com/hipq/hipq/consumer"
 	"github.com/hipq/hipq/correlator"
 	"github.com/hipq/hipq/dispatcher"
+	"github.com/hipq/hipq/internal/memlimit"
 	"github.com/hipq/hipq/schemas"
 )
 
@@ -30,11 +32,17 @@ type Config struct {
 	// Metrics is where every instance serves /metrics, /healthz and /readyz.
 	Metrics Metrics `yaml:"metrics"`
 	// ShutdownTimeout bounds the drain after SIGTERM. Defaults to 15s.
-	ShutdownTimeout Duration  `yaml:"shutdown_timeout"`
-	Log             Log       `yaml:"log"`
-	Tracing         Tracing   `yaml:"tracing"`
-	Queues          []Queue   `yaml:"queues"`
-	JobTypes        []JobType `yaml:"job_types"`
+	ShutdownTimeout Duration `yaml:"shutdown_timeout"`
+	// MemoryLimit bounds the process's memory: the Go runtime's soft
+	// limit, and the consumers' fetches and producers' buffers drawn from
+	// it (internal/memlimit). Unset: GOMEMLIMIT, else 90% of the cgroup's
+	// limit, else 64MiB; resolved at start, so not filled in here. At
+	// least 32MiB.
+	MemoryLimit ByteSize  `yaml:"memory_limit,omitempty"`
+	Log         Log       `yaml:"log"`
+	Tracing     Tracing   `yaml:"tracing"`
+	Queues      []Queue   `yaml:"queues"`
+	JobTypes    []JobType `yaml:"job_types"`
 	// Schedules are periodic jobs, fired by the sweeper role.
 	Schedules []Schedule `yaml:"schedules"`
 	// Events are the defaults of every job type's outcome events, and
@@ -467,3 +475,16 @@ func (d Duration) D() time.Duration { return time.Duration(d) }
 
 // MarshalYAML writes the duration as text.
 func (d Duration) MarshalYAML() (any, error) { return time.Duration(d).String(), nil }
+
+// ByteSize is a number of bytes, written in YAML as a whole number or with
+// a unit: 64MiB, 512MB, 1GiB.
+type ByteSize int64
+
+// MarshalYAML writes the size in the largest binary unit that divides it,
+// else in bytes.
+func (b ByteSize) MarshalYAML() (any, error) {
+	if s := memlimit.Format(int64(b)); !strings.Contains(s, ".") {
+		return s, nil
+	}
+	return int64(b), nil
+}

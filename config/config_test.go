@@ -407,3 +407,38 @@ job_types:
 		}
 	}
 }
+
+// memory_limit takes bytes or a size with a unit; a bad one, or one below
+// the minimum, is a problem naming it and why; left out, it stays unset
+// (resolved at start) and the effective config does not show it.
+func TestMemoryLimit(t *testing.T) {
+	for text, want := range map[string]ByteSize{"64MiB": 64 << 20, "512MB": 512e6, "1GiB": 1 << 30, "67108864": 64 << 20,
+		`"${LIMIT}"`: 96 << 20} {
+		cfg, err := Parse(minimal+"memory_limit: "+text+"\n", env(map[string]string{"DB_URL": "x", "LIMIT": "96MiB"}))
+		if err != nil || cfg.MemoryLimit != want {
+			t.Errorf("memory_limit: %s: %v, %v; want %d", text, cfg, err, want)
+			continue
+		}
+		if out := cfg.Redacted(); !strings.Contains(out, "memory_limit: ") {
+			t.Errorf("memory_limit: %s: the effective config does not show it:\n%s", text, out)
+		}
+	}
+	cfg, err := Parse(minimal, env(map[string]string{"DB_URL": "x"}))
+	if err != nil || cfg.MemoryLimit != 0 || strings.Contains(cfg.Redacted(), "memory_limit") {
+		t.Errorf("memory_limit left out: %v, %v", cfg, err)
+	}
+	if out := cfg.Redacted(); strings.Contains(out, "memory_limit") {
+		t.Errorf("the effective config shows an unset memory_limit:\n%s", out)
+	}
+	for text, want := range map[string]string{
+		"64 megabytes": `memory_limit: "64 megabytes" is not a size such as 64MiB, 512MB or 1GiB`,
+		"16MiB":        "memory_limit: 16MiB is below the minimum of 32MiB",
+		"-1":           `memory_limit: "-1" is not a size`,
+		"[1]":          "memory_limit: not a size",
+	} {
+		_, err := Parse(minimal+"memory_limit: "+text+"\n", env(map[string]string{"DB_URL": "x"}))
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("memory_limit: %s: %v, want %q", text, err, want)
+		}
+	}
+}

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"gopkg.in/yaml.v3"
+
+	"github.com/hipq/hipq/internal/memlimit"
 )
 
 // Problem is one thing wrong with a config: the field's path and why.
@@ -55,6 +57,20 @@ func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
 		return bad
 	}
 	*d = Duration(v)
+	return nil
+}
+
+// UnmarshalYAML reads a whole number of bytes, or a number with a unit
+// (memlimit.ParseSize).
+func (b *ByteSize) UnmarshalYAML(n *yaml.Node) error {
+	if n.Kind != yaml.ScalarNode {
+		return &yaml.TypeError{Errors: []string{fmt.Sprintf("line %d: not a size such as 64MiB, 512MB or 1GiB", n.Line)}}
+	}
+	v, err := memlimit.ParseSize(n.Value)
+	if err != nil {
+		return &yaml.TypeError{Errors: []string{fmt.Sprintf("line %d: %v", n.Line, err)}}
+	}
+	*b = ByteSize(v)
 	return nil
 }
 

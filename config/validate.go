@@ -22,6 +22,7 @@ import (
 	"github.com/hipq/hipq/correlator"
 	"github.com/hipq/hipq/dispatcher"
 	"github.com/hipq/hipq/internal/kafkaconn"
+	"github.com/hipq/hipq/internal/memlimit"
 	"github.com/hipq/hipq/internal/tlsconf"
 	"github.com/hipq/hipq/internal/tracing"
 	"github.com/hipq/hipq/schemas"
@@ -318,6 +319,10 @@ func (c *Config) Validate() error {
 		}
 	}
 	positive("shutdown_timeout", c.ShutdownTimeout)
+	if c.MemoryLimit != 0 && c.MemoryLimit < memlimit.Min {
+		bad("memory_limit", "%s is below the minimum of %s (the binary's resident pages and the heap at rest nearly fill that)",
+			memlimit.Format(int64(c.MemoryLimit)), memlimit.Format(memlimit.Min))
+	}
 	if s := c.Tracing.Sampler; s != "" && s != tracing.SamplerParentRatio && !slices.Contains(tracing.Samplers, s) {
 		bad("tracing.sampler", "%q is not one of OpenTelemetry's %s", s, strings.Join(tracing.Samplers, ", "))
 	}

@@ -87,6 +87,37 @@ type GroupConfig struct {
 	// (hipq_consumer_stalled, readiness); it is never dead-lettered for
 	// waiting (stall.go). Defaults to DefaultStallAfter.
 	StallAfter time.Duration
+	// FetchMaxBytes, FetchMaxPartitionBytes and MaxConcurrentFetches
+	// bound what the group's client fetches and holds until it is polled
+	// (franz-go's options of these names): at most MaxConcurrentFetches
+	// fetches in flight or buffered, of FetchMaxBytes each (a first batch
+	// larger still comes). 0 keeps franz-go's default: 50 MiB a fetch,
+	// 1 MiB a partition, a fetch per broker at once.
+	FetchMaxBytes          int32
+	FetchMaxPartitionBytes int32
+	MaxConcurrentFetches   int
+	// MaxBufferedBytes bounds the dead-letter copies the group's client
+	// holds unsent (kgo.MaxBufferedBytes): a copy waits for room. 0:
+	// unbounded.
+	MaxBufferedBytes int64
+}
+
+// fetchOpts are the franz-go options of the bounds set in c.
+func (c GroupConfig) fetchOpts() []kgo.Opt {
+	var opts []kgo.Opt
+	if c.FetchMaxBytes > 0 {
+		opts = append(opts, kgo.FetchMaxBytes(c.FetchMaxBytes))
+	}
+	if c.FetchMaxPartitionBytes > 0 {
+		opts = append(opts, kgo.FetchMaxPartitionBytes(c.FetchMaxPartitionBytes))
+	}
+	if c.MaxConcurrentFetches > 0 {
+		opts = append(opts, kgo.MaxConcurrentFetches(c.MaxConcurrentFetches))
+	}
+	if c.MaxBufferedBytes > 0 {
+		opts = append(opts, kgo.MaxBufferedBytes(int(c.MaxBufferedBytes)))
+	}
+	return opts
 }
 
 // WithDefaults returns c with every unset field at its default.
@@ -208,6 +239,7 @@ func newGroup(log *zap.Logger, st *store.Store, cfg GroupConfig, app applier) (*
 		kgo.OnPartitionsLost(g.forget),
 		kgo.FetchMaxWait(500 * time.Millisecond),
 	}
+	opts = append(opts, cfg.fetchOpts()...)
 	if !cfg.ReadUncommitted {
 		opts = append(opts, kgo.FetchIsolationLevel(kgo.ReadCommitted()))
 	}

@@ -28,6 +28,7 @@ import (
 	"github.com/hipq/hipq/internal/activity"
 	"github.com/hipq/hipq/internal/deadletter"
 	"github.com/hipq/hipq/internal/kafkaconn"
+	"github.com/hipq/hipq/internal/memlimit"
 	"github.com/hipq/hipq/internal/metrics"
 	"github.com/hipq/hipq/internal/tlsconf"
 	"github.com/hipq/hipq/internal/tracing"
@@ -71,6 +72,10 @@ type app struct {
 	// dead-letter to responses.dead_letter_topic.
 	replyCopies *deadletter.Copier
 	tracing     *tracing.Tracing
+	// memory is what the buffers that follow a burst get of the memory
+	// limit, and producerBytes each writing client's buffer of it.
+	memory        memlimit.Split
+	producerBytes int64
 }
 
 type appOptions struct {
@@ -81,6 +86,9 @@ type appOptions struct {
 	// CONCURRENTLY over a big table (migration 11) may outlast it, and cut
 	// short it would start over at every restart.
 	startTimeout time.Duration
+	// memoryLimit is the resolved memory limit the buffers are drawn
+	// from (hipq run applies it to the runtime too); 0: memlimit.Default.
+	memoryLimit int64
 }
 
 func instanceName() string {
@@ -99,6 +107,27 @@ func kafkaConfig(cfg *config.Config, minAge time.Duration) kafkaconn.Config {
 		ServerName: k.TLS.ServerName, CertFile: cfg.Path(k.TLS.CertFile), KeyFile: cfg.Path(k.TLS.KeyFile),
 		SASLMechanism: k.SASL.Mechanism, Username: k.SASL.Username,
 		Password: k.SASL.Password, MetadataMinAge: minAge, Compression: k.Compression}
+}
+
+// memorySplit is what the buffers get of limit: the split, and each
+// writing client's buffer.
+func memorySplit(cfg *config.Config, limit int64) (memlimit.Split, int64) {
+	split := memlimit.SplitOf(limit)
+	return split, split.ProducerBufferedBytes(writers(cfg), cfg.Kafka.MaxRecordBytes)
+}
+
+// writers counts the Kafka clients of a process that may write records:
+// the requests' producer, one more per compression a job type has of its
+// own, and each consumer group's (its dead-letter copies). Roles are left
+// out: an instance that runs fewer buffers less.
+func writers(cfg *config.Config) int {
+	codecs := map[string]bool{}
+	for _, jt := range cfg.JobTypes {
+		if k := jt.Transport.Kafka; k != nil && k.Compression != "" && k.Compression != cfg.Kafka.Compression {
+			codecs[k.Compression] = true
+		}
+	}
+	return 3 + len(codecs)
 }
 
 // newApp opens the store (migrating when configured) and builds the
@@ -125,6 +154,8 @@ func newApp(ctx context.Context, cfg *config.Config, log *zap.Logger, opts appOp
 	st = st.WithEvents(store.EventsOf(domain))
 	a := &app{log: log, st: st, cfg: cfg, types: domain, metrics: metrics.New(), kc: kafkaConfig(cfg, opts.metadataMinAge),
 		matchers: map[string]correlator.Matcher{}, crash: os.Getenv("HIPQ_CRASHPOINT"), instance: instanceName()}
+	a.memory, a.producerBytes = memorySplit(cfg, cmp.Or(opts.memoryLimit, memlimit.Default))
+	a.metrics.MemoryLimit.Set(float64(cmp.Or(opts.memoryLimit, memlimit.Default)))
 	for _, q := range cfg.Queues {
 		a.queues = append(a.queues, q.Name)
 	}
@@ -225,11 +256,14 @@ func (a *app) startTracing(ctx context.Context) error {
 	return err
 }
 
-// group is a consumer group's config from the config's kafka section.
+// group is a consumer group's config from the config's kafka section,
+// its fetches and buffer bounded by the memory limit's split.
 func (a *app) group(name string, topics []string, start consumer.Start) consumer.GroupConfig {
 	return consumer.GroupConfig{Kafka: a.kc, Group: name, Topics: topics, Start: start,
 		SessionTimeout: a.cfg.Kafka.SessionTimeout.D(), Metrics: a.metrics, CrashPoint: a.crash, Tracer: a.tracing.Tracer,
-		ReadUncommitted: a.cfg.Kafka.IsolationLevel == "read_uncommitted"}
+		ReadUncommitted: a.cfg.Kafka.IsolationLevel == "read_uncommitted",
+		FetchMaxBytes:   a.memory.FetchMaxBytes, FetchMaxPartitionBytes: a.memory.FetchMaxPartitionBytes,
+		MaxConcurrentFetches: a.memory.MaxConcurrentFetches, MaxBufferedBytes: a.producerBytes}
 }
 
 // buildIntake: the intake consumer group, when intake.topics are set.
@@ -273,9 +307,12 @@ func (a *app) buildProducer(context.Context) error {
 	return err
 }
 
+// newProducer is a client that writes requests and dead-letter copies,
+// its buffer of records not yet acknowledged bounded by its share of the
+// memory limit: a send waits for room.
 func (a *app) newProducer(kc kafkaconn.Config) (*kgo.Client, error) {
 	return kafkaconn.NewClient(kc, a.log, append(dispatcher.KafkaProducerOpts(),
-		kgo.ProducerBatchMaxBytes(int32(a.cfg.Kafka.MaxRecordBytes)))...)
+		kgo.ProducerBatchMaxBytes(int32(a.cfg.Kafka.MaxRecordBytes)), kgo.MaxBufferedBytes(int(a.producerBytes)))...)
 }
 
 // buildOutbox: the drainer of the transactional outbox.

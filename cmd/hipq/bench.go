@@ -12,6 +12,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/hipq/hipq/internal/memlimit"
 	"github.com/hipq/hipq/store"
 )
 
@@ -45,11 +46,14 @@ type benchResult struct {
 	SlowestSecond int     `json:"slowest_second"`
 	SlowestP99ms  float64 `json:"slowest_second_p99_ms"`
 	PeakRSSBytes  int64   `json:"peak_rss_bytes"` // the largest of the instances'
-	Instances     int     `json:"instances"`
-	Rate          float64 `json:"rate,omitempty"` // offered load, jobs/s (open loop)
-	Backlog       int     `json:"backlog,omitempty"`
-	FinalRows     int     `json:"final_rows,omitempty"`
-	PrunedPerSec  float64 `json:"pruned_per_sec,omitempty"`
+	// MemoryLimitBytes is the instances' memory limit, as they report it
+	// (hipq_memory_limit_bytes; the largest of them).
+	MemoryLimitBytes int64   `json:"memory_limit_bytes"`
+	Instances        int     `json:"instances"`
+	Rate             float64 `json:"rate,omitempty"` // offered load, jobs/s (open loop)
+	Backlog          int     `json:"backlog,omitempty"`
+	FinalRows        int     `json:"final_rows,omitempty"`
+	PrunedPerSec     float64 `json:"pruned_per_sec,omitempty"`
 	// StatementUsPerJob is PostgreSQL's statement time per job (with
 	// --db-profile).
 	StatementUsPerJob float64 `json:"statement_us_per_job,omitempty"`
@@ -68,7 +72,8 @@ type benchOpts struct {
 	shares, events                               bool
 	intake                                       string
 	outboxBatch                                  int
-	cpuProfile                                   string
+	cpuProfile, memProfile                       string
+	memoryLimit                                  int64 // 0: the instances resolve their own
 }
 
 func parseBench(args []string) (*benchOpts, error) {
@@ -85,14 +90,26 @@ func parseBench(args []string) (*benchOpts, error) {
 	fs.BoolVar(&o.expired, "expired", false, "with --final-rows: make them older than retention, so the sweeper prunes them during the run (its rate is printed)")
 	fs.BoolVar(&o.dbProfile, "db-profile", false, "print where PostgreSQL's time went, per statement family (pg_stat_statements)")
 	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the first hipq instance to this file")
+	fs.StringVar(&o.memProfile, "memprofile", "", "write a heap profile of the first hipq instance, at its heap's peak, to this file")
 	fs.IntVar(&o.throttle, "throttle-limit", 0, "give the queue this throttle_limit (0 = unlimited), to measure what limits cost")
 	fs.BoolVar(&o.shares, "shares", false, "with --throttle-limit: split the limit into three equal shares by job_data /r")
 	fs.IntVar(&o.rateLimit, "rate-limit", 0, "give the queue a rate limit of this many requests per second (0 = none), to measure what rates cost")
 	fs.StringVar(&o.intake, "intake", "kafka", "how jobs come in: kafka (records to the intake topic) or outbox (rows of hipq_intake, 4 writers, --outbox-batch rows per transaction)")
 	fs.IntVar(&o.outboxBatch, "outbox-batch", 100, "with --intake outbox: rows per application transaction")
 	fs.BoolVar(&o.events, "events", false, "publish each job's outcome event (events.topic), and end the run once every one reached Kafka, to measure what events cost")
+	memoryLimit := fs.String("memory-limit", "", "the instances' memory_limit (such as 64MiB; default: as hipq run resolves it, GOMEMLIMIT, the cgroup's or 64MiB)")
 	if err := fs.Parse(args); err != nil {
 		return nil, &exitError{2, err}
+	}
+	if *memoryLimit != "" {
+		n, err := memlimit.ParseSize(*memoryLimit)
+		switch {
+		case err != nil:
+			return nil, &exitError{2, fmt.Errorf("--memory-limit: %w", err)}
+		case n < memlimit.Min:
+			return nil, &exitError{2, fmt.Errorf("--memory-limit: %s is below the minimum of %s", memlimit.Format(n), memlimit.Format(memlimit.Min))}
+		}
+		o.memoryLimit = n
 	}
 	bad := func(format string, a ...any) (*benchOpts, error) { return nil, &exitError{2, fmt.Errorf(format, a...)} }
 	switch {
@@ -164,6 +181,9 @@ func cmdBench(args []string, stdout io.Writer) error {
 	}
 	if o.expired {
 		conf = strings.Replace(conf, `sweeper: {schedule: "@every 5s"}`, `sweeper: {schedule: "@every 1s", retention: 1h}`, 1)
+	}
+	if o.memoryLimit > 0 {
+		conf += fmt.Sprintf("memory_limit: %d\n", o.memoryLimit)
 	}
 	schema := fmt.Sprintf("hipq_bench_%d", time.Now().UnixNano())
 	cfg, err := sb.config(conf, schema)
@@ -332,6 +352,11 @@ func cmdBench(args []string, stdout io.Writer) error {
 	res := benchResult{Jobs: o.n, Instances: o.instances, Rate: o.rate, Backlog: o.backlog, FinalRows: o.finalRows, Events: o.events}
 	for _, in := range insts {
 		res.PeakRSSBytes = max(res.PeakRSSBytes, in.peakRSS())
+		limit, err := in.gauge(ctx, "hipq_memory_limit_bytes")
+		if err != nil {
+			return err
+		}
+		res.MemoryLimitBytes = max(res.MemoryLimitBytes, int64(limit))
 	}
 	var profile []store.StatementTime
 	if o.dbProfile && profileErr == nil {
@@ -352,8 +377,10 @@ func cmdBench(args []string, stdout io.Writer) error {
 	if o.expired {
 		res.PrunedPerSec = pruned / time.Since(start).Seconds()
 	}
-	fmt.Fprintf(stdout, "  %d jobs in %.2fs: %.0f jobs/s; round trip p50 %.1f ms, p99 %.1f ms, max %.1f ms; peak RSS %.0f MiB per hipq instance (largest of %d)\n",
-		res.Jobs, res.Seconds, res.JobsPerSec, res.P50ms, res.P99ms, res.MaxMs, float64(res.PeakRSSBytes)/(1<<20), o.instances)
+	fmt.Fprintf(stdout, "  %d jobs in %.2fs: %.0f jobs/s; round trip p50 %.1f ms, p99 %.1f ms, max %.1f ms\n",
+		res.Jobs, res.Seconds, res.JobsPerSec, res.P50ms, res.P99ms, res.MaxMs)
+	fmt.Fprintf(stdout, "  peak RSS %.1f MiB per hipq instance (largest of %d) against a memory limit of %s: %.0f%% of it\n",
+		float64(res.PeakRSSBytes)/(1<<20), o.instances, memlimit.Format(res.MemoryLimitBytes), 100*float64(res.PeakRSSBytes)/float64(max(res.MemoryLimitBytes, 1)))
 	fmt.Fprintf(stdout, "  where jobs waited, p50/p99 ms: produce→stored %.0f/%.0f, stored→claimed %.0f/%.0f, claimed→final %.0f/%.0f; slowest second: the %s (p99 %.1f ms)\n",
 		stages[0][0], stages[0][1], stages[1][0], stages[1][1], stages[2][0], stages[2][1], ordinal(res.SlowestSecond), res.SlowestP99ms)
 	if o.expired {

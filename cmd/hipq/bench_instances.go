@@ -72,6 +72,9 @@ func startInstances(ctx context.Context, sb *sandbox, conf, schema string, o *be
 		if i == 0 && o.cpuProfile != "" {
 			cmd.Env = append(cmd.Env, "HIPQ_CPUPROFILE="+o.cpuProfile)
 		}
+		if i == 0 && o.memProfile != "" {
+			cmd.Env = append(cmd.Env, "HIPQ_MEMPROFILE="+o.memProfile)
+		}
 		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM} // a bench killed outright leaves no instance behind
 		cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
@@ -154,6 +157,25 @@ func exitErr(err error) error {
 // peakRSS is the instance's high-water resident set (VmHWM).
 func (in *instance) peakRSS() int64 {
 	return vmHWM(fmt.Sprintf("/proc/%d/status", in.cmd.Process.Pid))
+}
+
+// gauge is the value of a series of the instance's /metrics without
+// labels (name value).
+func (in *instance) gauge(ctx context.Context, name string) (float64, error) {
+	var v float64
+	found := false
+	err := in.metricLines(ctx, http.DefaultClient, func(line string) {
+		if rest, ok := strings.CutPrefix(line, name+" "); ok {
+			v, found = 0, true
+			if f, err := strconv.ParseFloat(rest, 64); err == nil {
+				v = f
+			}
+		}
+	})
+	if err == nil && !found {
+		err = fmt.Errorf("hipq instance %d serves no %s", in.n, name)
+	}
+	return v, err
 }
 
 // scrapeInstances sums the instances' metrics: series as printed

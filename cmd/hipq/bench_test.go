@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+
+	"github.com/hipq/hipq/internal/memlimit"
 )
 
 // hipq bench runs end to end by both ways in (a small n: this checks it
@@ -17,7 +19,7 @@ func TestBenchRuns(t *testing.T) {
 		}
 		lines := strings.Split(strings.TrimSpace(out.String()), "\n")
 		var res benchResult
-		if err := json.Unmarshal([]byte(lines[len(lines)-1]), &res); err != nil || res.Jobs != 300 || res.JobsPerSec <= 0 {
+		if err := json.Unmarshal([]byte(lines[len(lines)-1]), &res); err != nil || res.Jobs != 300 || res.JobsPerSec <= 0 || res.MemoryLimitBytes <= 0 {
 			t.Fatalf("%s: %+v %v\n%s", intake, res, err, out.String())
 		}
 	}
@@ -25,9 +27,12 @@ func TestBenchRuns(t *testing.T) {
 	if err := cmdBench([]string{"--intake", "carrier-pigeon"}, &out); err == nil || !strings.Contains(err.Error(), "--intake") {
 		t.Fatalf("a bad --intake: %v", err)
 	}
-	for _, bad := range [][]string{{"--instances", "0"}, {"--rate", "-1"}, {"--expired"}, {"--backlog", "-5"}} {
+	for _, bad := range [][]string{{"--instances", "0"}, {"--rate", "-1"}, {"--expired"}, {"--backlog", "-5"},
+		{"--memory-limit", "lots"}, {"--memory-limit", "16MiB"}} {
 		if err := cmdBench(bad, &out); err == nil {
 			t.Errorf("%v: no error", bad)
+		} else if bad[0] == "--memory-limit" && !strings.HasPrefix(err.Error(), "--memory-limit: ") {
+			t.Errorf("%v: %v, want an error naming --memory-limit", bad, err)
 		}
 	}
 }
@@ -39,7 +44,7 @@ func TestBenchFlags(t *testing.T) {
 	t.Parallel()
 	var out strings.Builder
 	err := cmdBench([]string{"--json", "--instances", "2", "--rate", "200", "--duration", "2s", "--backlog", "500",
-		"--final-rows", "3000", "--expired", "--db-profile"}, &out)
+		"--final-rows", "3000", "--expired", "--db-profile", "--memory-limit", "96MiB"}, &out)
 	if err != nil {
 		t.Fatalf("%v\n%s", err, out.String())
 	}
@@ -49,11 +54,11 @@ func TestBenchFlags(t *testing.T) {
 		t.Fatalf("%v\n%s", err, out.String())
 	}
 	if res.Jobs != 400 || res.Instances != 2 || res.Rate != 200 || res.Backlog != 500 || res.FinalRows != 3000 ||
-		res.MaxMs < res.P99ms || res.PeakRSSBytes <= 0 || res.PrunedPerSec <= 0 ||
+		res.MaxMs < res.P99ms || res.PeakRSSBytes <= 0 || res.MemoryLimitBytes != 96<<20 || res.PrunedPerSec <= 0 ||
 		res.SlowestSecond < 1 || res.SlowestSecond > 3 || res.SlowestP99ms <= 0 || res.SlowestP99ms > res.MaxMs {
 		t.Fatalf("%+v\n%s", res, out.String())
 	}
-	for _, want := range []string{"2 hipq instance(s)", "retention prune:", "db profile", "slowest second: the "} {
+	for _, want := range []string{"2 hipq instance(s)", "retention prune:", "db profile", "slowest second: the ", "against a memory limit of 96MiB"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("the output does not say %q:\n%s", want, out.String())
 		}
@@ -76,4 +81,30 @@ func TestBenchEvents(t *testing.T) {
 	if !strings.Contains(out.String(), "outcome event on Kafka") {
 		t.Errorf("the output does not say the events are part of the run:\n%s", out.String())
 	}
+}
+
+// BenchmarkBurstMemory runs a burst of 100,000 jobs through hipq bench at
+// the default memory limit and reports the instance's peak resident set;
+// it fails when that passes the limit by more than 10%. A benchmark, not a
+// test: a run takes the machine for seconds, and what it measures needs
+// a machine of its own.
+func BenchmarkBurstMemory(b *testing.B) {
+	var peak, limit int64
+	for b.Loop() {
+		var out strings.Builder
+		if err := cmdBench([]string{"-n", "100000", "--json", "--memory-limit", memlimit.Format(memlimit.Default)}, &out); err != nil {
+			b.Fatalf("%v\n%s", err, out.String())
+		}
+		lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+		var res benchResult
+		if err := json.Unmarshal([]byte(lines[len(lines)-1]), &res); err != nil {
+			b.Fatalf("%v\n%s", err, out.String())
+		}
+		peak, limit = max(peak, res.PeakRSSBytes), res.MemoryLimitBytes
+		if res.PeakRSSBytes > limit+limit/10 {
+			b.Errorf("peak RSS %s passes the memory limit of %s by more than 10%%", memlimit.Format(res.PeakRSSBytes), memlimit.Format(limit))
+		}
+	}
+	b.ReportMetric(float64(peak), "peak_rss_bytes")
+	b.ReportMetric(float64(limit), "memory_limit_bytes")
 }

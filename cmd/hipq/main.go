@@ -30,6 +30,7 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/hipq/hipq/config"
+	"github.com/hipq/hipq/internal/memlimit"
 )
 
 const usage = `hipq — durable request/response correlator
@@ -175,7 +176,18 @@ func cmdRun(args []string, stderr io.Writer) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	a, err := newApp(ctx, cfg, log, appOptions{roles: roles, startTimeout: time.Minute})
+	if path := os.Getenv("HIPQ_MEMPROFILE"); path != "" { // hipq bench --memprofile
+		go func() {
+			if err := watchHeapPeak(ctx, path, 50*time.Millisecond); err != nil {
+				log.Warn("cannot write the heap profile", zap.String("path", path), zap.Error(err))
+			}
+		}()
+	}
+	limit, err := applyMemoryLimit(ctx, cfg, log, memlimit.System())
+	if err != nil {
+		return err
+	}
+	a, err := newApp(ctx, cfg, log, appOptions{roles: roles, startTimeout: time.Minute, memoryLimit: limit})
 	if err != nil {
 		return err
 	}
@@ -195,6 +207,36 @@ func cmdRun(args []string, stderr io.Writer) error {
 	case <-time.After(cfg.ShutdownTimeout.D()):
 		return &exitError{1, fmt.Errorf("drain overran shutdown_timeout (%v); what was left is timed out and retried later", cfg.ShutdownTimeout.D())}
 	}
+}
+
+// applyMemoryLimit resolves the memory limit (memory_limit, GOMEMLIMIT, the
+// cgroup's, the default), holds the Go runtime's soft limit to its share
+// of it until ctx ends (memlimit.Keep), and logs it, where it came from and
+// what the runtime and the buffers get of it.
+func applyMemoryLimit(ctx context.Context, cfg *config.Config, log *zap.Logger, env memlimit.Env) (int64, error) {
+	lim, err := memlimit.Resolve(int64(cfg.MemoryLimit), env)
+	if err != nil {
+		return 0, &exitError{2, err}
+	}
+	if lim.Bytes < memlimit.Min {
+		log.Warn("memory limit below hipq's minimum: the binary and the heap at rest nearly fill it",
+			zap.String("limit", memlimit.Format(lim.Bytes)), zap.String("from", lim.Origin()), zap.String("minimum", memlimit.Format(memlimit.Min)))
+	}
+	if lim.Asked > 0 {
+		log.Warn("memory limit above 90% of the cgroup's limit; using 90% of the cgroup's", zap.String("from", string(lim.From)),
+			zap.String("asked", memlimit.Format(lim.Asked)), zap.String("cgroup_limit", memlimit.Format(lim.Cgroup)),
+			zap.String("cgroup_file", lim.CgroupFile), zap.String("limit", memlimit.Format(lim.Bytes)))
+	}
+	// The runtime's share follows the binary's resident pages as code
+	// runs for the first time: applied now, and again every second.
+	runtime := memlimit.Apply(lim.Bytes, env.Root)
+	go memlimit.Keep(ctx, lim.Bytes, env.Root, time.Second)
+	split, producer := memorySplit(cfg, lim.Bytes)
+	log.Info("memory limit", zap.String("limit", memlimit.Format(lim.Bytes)), zap.Int64("bytes", lim.Bytes), zap.String("from", lim.Origin()),
+		zap.Int64("runtime_soft_limit_bytes", runtime),
+		zap.Int32("fetch_max_bytes", split.FetchMaxBytes), zap.Int32("fetch_max_partition_bytes", split.FetchMaxPartitionBytes),
+		zap.Int("max_concurrent_fetches", split.MaxConcurrentFetches), zap.Int64("producer_buffered_bytes", producer))
+	return lim.Bytes, nil
 }
 
 func cmdMigrate(args []string, stdout io.Writer) error {

@@ -69,6 +69,9 @@ type Metrics struct {
 	// refused it: it waits and is sent again), result_omitted (sent without
 	// its result, which made it larger than the broker takes).
 	Events *prometheus.CounterVec
+	// MemoryLimit is the memory the process holds itself to
+	// (memory_limit, GOMEMLIMIT, 90% of its cgroup's, or the default).
+	MemoryLimit prometheus.Gauge
 
 	lag *lagCollector
 }
@@ -116,6 +119,8 @@ func New() *Metrics {
 		Events: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hipq_events_total",
 			Help: "Outcome events relayed, by topic and result (sent, refused: it waits and is sent again, result_omitted: sent without its too large result)."},
 			[]string{"topic", "result"}),
+		MemoryLimit: prometheus.NewGauge(prometheus.GaugeOpts{Name: "hipq_memory_limit_bytes",
+			Help: "The memory the process holds itself to: memory_limit, else GOMEMLIMIT, else 90% of its cgroup's limit, else 64 MiB."}),
 		lag: &lagCollector{groups: map[string]func(context.Context) ([]PartitionLag, error){},
 			desc: prometheus.NewDesc("hipq_consumer_lag_records",
 				"Records between a partition's end offset and the next offset this instance applies, by consumer group; partitions assigned here only.",
@@ -123,7 +128,7 @@ func New() *Metrics {
 	}
 	m.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		m.IntakeRecords, m.Claimed, m.ClaimRounds, m.Dispatches, m.Deferred, m.Replies, m.RoundTrip, m.Sweeper, m.Waits, m.ScheduleFires, m.Stalled,
-		m.EventsPending, m.Events, m.lag)
+		m.EventsPending, m.Events, m.MemoryLimit, m.lag)
 	return m
 }
 

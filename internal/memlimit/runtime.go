@@ -1,0 +1,70 @@
+package memlimit
+
+import (
+	"bufio"
+	"context"
+	"os"
+	"path/filepath"
+	"runtime/debug"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// RuntimeShare is the Go runtime's soft limit within limit: the limit
+// less the pages the process has resident outside the runtime's memory
+// (outside), at least half of the limit. The runtime's limit counts only
+// the memory it maps itself (heap, stacks, its own metadata); the
+// process's resident set also holds the pages of its binary mapped from
+// the file (its code and tables, some tens of MiB as they are first
+// used), which a limit on the process covers too.
+func RuntimeShare(limit, outside int64) int64 {
+	return max(limit-outside, limit/2)
+}
+
+// Outside is the process's resident pages that the Go runtime does not
+// count: file-backed (the binary's) and shared memory, from
+// proc/self/status under root; 0 when it cannot be read (not Linux).
+func Outside(root string) int64 {
+	f, err := os.Open(filepath.Join(root, "proc/self/status"))
+	if err != nil {
+		return 0
+	}
+	defer f.Close()
+	var kb int64
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		k, v, ok := strings.Cut(sc.Text(), ":")
+		if !ok || (k != "RssFile" && k != "RssShmem") {
+			continue
+		}
+		n, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+		if err == nil {
+			kb += n
+		}
+	}
+	return kb * KiB
+}
+
+// Apply sets the Go runtime's soft limit to its share of limit
+// (RuntimeShare) and returns it.
+func Apply(limit int64, root string) int64 {
+	share := RuntimeShare(limit, Outside(root))
+	debug.SetMemoryLimit(share)
+	return share
+}
+
+// Keep applies limit again every interval until ctx ends, as the binary's
+// resident pages grow with the code that runs.
+func Keep(ctx context.Context, limit int64, root string, every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			Apply(limit, root)
+		}
+	}
+}
