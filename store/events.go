@@ -228,10 +228,11 @@ func (s *Store) EventsPending(ctx context.Context) (map[string]int64, error) {
 	return out, nil
 }
 
-// relayLock is the advisory lock key held by the one instance relaying
-// events, so no two relay a topic at once (each topic's events leave in
-// order).
-const relayLock = 0x68697071_72656c79 // "hipqrely"
+// relayLockKey is the advisory lock key held by the one instance relaying
+// the events of hipq's schema, so no two relay a topic at once (each
+// topic's events leave in order); the key names the schema, so the hipq
+// of another schema in the same database relays its own.
+const relayLockKey = `hashtextextended('hipq_event_relay/' || current_schema(), 0)`
 
 // Lease is a session lock held on a connection of its own.
 type Lease struct {
@@ -254,7 +255,7 @@ func (s *Store) EventRelayLock(ctx context.Context) (*Lease, bool, error) {
 		return nil, false, fmt.Errorf("relay lock: %w", err)
 	}
 	var ok bool
-	if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", int64(relayLock)).Scan(&ok); err != nil || !ok {
+	if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock("+relayLockKey+")").Scan(&ok); err != nil || !ok {
 		conn.Release()
 		if err != nil {
 			return nil, false, fmt.Errorf("relay lock: %w", err)
@@ -269,7 +270,7 @@ func (s *Store) EventRelayLock(ctx context.Context) (*Lease, bool, error) {
 			return nil
 		},
 		release: func() {
-			if _, err := conn.Exec(context.Background(), "SELECT pg_advisory_unlock($1)", int64(relayLock)); err != nil {
+			if _, err := conn.Exec(context.Background(), "SELECT pg_advisory_unlock("+relayLockKey+")"); err != nil {
 				// A connection whose unlock failed must not go back to the pool holding the lock.
 				_ = conn.Conn().Close(context.Background())
 			}

@@ -349,3 +349,46 @@ func TestOneRelayHoldsTheLock(t *testing.T) {
 	}
 	l.Release()
 }
+
+// The relay's and the sweeper's locks are per schema: the hipq of another
+// schema in the same database relays and sweeps its own while this one's
+// are held.
+func TestRelayAndSweeperLocksArePerSchema(t *testing.T) {
+	t.Parallel()
+	url := pgtest.URL(t)
+	open := func(schema string) *store.Store {
+		st, err := store.Open(ctx, store.Config{URL: url, Schema: schema})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(st.Close)
+		if _, err := st.Migrate(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return st
+	}
+	a, b := open("hipq_a"), open("hipq_b")
+	la, ok, err := a.EventRelayLock(ctx)
+	if err != nil || !ok {
+		t.Fatalf("relay lock of a: %v %v", ok, err)
+	}
+	defer la.Release()
+	lb, ok, err := b.EventRelayLock(ctx)
+	if err != nil || !ok {
+		t.Fatalf("relay lock of b while a's is held: %v %v", ok, err)
+	}
+	defer lb.Release()
+	if _, ok, err := a.EventRelayLock(ctx); err != nil || ok {
+		t.Fatalf("a second relay lock of a: %v %v, want refused", ok, err)
+	}
+	ra, ok, err := a.SweeperLock(ctx)
+	if err != nil || !ok {
+		t.Fatalf("sweeper lock of a: %v %v", ok, err)
+	}
+	defer ra()
+	rb, ok, err := b.SweeperLock(ctx)
+	if err != nil || !ok {
+		t.Fatalf("sweeper lock of b while a's is held: %v %v", ok, err)
+	}
+	rb()
+}

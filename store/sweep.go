@@ -17,9 +17,11 @@ import (
 	"github.com/hipq/hipq/correlator"
 )
 
-// sweeperLock is the advisory lock key that lets one instance sweep at a
-// time. It only saves work: every sweep step is guarded and idempotent.
-const sweeperLock = 0x68697071_73776570 // "hipqswep"
+// sweeperLockKey is the advisory lock key that lets one instance sweep
+// hipq's schema at a time (the hipq of another schema in the same database
+// sweeps its own). It only saves work: every sweep step is guarded and
+// idempotent.
+const sweeperLockKey = `hashtextextended('hipq_sweeper/' || current_schema(), 0)`
 
 // SweeperLock tries to take the sweeper's session lock. When ok, release
 // must be called.
@@ -28,7 +30,7 @@ func (s *Store) SweeperLock(ctx context.Context) (release func(), ok bool, err e
 	if err != nil {
 		return nil, false, fmt.Errorf("sweeper lock: %w", err)
 	}
-	if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", int64(sweeperLock)).Scan(&ok); err != nil || !ok {
+	if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock("+sweeperLockKey+")").Scan(&ok); err != nil || !ok {
 		conn.Release()
 		if err != nil {
 			return nil, false, fmt.Errorf("sweeper lock: %w", err)
@@ -36,7 +38,7 @@ func (s *Store) SweeperLock(ctx context.Context) (release func(), ok bool, err e
 		return nil, false, nil
 	}
 	return func() {
-		_, err := conn.Exec(context.Background(), "SELECT pg_advisory_unlock($1)", int64(sweeperLock))
+		_, err := conn.Exec(context.Background(), "SELECT pg_advisory_unlock("+sweeperLockKey+")")
 		if err != nil {
 			// A connection whose unlock failed must not go back to the pool holding the lock.
 			_ = conn.Conn().Close(context.Background())
