@@ -98,10 +98,7 @@ func (s *Server) replayDeadLetter(w http.ResponseWriter, r *http.Request) error 
 	out := DeadLetterReplay{ID: id, Source: d.Kind}
 	switch d.Kind {
 	case store.SourceIntake, store.SourceOutbox:
-		j, err := correlator.DecodeJob(d.Source.Value, s.cfg.MaxBodyBytes, s.cfg.Types, time.Now())
-		if err == nil {
-			err = j.TakeHeaders(d.Source.Headers, s.cfg.Types.Get(j.JobType))
-		}
+		j, err := s.deadLetterJob(d)
 		if err != nil {
 			return stillRefused(err)
 		}

@@ -383,17 +383,28 @@ func nameOf(token string) string {
 	return "sha256:" + hex.EncodeToString(sum[:4])
 }
 
+// deadLetterJob reads an intake or outbox dead letter again as a job,
+// with today's config, as its record would be read now: its trace
+// context, reply_to (checked against events.allowed_reply_to) and
+// correlation headers taken from the record's headers.
+func (s *Server) deadLetterJob(d store.DeadLetter) (*correlator.Job, error) {
+	j, err := correlator.DecodeJob(d.Source.Value, s.cfg.MaxBodyBytes, s.cfg.Types, time.Now())
+	if err == nil {
+		err = j.TakeHeaders(d.Source.Headers, s.cfg.Types.Get(j.JobType))
+	}
+	return j, err
+}
+
 // deadLetterInput reads a dead letter again with today's config, for a
 // bulk replay: an intake or outbox record as a job, a reply or callback as
 // a reply.
 func (s *Server) deadLetterInput(d store.DeadLetter) (*correlator.Job, *store.ReplyIn, error) {
 	switch d.Kind {
 	case store.SourceIntake, store.SourceOutbox:
-		j, err := correlator.DecodeJob(d.Source.Value, s.cfg.MaxBodyBytes, s.cfg.Types, time.Now())
+		j, err := s.deadLetterJob(d)
 		if err != nil {
 			return nil, nil, err
 		}
-		j.Trace = correlator.TraceContextOf(d.Source.Headers)
 		return j, nil, nil
 	case store.SourceReply, store.SourceCallback:
 		reply, err := s.replyOf(d)
