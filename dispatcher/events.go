@@ -106,6 +106,9 @@ func NewRelay(log *zap.Logger, st *store.Store, cl *kgo.Client, cfg RelayConfig)
 		outages: map[string]*outage{}, pending: map[string]bool{}}
 }
 
+// Client is the producer the relay writes with.
+func (r *Relay) Client() *kgo.Client { return r.cl }
+
 func (r *Relay) poke() {
 	select {
 	case r.wake <- struct{}{}:

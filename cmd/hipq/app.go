@@ -118,16 +118,23 @@ func memorySplit(cfg *config.Config, limit int64) (memlimit.Split, int64) {
 
 // writers counts the Kafka clients of a process that may write records:
 // the requests' producer, one more per compression a job type has of its
-// own, and each consumer group's (its dead-letter copies). Roles are left
-// out: an instance that runs fewer buffers less.
+// own, each consumer group's (its dead-letter copies), and the outcome
+// events' relay when events are configured. Roles are left out: an
+// instance that runs fewer buffers less.
 func writers(cfg *config.Config) int {
 	codecs := map[string]bool{}
+	events := cfg.Events.Topic != "" || len(cfg.Events.AllowedReplyTo) > 0
 	for _, jt := range cfg.JobTypes {
 		if k := jt.Transport.Kafka; k != nil && k.Compression != "" && k.Compression != cfg.Kafka.Compression {
 			codecs[k.Compression] = true
 		}
+		events = events || jt.Events != nil && jt.Events.Topic != ""
 	}
-	return 3 + len(codecs)
+	n := 3 + len(codecs)
+	if events {
+		n++
+	}
+	return n
 }
 
 // newApp opens the store (migrating when configured) and builds the
@@ -407,7 +414,14 @@ func (a *app) buildDispatcher(ctx context.Context) error {
 			return err
 		}
 	}
-	a.relay = dispatcher.NewRelay(a.log, a.st, a.producer, dispatcher.RelayConfig{Interval: cfg.Dispatch.Interval.D(),
+	// A producer of its own: events a topic holds back (retried until the
+	// delivery timeout) fill only its buffer, never the requests'.
+	relayProducer, err := a.newProducer(a.kc)
+	if err != nil {
+		return err
+	}
+	a.producers = append(a.producers, relayProducer)
+	a.relay = dispatcher.NewRelay(a.log, a.st, relayProducer, dispatcher.RelayConfig{Interval: cfg.Dispatch.Interval.D(),
 		BatchSize: cfg.Dispatch.BatchSize, Metrics: a.metrics, Topics: topics, CrashPoint: a.crash})
 	return nil
 }

@@ -130,3 +130,27 @@ func TestMemoryLimitApplied(t *testing.T) {
 		t.Errorf("a bad GOMEMLIMIT: %v, want an error naming it", err)
 	}
 }
+
+// The outcome events' relay writes with a producer of its own, counted
+// among the writers: events a topic holds back fill only its buffer, never
+// the one the requests are sent from.
+func TestRelayHasAProducerOfItsOwn(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, eventsTopics...)
+	const limit = 256 << 20
+	a, err := newApp(context.Background(), e.config(eventsConfig()), nopLogger(), appOptions{roles: []string{"dispatcher"}, memoryLimit: limit})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.close()
+	if a.relay == nil || a.relay.Client() == a.producer {
+		t.Fatal("the relay writes with the requests' producer")
+	}
+	// 32 MiB for the producers among four writers: the requests', the
+	// relay's and the two groups' (no type has a codec of its own).
+	for i, p := range []*kgo.Client{a.producer, a.relay.Client()} {
+		if got := p.OptValue(kgo.MaxBufferedBytes); got != int64(8<<20) {
+			t.Errorf("producer %d buffers %v bytes, want 8 MiB", i, got)
+		}
+	}
+}
