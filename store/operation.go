@@ -467,6 +467,12 @@ func jobsMoveBatch(ctx context.Context, tx pgx.Tx, ev *Events, op Operation, n i
 			ids[i], states[i], attempts[i] = w.id, w.state, w.attempt
 		}
 		args := pgx.StrictNamedArgs{"queue": q, "id": ids, "state": states, "attempt": attempts}
+		// The rows are locked in id order first, as every path that moves
+		// several jobs locks them (resolves, deliveries), so no two of
+		// them wait for each other in a cycle.
+		if _, err := tx.Exec(ctx, `SELECT 1 FROM hipq_job WHERE queue = $1 AND id = ANY($2) ORDER BY id FOR UPDATE`, q, ids); err != nil {
+			return st, fmt.Errorf("%s in queue %q: lock: %w", op.Kind, q, err)
+		}
 		var moved int
 		if op.Kind == OperationCancel {
 			moved, err = jobsCancelGuarded(ctx, tx, ev, args)
