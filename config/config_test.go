@@ -374,9 +374,9 @@ job_types:
 // TestEventsProblems: each bad events setting is named by its path.
 func TestEventsProblems(t *testing.T) {
 	_, err := Parse(minimal+`
-intake: {topics: [jobs]}
+intake: {topics: [jobs], dead_letter_topic: dl.jobs}
 responses: {topics: [{topic: replies}]}
-events: {on: [always], allowed_reply_to: ["a/b", "[", "job*"]}
+events: {on: [always], allowed_reply_to: ["a/b", "[", "job*", "*.req", "dl.*"]}
 job_types:
   - name: a
     transport: {kafka: {topic: a.req}}
@@ -398,6 +398,8 @@ job_types:
 		"events.allowed_reply_to[0]:",
 		"events.allowed_reply_to[1]:",
 		`events.allowed_reply_to[2]: "job*" matches "jobs", one of hipq's inputs`,
+		`events.allowed_reply_to[3]: "*.req" matches "a.req", which hipq writes to (job_types[0].transport.kafka.topic)`,
+		`events.allowed_reply_to[4]: "dl.*" matches "dl.jobs", which hipq writes to (intake.dead_letter_topic)`,
 		"job_types[0].events.topic: is required",
 		"job_types[1].events.topic:",
 		`job_types[2].events.topic: "replies" is one of hipq's inputs`,

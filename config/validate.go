@@ -602,6 +602,21 @@ func (c *Config) validateEvents(bad func(path, format string, args ...any), repl
 	for t := range replyTopics {
 		inputs[t] = "responses.topics"
 	}
+	// The topics hipq writes other records to: a reply_to pattern may match
+	// none, or a producer could put outcome events among a downstream's
+	// requests or the dead letters.
+	outputs := map[string]string{}
+	for i, jt := range c.JobTypes {
+		if k := jt.Transport.Kafka; k != nil && k.Topic != "" {
+			outputs[k.Topic] = fmt.Sprintf("job_types[%d].transport.kafka.topic", i)
+		}
+	}
+	if t := c.Intake.DeadLetterTopic; t != "" {
+		outputs[t] = "intake.dead_letter_topic"
+	}
+	if t := c.Responses.DeadLetterTopic; t != "" {
+		outputs[t] = "responses.dead_letter_topic"
+	}
 	topic := func(path, t string) {
 		if err := correlator.ValidTopic(t); err != nil {
 			bad(path, "%v", err)
@@ -632,6 +647,12 @@ func (c *Config) validateEvents(bad func(path, format string, args ...any), repl
 		for _, t := range slices.Sorted(maps.Keys(inputs)) {
 			if correlator.TopicAllowed([]string{g}, t) {
 				bad(p, "%q matches %q, one of hipq's inputs (%s): a job's outcome would be read back", g, t, inputs[t])
+				break
+			}
+		}
+		for _, t := range slices.Sorted(maps.Keys(outputs)) {
+			if correlator.TopicAllowed([]string{g}, t) {
+				bad(p, "%q matches %q, which hipq writes to (%s): a producer could have outcomes written among its records", g, t, outputs[t])
 				break
 			}
 		}
