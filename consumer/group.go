@@ -219,6 +219,9 @@ type group struct {
 	stalls *stalls
 }
 
+// copyDeliveryTimeout bounds how long a dead-letter copy is retried.
+const copyDeliveryTimeout = 30 * time.Second
+
 func newGroup(log *zap.Logger, st *store.Store, cfg GroupConfig, app applier) (*group, error) {
 	cfg = cfg.WithDefaults()
 	g := &group{log: log, st: st, cfg: cfg, app: app, pos: map[store.TopicPartition]int64{},
@@ -238,6 +241,9 @@ func newGroup(log *zap.Logger, st *store.Store, cfg GroupConfig, app applier) (*
 		kgo.OnPartitionsRevoked(g.forget),
 		kgo.OnPartitionsLost(g.forget),
 		kgo.FetchMaxWait(500 * time.Millisecond),
+		// The group's client also writes its dead-letter copies: one a
+		// topic never takes gives up, so that its buffer empties.
+		kgo.RecordDeliveryTimeout(copyDeliveryTimeout),
 	}
 	opts = append(opts, cfg.fetchOpts()...)
 	if !cfg.ReadUncommitted {

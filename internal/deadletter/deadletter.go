@@ -26,7 +26,10 @@ type Copier struct {
 // Copy logs each dead letter and sends a copy, after commit, to the topic
 // with its reason in a hipq-error header. The headers hipq_dead_letter does
 // not keep (credentials) are not copied either. PostgreSQL keeps the
-// canonical copy, so a failed send is only logged.
+// canonical copy, so a failed send is only logged, and so is a copy the
+// client has no room for (its buffer full of copies a topic does not take):
+// Copy never waits, so a dead-letter topic that takes nothing never holds
+// up the consumer that copies to it.
 func (c *Copier) Copy(dls []store.DeadLetter) {
 	if c == nil {
 		return
@@ -50,7 +53,7 @@ func (c *Copier) Copy(dls []store.DeadLetter) {
 			}
 		}
 		r.Headers = append(r.Headers, kgo.RecordHeader{Key: correlator.HeaderError, Value: []byte(d.Reason)})
-		c.Client.Produce(context.Background(), r, func(_ *kgo.Record, err error) {
+		c.Client.TryProduce(context.Background(), r, func(_ *kgo.Record, err error) {
 			if err != nil {
 				log.Warn("cannot copy dead letter to its topic; PostgreSQL keeps it", zap.String("topic", c.Topic), zap.Error(err))
 			}
