@@ -10,10 +10,13 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 	"unicode/utf8"
@@ -297,9 +300,11 @@ func (s *HTTPSender) call(ctx context.Context, c *store.Claimed) Result {
 		req.Header.Set("Hipq-Callback-Url", correlator.CallbackURL(s.cfg.PublicURL, s.cfg.CallbackSecret, c.ID, c.JobType, c.JobKey, c.Attempt))
 		req.Header.Set("Hipq-Heartbeat-Url", correlator.HeartbeatURL(s.cfg.PublicURL, s.cfg.CallbackSecret, c.ID, c.JobType, c.JobKey, c.Attempt))
 	}
+	var wrote atomic.Bool // (the request's headers went out on a connection)
+	req = req.WithContext(httptrace.WithClientTrace(req.Context(), &httptrace.ClientTrace{WroteHeaders: func() { wrote.Store(true) }}))
 	resp, err := s.clientFor(c.JobType, route).Do(req)
 	if err != nil {
-		return classifyCallError(method, target, shown, err, route.Delivery)
+		return classifyCallError(method, target, shown, err, route.Delivery, wrote.Load())
 	}
 	defer resp.Body.Close()
 	body, readErr := io.ReadAll(io.LimitReader(resp.Body, int64(s.cfg.MaxReplyBytes)+1))
@@ -311,7 +316,7 @@ func (s *HTTPSender) call(ctx context.Context, c *store.Claimed) Result {
 		}
 		if readErr != nil {
 			// It answered 2xx, then the body broke off: the request arrived.
-			r := classifyCallError(method, target, shown, readErr, route.Delivery)
+			r := classifyCallError(method, target, shown, readErr, route.Delivery, true)
 			r.Status, r.Answered = Failed, true
 			return r
 		}
@@ -351,11 +356,16 @@ func retryAfter(resp *http.Response) correlator.RetryAfter {
 // classifyCallError: a refused connection (or a name that does not
 // resolve) never delivered the request: the downstream host is out, like a
 // broker refusing (Refused: undone, the host backs off). So did a TLS
-// handshake that failed, hipq not trusting the host's certificate or the
-// host refusing hipq's (its alert): no request is read before the
-// handshake succeeds on both sides. A timeout or a connection lost may
-// have delivered it, so at_most_once types end final.
-func classifyCallError(method, target, shown string, err error, delivery correlator.Delivery) Result {
+// handshake that failed on hipq's side (it does not trust the host's
+// certificate), and one the host refused with an alert before hipq wrote
+// the request (wrote: its headers went out), or with an alert about the
+// handshake itself (hipq's certificate refused, missing, expired; no
+// common parameters), which a TLS stack sends before any request is read:
+// with TLS 1.3 hipq may have written the request before the host's verdict
+// on its certificate came, unread. Any other alert after the request went
+// out, a timeout or a connection lost may have delivered it, so
+// at_most_once types end final.
+func classifyCallError(method, target, shown string, err error, delivery correlator.Delivery, wrote bool) Result {
 	cause := unwrapURLError(err)
 	err = fmt.Errorf("%s %s: %v", method, shown, redactErr(cause, target, shown))
 	var (
@@ -364,10 +374,22 @@ func classifyCallError(method, target, shown string, err error, delivery correla
 		alert      *net.OpError
 	)
 	if errors.Is(cause, syscall.ECONNREFUSED) || errors.As(cause, &dnsErr) || errors.As(cause, &unverified) ||
-		errors.As(cause, &alert) && alert.Op == "remote error" {
+		errors.As(cause, &alert) && alert.Op == "remote error" && (!wrote || handshakeAlert(alert.Err)) {
 		return Result{Status: Refused, Err: err}
 	}
 	return Result{Status: Failed, Final: delivery == correlator.AtMostOnce, Err: err}
+}
+
+// handshakeAlerts are the TLS alerts a host sends about the handshake, as
+// Go writes them: never once the host has read a request.
+var handshakeAlerts = []string{"tls: bad certificate", "tls: unsupported certificate", "tls: revoked certificate",
+	"tls: expired certificate", "tls: unknown certificate", "tls: unknown certificate authority", "tls: certificate required",
+	"tls: handshake failure", "tls: protocol version not supported", "tls: insufficient security level",
+	"tls: no application protocol", "tls: unrecognized name"}
+
+// handshakeAlert says whether a remote alert is about the handshake.
+func handshakeAlert(err error) bool {
+	return err != nil && slices.Contains(handshakeAlerts, err.Error())
 }
 
 // RedactURL is a URL fit to store and log: a password in it is replaced

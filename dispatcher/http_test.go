@@ -3,6 +3,8 @@ package dispatcher_test
 import (
 	"crypto/tls"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"io"
 	"log"
 	"net"
@@ -420,6 +422,35 @@ func TestHTTPOverTLS(t *testing.T) {
 		}
 		if n := scalar(t, c.st, "SELECT count(*) FROM hipq_attempt"); n != 0 {
 			t.Errorf("%s: %d attempts left, want every claim undone", name, n)
+		}
+	}
+}
+
+// A TLS alert from the host: about the handshake (hipq's certificate
+// refused), or any alert before the request went out, is refused, never
+// an attempt; another alert once the request went out (a proxy that read
+// it, then broke off) may have delivered it, so an at_most_once job ends.
+func TestClassifyTLSAlerts(t *testing.T) {
+	alert := func(text string) error {
+		return &url.Error{Op: "Post", URL: "https://h/x", Err: fmt.Errorf("net/http: HTTP/1.x transport connection broken: %w",
+			&net.OpError{Op: "remote error", Err: errors.New(text)})}
+	}
+	for _, c := range []struct {
+		text  string
+		wrote bool
+		want  dispatcher.SendStatus
+		final bool
+	}{
+		{"tls: certificate required", true, dispatcher.Refused, false},
+		{"tls: bad certificate", true, dispatcher.Refused, false},
+		{"tls: unknown certificate authority", false, dispatcher.Refused, false},
+		{"tls: internal error", false, dispatcher.Refused, false},
+		{"tls: internal error", true, dispatcher.Failed, true},
+		{"tls: close notify", true, dispatcher.Failed, true},
+	} {
+		r := dispatcher.ClassifyCallError("POST", "https://h/x", "https://h/x", alert(c.text), correlator.AtMostOnce, c.wrote)
+		if r.Status != c.want || r.Final != c.final {
+			t.Errorf("%q (written %v): %v final %v, want %v final %v", c.text, c.wrote, r.Status, r.Final, c.want, c.final)
 		}
 	}
 }
