@@ -444,3 +444,27 @@ func TestMemoryLimit(t *testing.T) {
 		}
 	}
 }
+
+// The effective config hides every secret of the database's connection
+// string, in either form: the password and sslpassword, a quoted value
+// whole (spaces and escaped quotes in it), nothing else.
+func TestRedactConnectionStrings(t *testing.T) {
+	for in, want := range map[string]string{
+		"postgres://u:pw@h/db?sslmode=verify-full&sslpassword=hunter2&sslkey=/k": "postgres://u:" + hidden + "@h/db?sslkey=%2Fk&sslmode=verify-full&sslpassword=" + hidden,
+		"postgres://h/db?password=pw":                                            "postgres://h/db?password=" + hidden,
+		"host=h password=pw dbname=d":                                            "host=h password=" + hidden + " dbname=d",
+		`host=h password='my secret\' tail' user=u`:                              "host=h password=" + hidden + " user=u",
+		"host=h sslpassword = 'a b' sslkey=/k":                                   "host=h sslpassword = " + hidden + " sslkey=/k",
+		"host=h user=password":                                                   "host=h user=password",
+	} {
+		got := redactURL(in)
+		if got != want {
+			t.Errorf("redactURL(%q) = %q, want %q", in, got, want)
+		}
+		for _, secret := range []string{"pw", "hunter2", "secret", "tail", "a b"} {
+			if strings.Contains(strings.ReplaceAll(got, "password", ""), secret) && !strings.Contains(in, "user="+secret) {
+				t.Errorf("redactURL(%q) = %q shows %q", in, got, secret)
+			}
+		}
+	}
+}

@@ -257,24 +257,77 @@ func hideAll(v reflect.Value) {
 	}
 }
 
-// redactURL hides the password of a URL or of a key=value connection string.
+// secretParams are the connection parameters that hold a secret: the
+// password, and the one that decrypts a client key (sslpassword).
+var secretParams = []string{"password", "sslpassword"}
+
+// redactURL hides the secrets of a URL or of a key=value connection string
+// (libpq's: values may be single-quoted, with backslash escapes).
 func redactURL(s string) string {
 	if u, err := url.Parse(s); err == nil && u.Scheme != "" {
 		if _, has := u.User.Password(); has {
 			u.User = url.UserPassword(u.User.Username(), hidden)
 		}
 		q := u.Query()
-		if q.Has("password") {
-			q.Set("password", hidden)
+		changed := false
+		for _, k := range secretParams {
+			if q.Has(k) {
+				q.Set(k, hidden)
+				changed = true
+			}
+		}
+		if changed {
 			u.RawQuery = q.Encode()
 		}
 		return u.String()
 	}
-	fields := strings.Fields(s)
-	for i, f := range fields {
-		if strings.HasPrefix(f, "password=") {
-			fields[i] = "password=" + hidden
+	var b strings.Builder
+	for i := 0; i < len(s); {
+		if s[i] == ' ' || s[i] == '\t' || s[i] == '\n' {
+			b.WriteByte(s[i])
+			i++
+			continue
 		}
+		// A key, an '=' (spaces around it allowed), then a value, bare or quoted.
+		j := i
+		for j < len(s) && s[j] != '=' && s[j] != ' ' && s[j] != '\t' && s[j] != '\n' {
+			j++
+		}
+		key := s[i:j]
+		k := j
+		for k < len(s) && (s[k] == ' ' || s[k] == '\t' || s[k] == '\n') {
+			k++
+		}
+		if k >= len(s) || s[k] != '=' || key == "" {
+			b.WriteString(s[i:min(k+1, len(s))])
+			i = k + 1
+			continue
+		}
+		k++
+		for k < len(s) && (s[k] == ' ' || s[k] == '\t' || s[k] == '\n') {
+			k++
+		}
+		v := k
+		if v < len(s) && s[v] == '\'' {
+			v++
+			for v < len(s) && s[v] != '\'' {
+				if s[v] == '\\' {
+					v++
+				}
+				v++
+			}
+			v = min(v+1, len(s))
+		} else {
+			for v < len(s) && s[v] != ' ' && s[v] != '\t' && s[v] != '\n' {
+				v++
+			}
+		}
+		if slices.Contains(secretParams, key) {
+			b.WriteString(s[i:k] + hidden)
+		} else {
+			b.WriteString(s[i:v])
+		}
+		i = v
 	}
-	return strings.Join(fields, " ")
+	return b.String()
 }
