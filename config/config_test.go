@@ -435,6 +435,7 @@ func TestMemoryLimit(t *testing.T) {
 	for text, want := range map[string]string{
 		"64 megabytes": `memory_limit: "64 megabytes" is not a size such as 64MiB, 512MB or 1GiB`,
 		"16MiB":        "memory_limit: 16MiB is below the minimum of 32MiB",
+		"0MiB":         "0 is no limit hipq takes",
 		"-1":           `memory_limit: "-1" is not a size`,
 		"[1]":          "memory_limit: not a size",
 	} {

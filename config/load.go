@@ -70,6 +70,10 @@ func (b *ByteSize) UnmarshalYAML(n *yaml.Node) error {
 	if err != nil {
 		return &yaml.TypeError{Errors: []string{fmt.Sprintf("line %d: %v", n.Line, err)}}
 	}
+	if v == 0 {
+		// (0 would read as left out: resolved at start, never "no limit")
+		return &yaml.TypeError{Errors: []string{fmt.Sprintf("line %d: 0 is no limit hipq takes: leave memory_limit out to take GOMEMLIMIT's, the cgroup's or the default, or set a size", n.Line)}}
+	}
 	*b = ByteSize(v)
 	return nil
 }
