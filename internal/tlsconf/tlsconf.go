@@ -162,11 +162,15 @@ func (kp *KeyPair) Certificate() (*tls.Certificate, error) {
 	kp.mu.Lock()
 	defer kp.mu.Unlock()
 	st, err := kp.stamps()
+	loaded := false
 	if err == nil && st != kp.stamp {
 		err = kp.load(st)
-		if kp.reloaded != nil && (err == nil || kp.lastErr == nil) {
-			kp.reloaded(err) // a failure once, not at every handshake
-		}
+		loaded = err == nil
+	}
+	// A new pair served is said; so is each failure, once (not at every
+	// handshake), whether the files could not be found or not be read.
+	if kp.reloaded != nil && (loaded || err != nil && (kp.lastErr == nil || kp.lastErr.Error() != err.Error())) {
+		kp.reloaded(err)
 	}
 	kp.lastErr = err
 	return kp.cert, nil

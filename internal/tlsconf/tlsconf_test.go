@@ -80,6 +80,40 @@ func TestServerCertificateRotation(t *testing.T) {
 	}
 }
 
+// A rotation that first removes the files, then writes a pair that does
+// not go together, reports both, each once: the missing file, then the
+// pair that cannot be read.
+func TestRotationFailuresAreEachReported(t *testing.T) {
+	ca := certtest.NewCA(t, "test")
+	a, b := ca.Server(t, "a", "127.0.0.1"), ca.Server(t, "b", "127.0.0.1")
+	dir := t.TempDir()
+	cert, key := filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
+	now := time.Now()
+	put(t, a, cert, key, now.Add(-time.Hour))
+	var reloads []error
+	tc, err := tlsconf.Server(tlsconf.Files{CertFile: cert, KeyFile: key, Reloaded: func(err error) { reloads = append(reloads, err) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hello := func() {
+		t.Helper()
+		if _, err := tc.GetCertificate(&tls.ClientHelloInfo{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Remove(key); err != nil {
+		t.Fatal(err)
+	}
+	hello()
+	hello()
+	put(t, certtest.Pair{CertFile: b.CertFile, KeyFile: a.KeyFile}, cert, key, now)
+	hello()
+	hello()
+	if len(reloads) != 2 || reloads[0] == nil || reloads[1] == nil || reloads[0].Error() == reloads[1].Error() {
+		t.Fatalf("reports %v, want the missing key, then the pair that does not go together", reloads)
+	}
+}
+
 // Errors name the key of the file at fault.
 func TestFilesErrors(t *testing.T) {
 	ca := certtest.NewCA(t, "test")
