@@ -345,11 +345,12 @@ func orderSQL(o correlator.Order, alias string) string {
 type claimedRow struct {
 	c       Claimed
 	state   string
+	data    []byte // (bytes: pgx copies them, where a json.RawMessage is decoded and encoded again)
 	windows []byte
 }
 
 func (r *claimedRow) dest() []any {
-	return []any{&r.c.ID, &r.c.JobType, &r.c.JobKey, &r.c.JobData, &r.state, &r.c.Attempt, &r.c.MaxAttempts,
+	return []any{&r.c.ID, &r.c.JobType, &r.c.JobKey, &r.data, &r.state, &r.c.Attempt, &r.c.MaxAttempts,
 		&r.c.TimeoutSeconds, &r.c.ExpiresAt, &r.windows, &r.c.StartedAt}
 }
 
@@ -358,7 +359,7 @@ func (r *claimedRow) dest() []any {
 func (r *claimedRow) claimed(queue string) Claimed {
 	c := r.c
 	c.Queue = queue
-	c.JobData = append(json.RawMessage(nil), c.JobData...)
+	c.JobData = append(json.RawMessage(nil), r.data...)
 	ws, err := decodeWindows(r.windows)
 	if err != nil {
 		err = fmt.Errorf("job %d: time_windows: %w", c.ID, err)

@@ -184,11 +184,11 @@ func (s *Store) EventRead(ctx context.Context, topic string, limit int) ([]Event
 	}
 	var out []Event
 	var e Event
-	var headers []byte
+	var headers, value []byte // (bytes: pgx copies them, where a json.RawMessage is decoded and encoded again)
 	_, err = pgx.ForEachRow(rows, []any{&e.ID, &e.Queue, &e.Topic, &e.JobID, &e.JobType, &e.JobKey, &e.Attempt, &e.Outcome,
-		&e.TraceParent, &headers, &e.Value, &e.CreatedAt}, func() error {
+		&e.TraceParent, &headers, &value, &e.CreatedAt}, func() error {
 		ev := e
-		ev.Value = append(json.RawMessage(nil), e.Value...)
+		ev.Value = append(json.RawMessage(nil), value...)
 		ev.Headers = nil
 		if headers != nil {
 			ev.Headers = decodeHeaders(headers)
