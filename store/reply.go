@@ -198,6 +198,7 @@ func applyReplies(ctx context.Context, tx pgx.Tx, ev *Events, ins []ReplyIn, typ
 		return res, err
 	}
 	resolves := make([]Resolve, 0, len(ins))
+	res.Applied = make([]AppliedReply, 0, len(ins)) // (most replies apply)
 	var early []ReplyIn
 	var drop []int64 // early rows used up
 	var news []progressNews
