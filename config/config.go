@@ -111,6 +111,10 @@ type Database struct {
 	MaxConns int `yaml:"max_conns"`
 	// Migrate applies migrations at start. Defaults to true.
 	Migrate *bool `yaml:"migrate"`
+	// Citus says whether the database is a Citus cluster whose per-queue
+	// tables migrate distributes by queue: auto (default: when the citus
+	// extension is in the database), on or off.
+	Citus string `yaml:"citus"`
 }
 
 // Kafka is the cluster.

@@ -45,6 +45,7 @@ func TestDefaults(t *testing.T) {
 		{"retention", cfg.Sweeper.Retention.D(), 720 * time.Hour},
 		{"shutdown", cfg.ShutdownTimeout.D(), 15 * time.Second},
 		{"migrate", *cfg.Database.Migrate, true},
+		{"citus", cfg.Database.Citus, "auto"},
 		{"default queue", cfg.Queues[0].Name, "default"},
 		{"session timeout", cfg.Kafka.SessionTimeout.D(), 10 * time.Second},
 		{"metrics listen without an api", cfg.Metrics.Listen, ":9464"},
@@ -300,6 +301,19 @@ job_types: [{name: a, transport: {kafka: {topic: t, compression: LZ4}}}]
 	cfg, err := Parse("database: {url: \"postgres://x\"}\nkafka: {brokers: [k:9092]}\n", env(nil))
 	if err != nil || cfg.Kafka.Compression != "none" {
 		t.Fatalf("default compression %q, %v", cfg.Kafka.Compression, err)
+	}
+}
+
+// database.citus is auto, on or off; anything else is refused naming the
+// field and the choices.
+func TestCitusChoice(t *testing.T) {
+	_, err := Parse("database: {url: \"postgres://x\", citus: yes}\nkafka: {brokers: [k:9092]}\n", env(nil))
+	if want := `database.citus: "yes" is not one of [auto on off]`; err == nil || !strings.Contains(err.Error(), want) {
+		t.Fatalf("missing %q in %v", want, err)
+	}
+	cfg, err := Parse("database: {url: \"postgres://x\", citus: \"off\"}\nkafka: {brokers: [k:9092]}\n", env(nil))
+	if err != nil || cfg.Database.Citus != "off" {
+		t.Fatalf("citus off: %q, %v", cfg.Database.Citus, err)
 	}
 }
 

@@ -75,6 +75,7 @@ func (c *Config) fillDefaults() {
 	def(&c.Database.Schema, store.DefaultSchema)
 	c.Database.MaxConns = cmp.Or(c.Database.MaxConns, store.DefaultMaxConns)
 	yes(&c.Database.Migrate)
+	def(&c.Database.Citus, store.CitusAuto)
 	def(&c.Kafka.ClientID, c.Name)
 	defD(&c.Kafka.SessionTimeout, consumer.DefaultSessionTimeout)
 	def(&c.Kafka.IsolationLevel, DefaultIsolationLevel)
@@ -193,6 +194,7 @@ func (c *Config) Validate() error {
 	if c.Database.MaxConns < 1 {
 		bad("database.max_conns", "must be at least 1")
 	}
+	oneOf("database.citus", c.Database.Citus, store.CitusAuto, store.CitusOn, store.CitusOff)
 	if len(c.Kafka.Brokers) == 0 {
 		bad("kafka.brokers", "at least one broker is required")
 	}

@@ -257,6 +257,18 @@ func (s *Store) Migrate(ctx context.Context) (applied []Migration, err error) {
 	}
 	defer conn.Exec(context.WithoutCancel(ctx), "RESET statement_timeout") //nolint:errcheck // a broken connection only
 	defer conn.Exec(context.WithoutCancel(ctx), "RESET lock_timeout")      //nolint:errcheck // a broken connection only
+	citus, err := s.onCitus(ctx, conn)
+	if err != nil {
+		return nil, fmt.Errorf("migrate: %w", err)
+	}
+	if citus {
+		// Repeatable migrations re-create hipq_event's trigger, on a
+		// distributed table once the schema is laid out.
+		if _, err := conn.Exec(ctx, citusEnableTriggers); err != nil {
+			return nil, fmt.Errorf("migrate: %w", err)
+		}
+		defer conn.Exec(context.WithoutCancel(ctx), "RESET citus.enable_unsafe_triggers") //nolint:errcheck // a broken connection only
+	}
 	if _, err := conn.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{s.schema}.Sanitize()); err != nil {
 		return nil, fmt.Errorf("migrate: create schema %q: %w", s.schema, err)
 	}
@@ -348,6 +360,11 @@ func (s *Store) Migrate(ctx context.Context) (applied []Migration, err error) {
 			return applied, fmt.Errorf("migrate: apply %s: %w", r, err)
 		}
 		applied = append(applied, r)
+	}
+	if citus {
+		if err := distribute(ctx, conn.Conn()); err != nil {
+			return applied, fmt.Errorf("migrate: %w", err)
+		}
 	}
 	return applied, nil
 }

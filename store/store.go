@@ -25,6 +25,7 @@ import (
 type Store struct {
 	pool   *pgxpool.Pool
 	schema string
+	citus  string
 	writes *writeWatch
 	// events are the outcome events the statements that end jobs write
 	// (nil: none).
@@ -50,6 +51,9 @@ type Config struct {
 	// wildly in frequency (a rare state) never run a cached generic plan
 	// made for the average one.
 	CustomPlans bool
+	// Citus is CitusAuto (also ""), CitusOn or CitusOff: whether Migrate
+	// lays the schema out for a Citus cluster (see citus.go).
+	Citus string
 }
 
 // Open connects and checks the connection. Every connection uses the
@@ -58,6 +62,11 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	pc, err := pgxpool.ParseConfig(cfg.URL)
 	if err != nil {
 		return nil, fmt.Errorf("database.url: %w", err)
+	}
+	switch cfg.Citus {
+	case "", CitusAuto, CitusOn, CitusOff:
+	default:
+		return nil, fmt.Errorf("database.citus: %q is not one of [%s %s %s]", cfg.Citus, CitusAuto, CitusOn, CitusOff)
 	}
 	cfg.Schema = cmp.Or(cfg.Schema, DefaultSchema)
 	pc.MaxConns = cmp.Or(cfg.MaxConns, DefaultMaxConns)
@@ -94,7 +103,7 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 		pool.Close()
 		return nil, fmt.Errorf("connect to database: %w", err)
 	}
-	return &Store{pool: pool, schema: cfg.Schema, writes: &writeWatch{running: map[uint64]time.Time{}}}, nil
+	return &Store{pool: pool, schema: cfg.Schema, citus: cfg.Citus, writes: &writeWatch{running: map[uint64]time.Time{}}}, nil
 }
 
 // Close closes every connection.

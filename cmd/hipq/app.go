@@ -453,7 +453,7 @@ func (a *app) buildAPI(ctx context.Context) error {
 	// each statement bounded by the request timeout and planned for
 	// its values.
 	a.apiStore, err = store.Open(ctx, store.Config{URL: a.cfg.Database.URL, Schema: a.cfg.Database.Schema,
-		MaxConns: int32(c.MaxConns), StatementTimeout: c.RequestTimeout.D(), CustomPlans: true})
+		MaxConns: int32(c.MaxConns), StatementTimeout: c.RequestTimeout.D(), CustomPlans: true, Citus: a.cfg.Database.Citus})
 	if err != nil {
 		return err
 	}

@@ -36,6 +36,11 @@ type Options struct {
 	Settings map[string]string
 	// TLS, when set, serves TLS on TCP as well (see TLS).
 	TLS *TLS
+	// TCP makes a cluster without TLS listen on a free port of
+	// 127.0.0.1 as well as on its socket, trusting every connection
+	// there: for clusters that connect to each other, as the nodes of a
+	// Citus cluster do.
+	TCP bool
 }
 
 // TLS makes a cluster listen on 127.0.0.1 as well as on its socket, with
@@ -162,6 +167,14 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 			return fail(err)
 		}
 		args = append(args, more...)
+	} else if opts.TCP {
+		port, err := freePort()
+		if err != nil {
+			return fail(err)
+		}
+		c.Port = port
+		// initdb's pg_hba.conf trusts host connections from 127.0.0.1.
+		args = append(args, "-c", "listen_addresses=127.0.0.1", "-c", "port="+strconv.Itoa(port))
 	}
 	if !opts.Durable {
 		args = append(args, "-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off")

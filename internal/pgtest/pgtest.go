@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"go.uber.org/goleak"
 
+	"github.com/hipq/hipq/internal/citustest"
 	"github.com/hipq/hipq/internal/localpg"
 	"github.com/hipq/hipq/store"
 )
@@ -35,7 +36,8 @@ var (
 	prefix   = fmt.Sprintf("hipq_t%d_", os.Getpid())
 )
 
-// Main runs the tests, stops the cluster, and then fails the run if a
+// Main runs the tests, stops the cluster (and the Citus cluster of
+// citustest, when a test started it), and then fails the run if a
 // goroutine is still running that the tests started (goleak): a test
 // must stop what it starts. opts are for goroutines a package knows to
 // outlive its tests. Use it from TestMain.
@@ -47,6 +49,7 @@ func Main(m *testing.M, opts ...goleak.Option) {
 	if stopDB != nil {
 		stopDB()
 	}
+	citustest.Stop()
 	if code == 0 {
 		if err := goleak.Find(opts...); err != nil {
 			fmt.Fprintf(os.Stderr, "goleak: goroutines left running after the tests passed: %v\n", err)

@@ -1,0 +1,151 @@
+// Package citustest gives tests a database on a real Citus cluster: a
+// coordinator and Workers workers, each a private throwaway PostgreSQL
+// (localpg) listening on 127.0.0.1 with the citus extension preloaded,
+// started once per test binary at the first test that asks. Each test
+// gets a database of its own, created on every node with the extension and
+// the workers added to the coordinator's metadata, so each is a Citus
+// cluster of its own; it is not migrated.
+//
+// Tests skip, saying why, on a machine where Citus is not installed beside
+// PostgreSQL (no citus.control in its extension directory).
+package citustest
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/hipq/hipq/internal/localpg"
+)
+
+// Workers is the number of worker nodes beside the coordinator.
+const Workers = 2
+
+var (
+	once     sync.Once
+	nodes    []*localpg.Cluster // the coordinator first
+	skipWhy  string
+	setupErr error
+	seq      atomic.Int64
+	prefix   = fmt.Sprintf("hipq_c%d_", os.Getpid())
+)
+
+// Installed reports whether Citus is installed beside the PostgreSQL
+// localpg runs, and if not, where it looked.
+func Installed() (bool, string) {
+	bin, err := localpg.BinDir()
+	if err != nil {
+		return false, err.Error()
+	}
+	// Debian: /usr/lib/postgresql/NN/bin and /usr/share/postgresql/NN;
+	// a build from source: PREFIX/bin and PREFIX/share[/postgresql].
+	ver := filepath.Base(filepath.Dir(bin))
+	candidates := []string{
+		filepath.Join("/usr/share/postgresql", ver, "extension", "citus.control"),
+		filepath.Join(bin, "..", "share", "postgresql", "extension", "citus.control"),
+		filepath.Join(bin, "..", "share", "extension", "citus.control"),
+	}
+	for _, c := range candidates {
+		if _, err := os.Stat(c); err == nil {
+			return true, ""
+		}
+	}
+	return false, fmt.Sprintf("Citus is not installed beside the PostgreSQL in %s (no citus.control at %v): these tests need a Citus cluster", bin, candidates)
+}
+
+func setup() {
+	ok, why := Installed()
+	if !ok {
+		skipWhy = why
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	for range 1 + Workers {
+		c, err := localpg.Start(ctx, localpg.Options{TCP: true, Settings: map[string]string{
+			"shared_preload_libraries": "citus",
+			// Citus commits a transaction that wrote on several nodes in
+			// two phases.
+			"max_prepared_transactions": "200",
+			// The nodes talk over 127.0.0.1 without TLS (libpq would
+			// otherwise look for client certificates in the home
+			// directory of whoever started the tests).
+			"citus.node_conninfo": "sslmode=disable",
+		}})
+		if err != nil {
+			setupErr = fmt.Errorf("start a Citus node: %w", err)
+			return
+		}
+		nodes = append(nodes, c)
+	}
+}
+
+// Stop stops the cluster, if a test started it. pgtest.Main calls it.
+func Stop() {
+	for _, c := range nodes {
+		c.Stop()
+	}
+	nodes = nil
+}
+
+// URL returns the URL of a new database on the coordinator of the test
+// binary's Citus cluster, with the citus extension created on every node
+// and the workers added, or skips t where Citus is not installed.
+func URL(t testing.TB) string {
+	t.Helper()
+	once.Do(setup)
+	if skipWhy != "" {
+		t.Skip(skipWhy)
+	}
+	if setupErr != nil {
+		t.Fatalf("test Citus cluster: %v", setupErr)
+	}
+	name := fmt.Sprintf("%s%d", prefix, seq.Add(1))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := newDatabase(ctx, name); err != nil {
+		t.Fatalf("create Citus test database: %v", err)
+	}
+	return nodes[0].URL(name)
+}
+
+// newDatabase creates database name on every node with the citus
+// extension, and adds the workers to the coordinator's metadata of it.
+func newDatabase(ctx context.Context, name string) error {
+	for _, n := range nodes {
+		u, err := n.CreateDatabase(ctx, name, "")
+		if err != nil {
+			return err
+		}
+		if err := exec(ctx, u, "CREATE EXTENSION citus"); err != nil {
+			return err
+		}
+	}
+	stmts := []string{"SELECT citus_set_coordinator_host('127.0.0.1', " + strconv.Itoa(nodes[0].Port) + ")"}
+	for _, w := range nodes[1:] {
+		stmts = append(stmts, "SELECT citus_add_node('127.0.0.1', "+strconv.Itoa(w.Port)+")")
+	}
+	return exec(ctx, nodes[0].URL(name), stmts...)
+}
+
+func exec(ctx context.Context, url string, stmts ...string) error {
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(ctx)
+	for _, s := range stmts {
+		if _, err := conn.Exec(ctx, s); err != nil {
+			return fmt.Errorf("%s: %w", s, err)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,145 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Values of Config.Citus.
+const (
+	// CitusAuto lays the schema out for Citus when the citus extension is
+	// in the database.
+	CitusAuto = "auto"
+	CitusOn   = "on"
+	CitusOff  = "off"
+)
+
+// Citus table kinds.
+const (
+	citusDistributed = "distributed"
+	citusReference   = "reference"
+)
+
+// citusTable is how one table is laid out on a Citus cluster.
+type citusTable struct {
+	name string
+	kind string
+	// keys are the statements that make the table's primary key and
+	// unique indexes include queue, the distribution column, as Citus
+	// requires of a distributed table. They run only on Citus: a
+	// single-node schema keeps its keys.
+	keys []string
+}
+
+// citusLayout is the schema's layout on Citus. The per-queue tables are
+// distributed by queue and co-located with hipq_job, so that a statement
+// naming one queue runs on one worker; hipq_queue and hipq_schedule, tiny
+// and read by every claim and schedule, are copied to every node. Every
+// other table stays local to the coordinator: hipq_early_reply and
+// hipq_rate_count have no queue column, and the rest are not per queue
+// (offsets, the intake outbox, dead letters, sessions, operations, the
+// migrations' records).
+var citusLayout = []citusTable{
+	{name: "hipq_job", kind: citusDistributed, keys: []string{
+		"ALTER TABLE hipq_job DROP CONSTRAINT hipq_job_pkey, ADD CONSTRAINT hipq_job_pkey PRIMARY KEY (queue, id)",
+		"DROP INDEX hipq_job_active_key",
+		"CREATE UNIQUE INDEX hipq_job_active_key ON hipq_job (queue, job_type, job_key) WHERE state <> 'final'",
+	}},
+	{name: "hipq_attempt", kind: citusDistributed, keys: []string{
+		"ALTER TABLE hipq_attempt DROP CONSTRAINT hipq_attempt_pkey, ADD CONSTRAINT hipq_attempt_pkey PRIMARY KEY (queue, job_id, attempt)",
+	}},
+	{name: "hipq_rate_unit", kind: citusDistributed, keys: []string{
+		// (queue is nullable in the single-node schema; a primary key
+		// makes it NOT NULL, as a distribution column must be.)
+		"ALTER TABLE hipq_rate_unit DROP CONSTRAINT hipq_rate_unit_pkey, ADD CONSTRAINT hipq_rate_unit_pkey PRIMARY KEY (queue, id)",
+	}},
+	{name: "hipq_rate_giveback", kind: citusDistributed},
+	{name: "hipq_activity", kind: citusDistributed},
+	{name: "hipq_event", kind: citusDistributed, keys: []string{
+		"ALTER TABLE hipq_event DROP CONSTRAINT hipq_event_pkey, ADD CONSTRAINT hipq_event_pkey PRIMARY KEY (queue, id)",
+	}},
+	{name: "hipq_queue", kind: citusReference},
+	{name: "hipq_schedule", kind: citusReference},
+}
+
+// citusDistributedBy is the distribution column of citusLayout's
+// distributed tables, and citusColocateWith the table they are co-located
+// with.
+const (
+	citusDistributedBy = "queue"
+	citusColocateWith  = "hipq_job"
+)
+
+// ErrNoCitus is returned by Migrate when database.citus is on and the
+// database has no citus extension.
+var ErrNoCitus = errors.New("database.citus is on, but the citus extension is not in this database: run CREATE EXTENSION citus there (on every node, with its workers added), or set database.citus to auto or off")
+
+// onCitus says whether the schema is laid out for Citus: by the
+// configuration, or with CitusAuto when the citus extension is in the
+// database.
+func (s *Store) onCitus(ctx context.Context, q querier) (bool, error) {
+	if s.citus == CitusOff {
+		return false, nil
+	}
+	var has bool
+	if err := q.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')").Scan(&has); err != nil {
+		return false, fmt.Errorf("look for the citus extension: %w", err)
+	}
+	if s.citus == CitusOn && !has {
+		return false, ErrNoCitus
+	}
+	return has, nil
+}
+
+// citusEnableTriggers lets the migration's session create and distribute
+// the trigger of hipq_event (its statement trigger with a transition
+// table), which Citus refuses on a distributed table unless told.
+const citusEnableTriggers = "SET citus.enable_unsafe_triggers = on"
+
+// distribute lays the migrated schema out for Citus, table by table, each
+// in a transaction of its own (its key changes and its distribution
+// together, so a failure leaves the table as it was). A table Citus
+// already knows is left alone, so distribute runs at every migrate.
+func distribute(ctx context.Context, conn *pgx.Conn) error {
+	for _, t := range citusLayout {
+		var known bool
+		if err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = $1::regclass)", t.name).Scan(&known); err != nil {
+			return fmt.Errorf("citus: %s: %w", t.name, err)
+		}
+		if known {
+			continue
+		}
+		err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+			for _, k := range t.keys {
+				if _, err := tx.Exec(ctx, k); err != nil {
+					return fmt.Errorf("%s: %w", k, err)
+				}
+			}
+			var err error
+			if t.kind == citusReference {
+				_, err = tx.Exec(ctx, "SELECT create_reference_table($1::regclass)", t.name)
+			} else {
+				_, err = tx.Exec(ctx, "SELECT create_distributed_table($1::regclass, $2, colocate_with => $3)",
+					t.name, citusDistributedBy, colocateWith(t.name))
+			}
+			return err
+		})
+		if err != nil {
+			return fmt.Errorf("citus: lay out %s as a %s table: %w", t.name, t.kind, err)
+		}
+	}
+	return nil
+}
+
+// colocateWith is the colocate_with of create_distributed_table: the first
+// distributed table starts a co-location group of its own (not one of the
+// database's other tables), the others join it.
+func colocateWith(table string) string {
+	if table == citusColocateWith {
+		return "none"
+	}
+	return citusColocateWith
+}

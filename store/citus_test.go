@@ -1,0 +1,121 @@
+package store_test
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/hipq/hipq/internal/citustest"
+	"github.com/hipq/hipq/internal/pgtest"
+	"github.com/hipq/hipq/store"
+)
+
+// TestMigrateLaysOutCitus: on a real Citus cluster (a coordinator and two
+// workers), migrate with database.citus at its default (auto) distributes
+// the per-queue tables by queue, co-located with hipq_job, makes
+// hipq_queue and hipq_schedule reference tables and leaves every other
+// table local; a second migrate changes nothing.
+func TestMigrateLaysOutCitus(t *testing.T) {
+	st, err := store.Open(ctx, store.Config{URL: citustest.URL(t), MaxConns: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	for range 2 {
+		if _, err := st.Migrate(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := map[string]string{ // table: distribution column, or "reference"
+		"hipq_job": "queue", "hipq_attempt": "queue", "hipq_rate_unit": "queue", "hipq_rate_giveback": "queue",
+		"hipq_activity": "queue", "hipq_event": "queue",
+		"hipq_queue": "reference", "hipq_schedule": "reference",
+	}
+	rows, err := st.Pool().Query(ctx, `
+		SELECT c.relname, p.partmethod, coalesce(column_to_column_name(p.logicalrelid, p.partkey), ''),
+		       p.colocationid = (SELECT colocationid FROM pg_dist_partition WHERE logicalrelid = 'hipq_job'::regclass)
+		FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+		LEFT JOIN pg_dist_partition p ON p.logicalrelid = c.oid
+		WHERE n.nspname = 'public' AND c.relkind = 'r' AND c.relname LIKE 'hipq\_%'`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	for rows.Next() {
+		var table string
+		var method *string
+		var column string
+		var colocated *bool
+		if err := rows.Scan(&table, &method, &column, &colocated); err != nil {
+			t.Fatal(err)
+		}
+		seen[table] = true
+		w, ok := want[table]
+		switch {
+		case !ok && method != nil:
+			t.Errorf("%s: a Citus table (partmethod %s), want it local", table, *method)
+		case !ok:
+		case method == nil:
+			t.Errorf("%s: local, want %s", table, w)
+		case w == "reference" && *method != "n":
+			t.Errorf("%s: partmethod %s, want a reference table (n)", table, *method)
+		case w != "reference" && (*method != "h" || column != w):
+			t.Errorf("%s: partmethod %s by %q, want hash by %s", table, *method, column, w)
+		case w != "reference" && !*colocated:
+			t.Errorf("%s: not co-located with hipq_job", table)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	for table := range want {
+		if !seen[table] {
+			t.Errorf("%s: no such table", table)
+		}
+	}
+	// Citus's own view agrees, and the local tables are there.
+	if n := count(t, st, "SELECT count(*) FROM citus_tables WHERE table_name::text LIKE 'hipq\\_%'"); n != len(want) {
+		t.Errorf("citus_tables lists %d hipq tables, want %d", n, len(want))
+	}
+	for _, local := range []string{"hipq_offset", "hipq_intake", "hipq_dead_letter", "hipq_early_reply", "hipq_rate_count",
+		"hipq_ui_session", "hipq_operation", "hipq_schema_migration", "hipq_schema_repeatable"} {
+		if !seen[local] {
+			t.Errorf("%s: no such table", local)
+		}
+	}
+	// The unique keys include the distribution column.
+	for index, cols := range map[string]string{
+		"hipq_job_pkey": "queue, id", "hipq_job_active_key": "queue, job_type, job_key",
+		"hipq_attempt_pkey": "queue, job_id, attempt", "hipq_rate_unit_pkey": "queue, id", "hipq_event_pkey": "queue, id",
+	} {
+		var got string
+		if err := st.Pool().QueryRow(ctx, `SELECT string_agg(a.attname, ', ' ORDER BY k.i)
+			FROM pg_index x, unnest(x.indkey) WITH ORDINALITY k(attnum, i), pg_attribute a
+			WHERE x.indexrelid = $1::regclass AND a.attrelid = x.indrelid AND a.attnum = k.attnum`, index).Scan(&got); err != nil {
+			t.Fatalf("%s: %v", index, err)
+		}
+		if got != cols {
+			t.Errorf("%s: (%s), want (%s)", index, got, cols)
+		}
+	}
+}
+
+// TestMigrateCitusOnNeedsTheExtension: database.citus on, on a PostgreSQL
+// without the citus extension, is refused before anything is migrated.
+func TestMigrateCitusOnNeedsTheExtension(t *testing.T) {
+	st, err := store.Open(ctx, store.Config{URL: pgtest.URL(t), MaxConns: 2, Citus: store.CitusOn})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if _, err := st.Migrate(ctx); !errors.Is(err, store.ErrNoCitus) {
+		t.Fatalf("migrate with citus on and no extension: %v, want ErrNoCitus", err)
+	}
+}
+
+// TestOpenRefusesAnUnknownCitusMode names the field and the choices.
+func TestOpenRefusesAnUnknownCitusMode(t *testing.T) {
+	_, err := store.Open(ctx, store.Config{URL: "postgres://nowhere", Citus: "yes"})
+	if err == nil || err.Error() != `database.citus: "yes" is not one of [auto on off]` {
+		t.Fatalf("got %v", err)
+	}
+}
