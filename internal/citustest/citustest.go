@@ -16,6 +16,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -81,6 +82,14 @@ func setup() {
 			"citus.node_conninfo": "sslmode=disable",
 		}})
 		if err != nil {
+			if e := err.Error(); strings.Contains(e, "could not load library") && strings.Contains(e, "citus") {
+				// Installed, but built for another PostgreSQL than this one:
+				// the machine's setup, not hipq's code, so the tests skip.
+				skipWhy = "Citus is installed but does not load into this PostgreSQL (built for another release of it): " +
+					firstLine(e, "could not load library") + ": these tests need a Citus that loads"
+				Stop()
+				return
+			}
 			setupErr = fmt.Errorf("start a Citus node: %w", err)
 			return
 		}
@@ -148,4 +157,14 @@ func exec(ctx context.Context, url string, stmts ...string) error {
 		}
 	}
 	return nil
+}
+
+// firstLine is the line of text holding mark.
+func firstLine(text, mark string) string {
+	for _, l := range strings.Split(text, "\n") {
+		if strings.Contains(l, mark) {
+			return strings.TrimSpace(l)
+		}
+	}
+	return ""
 }
