@@ -9,6 +9,7 @@ import (
 	"os"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -47,7 +48,12 @@ type RelayConfig struct {
 	// MaxBackoff bounds the wait of a refusing topic. Defaults to
 	// DefaultRelayMaxBackoff.
 	MaxBackoff time.Duration
-	Metrics    *metrics.Metrics
+	// MaxDrains bounds the topics relayed at once (each holds a
+	// connection of the pool while it reads or deletes): with many
+	// reply_to topics waiting, the others wait their turn. Defaults to
+	// DefaultMaxDrains.
+	MaxDrains int
+	Metrics   *metrics.Metrics
 	// Topics are the configured events topics: their pending count is
 	// reported (0 included) whether or not events wait.
 	Topics []string
@@ -56,11 +62,15 @@ type RelayConfig struct {
 	CrashPoint string
 }
 
+// DefaultMaxDrains is RelayConfig.MaxDrains's default.
+const DefaultMaxDrains = 4
+
 // WithDefaults fills what is left out.
 func (c RelayConfig) WithDefaults() RelayConfig {
 	c.Interval = cmp.Or(c.Interval, DefaultInterval)
 	c.BatchSize = cmp.Or(c.BatchSize, DefaultBatchSize)
 	c.MaxBackoff = cmp.Or(c.MaxBackoff, DefaultRelayMaxBackoff)
+	c.MaxDrains = cmp.Or(c.MaxDrains, DefaultMaxDrains)
 	c.Metrics = metrics.Or(c.Metrics)
 	return c
 }
@@ -97,6 +107,8 @@ type Relay struct {
 	mu      sync.Mutex
 	outages map[string]*outage // by topic
 	pending map[string]bool    // topics whose pending count is reported
+
+	peakDrains atomic.Int64 // the most topics drained at once (tests)
 }
 
 // NewRelay builds the relay of st's events over cl, an idempotent
@@ -151,6 +163,7 @@ func (r *Relay) lead(ctx context.Context, lease *store.Lease) {
 	defer func() { cancel(); wg.Wait() }()
 	var mu sync.Mutex
 	draining := map[string]bool{}
+	turn := 0
 	tick := time.NewTicker(r.cfg.Interval)
 	defer tick.Stop()
 	for {
@@ -158,15 +171,25 @@ func (r *Relay) lead(ctx context.Context, lease *store.Lease) {
 		if err != nil && ctx.Err() == nil {
 			r.log.Warn("could not list the topics with events", zap.Error(err))
 		}
-		for _, t := range topics {
+		// (Each look starts one topic further, so that with more topics
+		// waiting than drains at once none waits behind the others for long.)
+		turn++
+		for k := range topics {
+			t := topics[(k+turn)%len(topics)]
 			mu.Lock()
-			busy := draining[t]
+			busy, full := draining[t], len(draining) >= r.cfg.MaxDrains
 			mu.Unlock()
+			if full {
+				break // (a drain that ends pokes the relay: the rest wait for it)
+			}
 			if busy || r.backingOff(t) {
 				continue
 			}
 			mu.Lock()
 			draining[t] = true
+			if n := int64(len(draining)); n > r.peakDrains.Load() {
+				r.peakDrains.Store(n)
+			}
 			mu.Unlock()
 			wg.Add(1)
 			go func() {

@@ -372,3 +372,27 @@ func TestRelaySendsOneEventPerKeyAtATime(t *testing.T) {
 		t.Fatalf("second batch: %d sent, %v", n, err)
 	}
 }
+
+// With more topics waiting than the relay drains at once (MaxDrains), it
+// drains no more than that at a time, and every topic's events still go.
+func TestRelayDrainsABoundedNumberOfTopicsAtOnce(t *testing.T) {
+	t.Parallel()
+	topics := map[string]string{}
+	var names []string
+	for i := range 6 {
+		typ, topic := fmt.Sprintf("t%d", i), fmt.Sprintf("ev%d", i)
+		topics[typ], names = topic, append(names, topic)
+	}
+	r := newEventRig(t, topics, names...)
+	for typ := range topics {
+		r.insert(typ, typ+"-", 3)
+	}
+	r.answer(true) // every job ends: 18 events in 6 topics, all waiting before the relay starts
+	rl := dispatcher.NewRelay(zaptest.NewLogger(t), r.st, r.cl, dispatcher.RelayConfig{Interval: 50 * time.Millisecond,
+		BatchSize: 1, MaxDrains: 2, MaxBackoff: 200 * time.Millisecond, Metrics: metrics.New()})
+	r.run(rl)
+	tu.Eventually(t, 30*time.Second, func() bool { return scalar(t, r.st, "SELECT count(*) FROM hipq_event") == 0 }, "every event relayed")
+	if n := rl.PeakDrains(); n < 1 || n > 2 {
+		t.Fatalf("%d topics drained at once, want at most 2", n)
+	}
+}
