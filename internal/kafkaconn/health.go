@@ -123,7 +123,7 @@ func cause(err error, sasl bool) string {
 	case errors.As(err, &firstEOF):
 		why = "the broker hung up at once (kafka.tls.enabled, kafka.sasl)"
 	case sasl && (errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)):
-		why = "SASL: authentication failed: the broker hung up while hipq signed in (kafka.sasl.username, password, mechanism)"
+		why = "SASL: authentication failed, most likely: the broker hung up while hipq signed in (kafka.sasl.username, password, mechanism; or the broker was restarting)"
 	case errors.Is(err, kerr.SaslAuthenticationFailed):
 		why = "SASL: authentication failed (kafka.sasl.username, password, mechanism)"
 	case errors.Is(err, kerr.UnsupportedSaslMechanism), errors.Is(err, kerr.IllegalSaslState):
