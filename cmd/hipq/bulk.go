@@ -22,6 +22,7 @@ import (
 type bulkFlags struct {
 	filter map[string]*string
 	times  []string // the filter fields that are times
+	names  []string // the flags these are: given, they ask for a bulk action
 	reason *string
 	dryRun *bool
 	noWait *bool
@@ -30,7 +31,7 @@ type bulkFlags struct {
 }
 
 func newBulkFlags(fs *flag.FlagSet) *bulkFlags {
-	return &bulkFlags{filter: map[string]*string{},
+	return &bulkFlags{filter: map[string]*string{}, names: []string{"reason", "dry-run", "no-wait"},
 		reason: fs.String("reason", "", "why (required; logged and kept with the operation)"),
 		dryRun: fs.Bool("dry-run", false, "print how many match; change nothing"),
 		noWait: fs.Bool("no-wait", false, "do not wait for an operation that outlasts the request"),
@@ -40,6 +41,7 @@ func newBulkFlags(fs *flag.FlagSet) *bulkFlags {
 // text adds a filter flag for an API field.
 func (b *bulkFlags) text(fs *flag.FlagSet, name, field, usage string) {
 	b.filter[field] = fs.String(name, "", usage)
+	b.names = append(b.names, name)
 }
 
 // time adds a filter flag whose value is a time.
@@ -71,16 +73,11 @@ func deadLetterFilterFlags(fs *flag.FlagSet) *bulkFlags {
 	return b
 }
 
-// set reports whether any flag of a bulk action was given.
+// set reports whether any flag of a bulk action was given (the
+// connection's flags, --server, --token, --ca-file, --json, are not).
 func (b *bulkFlags) set(fs *flag.FlagSet) bool {
 	given := false
-	fs.Visit(func(f *flag.Flag) {
-		switch f.Name {
-		case "server", "token", "json":
-		default:
-			given = true
-		}
-	})
+	fs.Visit(func(f *flag.Flag) { given = given || slices.Contains(b.names, f.Name) })
 	return given
 }
 

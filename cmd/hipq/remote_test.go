@@ -15,6 +15,7 @@ import (
 
 	"github.com/hipq/hipq/api"
 	"github.com/hipq/hipq/correlator"
+	"github.com/hipq/hipq/internal/certtest"
 	"github.com/hipq/hipq/internal/pgtest"
 	"github.com/hipq/hipq/store"
 )
@@ -205,6 +206,9 @@ func TestRemoteBulkCommands(t *testing.T) {
 	mustContain(run(1, "jobs", "cancel", "--reason", "x"), "400 empty_filter")
 	mustContain(run(2, "jobs", "cancel", "t", "k-1", "--queue", "default"), "want TYPE KEY for one job, or filter flags")
 	mustContain(run(2, "jobs", "run-now", "t", "k-1"), "want TYPE KEY for one job, or filter flags")
+	// The connection's flags are no filter: one job (none such here), with
+	// the CA file given.
+	mustContain(run(1, "jobs", "cancel", "--ca-file", certtest.NewCA(t, "api").File, "t", "nobody"), "404")
 	mustContain(run(2, "jobs", "cancel", "--since", "yesterday", "--reason", "x"), "neither an RFC 3339 time nor a duration")
 	mustContain(run(2, "dead-letters", "replay", "3", "--source", "intake"), "want ID for one dead letter, or filter flags")
 	mustContain(run(2, "operations", "get", "x"), "not an operation id")
