@@ -579,6 +579,14 @@ func claimWrite(b *pgx.Batch, p JobClaimParams, plan *correlator.ClaimPlan, cand
 	})
 }
 
+// rateCountsCTE adds the requests of the rate units a statement writes (its
+// CTE units, returning rate, part and n) to their windows' counts.
+const rateCountsCTE = `counts AS (
+	    INSERT INTO hipq_rate_count (rate, part, n)
+	    SELECT units.rate, units.part, sum(units.n) FROM units GROUP BY 1, 2
+	    ON CONFLICT (rate, part) DO UPDATE SET n = hipq_rate_count.n + EXCLUDED.n
+	)`
+
 // claimWriteSQL is claimWrite's statement.
 const claimWriteSQL = `/* claim write */ WITH pick AS (
 	    SELECT * FROM unnest(@ids::bigint[], @states::text[], @attempts::int[], @scheduled::timestamptz[])
@@ -600,11 +608,7 @@ const claimWriteSQL = `/* claim write */ WITH pick AS (
 	    JOIN moved m ON m.id = u.id
 	    GROUP BY u.rate, u.part
 	    RETURNING rate, part, n
-	), counts AS (
-	    INSERT INTO hipq_rate_count (rate, part, n)
-	    SELECT units.rate, units.part, sum(units.n) FROM units GROUP BY 1, 2
-	    ON CONFLICT (rate, part) DO UPDATE SET n = hipq_rate_count.n + EXCLUDED.n
-	)
+	), ` + rateCountsCTE + `
 	SELECT m.* FROM moved m`
 
 // rateSettleSQL settles a queue's rate units under its claim lock (named
@@ -882,9 +886,8 @@ func claimRead(ctx context.Context, conn interface {
 	}
 	order := orderSQL(p.Order, "j")
 	var where []string
-	shareCol := "NULL::text"
+	shareCol, parts := valueColumns(t, "j.job_data", args)
 	if t.Shares != nil && t.Limit >= 1 {
-		shareCol = "j.job_data #>> @share_path::text[]"
 		listed := make([]string, 0, len(t.Shares.Caps))
 		for v := range t.Shares.Caps {
 			listed = append(listed, v)
@@ -892,18 +895,10 @@ func claimRead(ctx context.Context, conn interface {
 		args["share_path"], args["share_listed"], args["share_full"], args["share_other_full"] = t.Shares.Path, listed,
 			append([]string{}, narrow.FullShares...), narrow.OtherFull
 		where = append(where, `(j.job_type = ANY(@critical) OR (j.throttle_factor <= @max_factor
-			AND CASE WHEN (j.job_data #>> @share_path::text[]) = ANY(@share_listed::text[])
-			         THEN NOT (j.job_data #>> @share_path::text[]) = ANY(@share_full::text[]) ELSE NOT @share_other_full END))`)
+			AND CASE WHEN (`+shareCol+`) = ANY(@share_listed::text[])
+			         THEN NOT (`+shareCol+`) = ANY(@share_full::text[]) ELSE NOT @share_other_full END))`)
 	} else {
 		where = append(where, `(j.job_type = ANY(@critical) OR j.throttle_factor <= @max_factor)`)
-	}
-	parts := make([]string, len(t.Rates))
-	for k, r := range t.Rates {
-		parts[k] = "''"
-		if len(r.Path) > 0 {
-			parts[k] = fmt.Sprintf("coalesce(j.job_data #>> @rate_path_%d::text[], '')", k)
-			args[fmt.Sprintf("rate_path_%d", k)] = r.Path
-		}
 	}
 	for _, f := range narrow.FullParts {
 		cond := fmt.Sprintf("%s = ANY(@rate_full_%d::text[])", parts[f.Rate], f.Rate)
@@ -918,10 +913,7 @@ func claimRead(ctx context.Context, conn interface {
 		where = append(where, fmt.Sprintf("(%s) > (%s)", order, afterSQL(p.Order)))
 		args["after_scheduled"], args["after_priority"], args["after_id"] = after.scheduled, after.priority, after.ID
 	}
-	partsCol := "'{}'::text[]"
-	if len(parts) > 0 {
-		partsCol = "ARRAY[" + strings.Join(parts, ", ") + "]::text[]"
-	}
+	partsCol := partsArray(parts)
 	branches := make([]string, len(types))
 	for i, name := range types {
 		args[fmt.Sprintf("type_%d", i)] = name
@@ -963,6 +955,34 @@ func claimRead(ctx context.Context, conn interface {
 		return nil
 	})
 	return out, err
+}
+
+// valueColumns are what a claim reads of job_data (data, its SQL
+// expression) as PostgreSQL's #>> reads it: the share value (NULL without
+// shares) and each rate's part (the empty string where the rate has no path); the paths
+// they name are added to args.
+func valueColumns(t *correlator.Throttle, data string, args pgx.NamedArgs) (share string, parts []string) {
+	share = "NULL::text"
+	if t.Shares != nil && t.Limit >= 1 {
+		share, args["share_path"] = data+" #>> @share_path::text[]", t.Shares.Path
+	}
+	parts = make([]string, len(t.Rates))
+	for k, r := range t.Rates {
+		parts[k] = "''"
+		if len(r.Path) > 0 {
+			parts[k] = fmt.Sprintf("coalesce(%s #>> @rate_path_%d::text[], '')", data, k)
+			args[fmt.Sprintf("rate_path_%d", k)] = r.Path
+		}
+	}
+	return share, parts
+}
+
+// partsArray is the rate parts as one text[] column.
+func partsArray(parts []string) string {
+	if len(parts) == 0 {
+		return "'{}'::text[]"
+	}
+	return "ARRAY[" + strings.Join(parts, ", ") + "]::text[]"
 }
 
 // afterSQL is the keyset of the candidate a read goes on after, in the

@@ -357,11 +357,7 @@ func jobsInsert(ctx context.Context, tx pgx.Tx, jobs []IntakeJob, instance strin
 		  JOIN ins i ON i.job_type = n.job_type AND i.job_key = n.job_key AND i.state = 'running'
 		  GROUP BY i.queue, u.rate, u.part
 		  RETURNING rate, part, n
-		), counts AS (
-		  INSERT INTO hipq_rate_count (rate, part, n)
-		  SELECT units.rate, units.part, sum(units.n) FROM units GROUP BY 1, 2
-		  ON CONFLICT (rate, part) DO UPDATE SET n = hipq_rate_count.n + EXCLUDED.n
-		)`, []any{unitRates, unitParts, unitOrds}
+		), `+rateCountsCTE, []any{unitRates, unitParts, unitOrds}
 	}
 	insert := b.Queue(q+`
 		WITH n AS (
@@ -528,19 +524,7 @@ func (l *intakeLimit) read(b *pgx.Batch, jobs []IntakeJob) {
 		l.values[k].parts = make([]string, len(t.Rates))
 	}
 	args := pgx.NamedArgs{}
-	shareCol := "NULL::text"
-	if t.Shares != nil && t.Limit >= 1 {
-		shareCol, args["share_path"] = "d #>> @share_path::text[]", t.Shares.Path
-	}
-	var parts []string
-	for k, r := range t.Rates {
-		if len(r.Path) > 0 {
-			parts = append(parts, fmt.Sprintf("coalesce(d #>> @rate_path_%d::text[], '')", k))
-			args[fmt.Sprintf("rate_path_%d", k)] = r.Path
-		} else {
-			parts = append(parts, "''")
-		}
-	}
+	shareCol, parts := valueColumns(t, "d", args)
 	if len(args) == 0 {
 		return // (no value of job_data counts)
 	}
@@ -549,10 +533,7 @@ func (l *intakeLimit) read(b *pgx.Batch, jobs []IntakeJob) {
 		data[k] = string(jobs[i].Job.JobData)
 	}
 	args["data"] = data
-	partsCol := "'{}'::text[]"
-	if len(parts) > 0 {
-		partsCol = "ARRAY[" + strings.Join(parts, ", ") + "]::text[]"
-	}
+	partsCol := partsArray(parts)
 	b.Queue(fmt.Sprintf(`SELECT %s, %s FROM unnest(@data::jsonb[]) WITH ORDINALITY AS u(d, ord) ORDER BY ord`, shareCol, partsCol),
 		args).Query(func(rows pgx.Rows) error {
 		k := 0

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"slices"
 	"strings"
 	"time"
 
@@ -434,20 +433,6 @@ func jobsWalk(ctx context.Context, tx pgx.Tx, op Operation, n int) ([]walked, er
 	})
 }
 
-// byQueue groups walked jobs by queue, queues in order.
-func byQueue(ws []walked) ([]string, map[string][]walked) {
-	m := map[string][]walked{}
-	for _, w := range ws {
-		m[w.queue] = append(m[w.queue], w)
-	}
-	queues := make([]string, 0, len(m))
-	for q := range m {
-		queues = append(queues, q)
-	}
-	slices.Sort(queues)
-	return queues, m
-}
-
 // jobsMoveBatch cancels, or makes due now, the next batch of jobs. Each
 // job is written only if it is still in the state and attempt the walk
 // read (a claim, a reply or the sweeper may have moved it since): one
@@ -458,10 +443,8 @@ func jobsMoveBatch(ctx context.Context, tx pgx.Tx, ev *Events, op Operation, n i
 		return step{}, err
 	}
 	st := step{matched: len(ws), last: ws[len(ws)-1].id}
-	queues, groups := byQueue(ws)
 	var woken []string
-	for _, q := range queues {
-		g := groups[q]
+	err = perQueue(ws, func(w walked) string { return w.queue }, func(q string, g []walked) error {
 		ids, states, attempts := make([]int64, len(g)), make([]string, len(g)), make([]int32, len(g))
 		for i, w := range g {
 			ids[i], states[i], attempts[i] = w.id, w.state, w.attempt
@@ -470,10 +453,11 @@ func jobsMoveBatch(ctx context.Context, tx pgx.Tx, ev *Events, op Operation, n i
 		// The rows are locked in id order first, as every path that moves
 		// several jobs locks them (resolves, deliveries), so no two of
 		// them wait for each other in a cycle.
-		if _, err := tx.Exec(ctx, `SELECT 1 FROM hipq_job WHERE queue = $1 AND id = ANY($2) ORDER BY id FOR UPDATE`, q, ids); err != nil {
-			return st, fmt.Errorf("%s in queue %q: lock: %w", op.Kind, q, err)
+		if _, err := tx.Exec(ctx, lockJobsSQL, q, ids); err != nil {
+			return fmt.Errorf("%s in queue %q: lock: %w", op.Kind, q, err)
 		}
 		var moved int
+		var err error
 		if op.Kind == OperationCancel {
 			moved, err = jobsCancelGuarded(ctx, tx, ev, args)
 		} else {
@@ -486,12 +470,16 @@ func jobsMoveBatch(ctx context.Context, tx pgx.Tx, ev *Events, op Operation, n i
 			}
 		}
 		if err != nil {
-			return st, fmt.Errorf("%s in queue %q: %w", op.Kind, q, err)
+			return fmt.Errorf("%s in queue %q: %w", op.Kind, q, err)
 		}
 		st.done += moved
 		if moved > 0 {
 			woken = append(woken, q)
 		}
+		return nil
+	})
+	if err != nil {
+		return st, err
 	}
 	// Jobs ended (throttle slots free) or became due: dispatchers look now.
 	if len(woken) > 0 {
@@ -667,8 +655,12 @@ func deadLettersReplayBatch(ctx context.Context, tx pgx.Tx, ev *Events, op Opera
 	if err != nil {
 		return st, fmt.Errorf("replay intake dead letters: %w", err)
 	}
+	refused := make(map[*correlator.Job]bool, len(conflicts))
+	for _, c := range conflicts {
+		refused[c.Job] = true
+	}
 	for _, ij := range jobs {
-		if !slices.ContainsFunc(conflicts, func(c IntakeJob) bool { return c.Job == ij.Job }) {
+		if !refused[ij.Job] {
 			replayed = append(replayed, jobOf[ij.Job])
 		}
 	}

@@ -134,6 +134,9 @@ var resolveManySQL = `
 var resolveManyEventsSQL = strings.Replace(withEvents(resolveManySQL, "@ev_type", "@ev_topic", "@ev_attempts"),
 	"WITH u AS (\n\t\t  SELECT * FROM unnest(", "WITH u AS (\n\t\t  SELECT u.* FROM (SELECT @queue::text) AS q(queue), unnest(", 1)
 
+// lockJobsSQL locks the jobs of queue $1 whose ids are $2, in id order.
+const lockJobsSQL = `SELECT 1 FROM hipq_job WHERE queue = $1 AND id = ANY($2) ORDER BY id FOR UPDATE`
+
 // lockJobs locks the jobs refs name in (queue, id) order, the order of
 // every path that waits for jobs' locks, so two never wait on each other
 // (but for a reply to a job whose type moved to another queue while it ran:
@@ -141,7 +144,7 @@ var resolveManyEventsSQL = strings.Replace(withEvents(resolveManySQL, "@ev_type"
 func lockJobs(ctx context.Context, tx execer, refs []AttemptRef) error {
 	err := perQueue(refs, refQueue, func(q string, refs []AttemptRef) error {
 		ids, _ := refArrays(refs)
-		_, err := tx.Exec(ctx, `SELECT 1 FROM hipq_job WHERE queue = $1 AND id = ANY($2) ORDER BY id FOR UPDATE`, q, ids)
+		_, err := tx.Exec(ctx, lockJobsSQL, q, ids)
 		return err
 	})
 	if err != nil {
