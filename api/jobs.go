@@ -320,8 +320,6 @@ func (s *Server) listQueues(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-// traceOf is the trace context of an API call: the job's, when the call
-// carries a valid traceparent.
 // correlationOf are the request's Hipq-Correlation-* headers, which the
 // job's outcome events carry back (lowercased, as Kafka headers are
 // named).
@@ -337,6 +335,8 @@ func correlationOf(r *http.Request) []correlator.Header {
 	return out
 }
 
+// traceOf is the trace context of an API call: the job's, when the call
+// carries a valid traceparent.
 func traceOf(r *http.Request) correlator.TraceContext {
 	if trace.SpanContextFromContext(r.Context()).IsValid() {
 		return tracing.Of(r.Context()) // the request's server span

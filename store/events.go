@@ -250,27 +250,34 @@ func (l *Lease) Release() { l.release() }
 // EventRelayLock tries to take the relay's lock. When ok, the lease must
 // be released.
 func (s *Store) EventRelayLock(ctx context.Context) (*Lease, bool, error) {
+	return s.sessionLock(ctx, relayLockKey, "relay lock")
+}
+
+// sessionLock tries to take the session advisory lock key (SQL) on a
+// connection of its own, held until the lease is released; what names the
+// lock in errors.
+func (s *Store) sessionLock(ctx context.Context, key, what string) (*Lease, bool, error) {
 	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
-		return nil, false, fmt.Errorf("relay lock: %w", err)
+		return nil, false, fmt.Errorf("%s: %w", what, err)
 	}
 	var ok bool
-	if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock("+relayLockKey+")").Scan(&ok); err != nil || !ok {
+	if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock("+key+")").Scan(&ok); err != nil || !ok {
 		conn.Release()
 		if err != nil {
-			return nil, false, fmt.Errorf("relay lock: %w", err)
+			return nil, false, fmt.Errorf("%s: %w", what, err)
 		}
 		return nil, false, nil
 	}
 	return &Lease{
 		alive: func(ctx context.Context) error {
 			if _, err := conn.Exec(ctx, "SELECT 1"); err != nil {
-				return fmt.Errorf("relay lock: %w", err)
+				return fmt.Errorf("%s: %w", what, err)
 			}
 			return nil
 		},
 		release: func() {
-			if _, err := conn.Exec(context.Background(), "SELECT pg_advisory_unlock("+relayLockKey+")"); err != nil {
+			if _, err := conn.Exec(context.Background(), "SELECT pg_advisory_unlock("+key+")"); err != nil {
 				// A connection whose unlock failed must not go back to the pool holding the lock.
 				_ = conn.Conn().Close(context.Background())
 			}

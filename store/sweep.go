@@ -26,25 +26,11 @@ const sweeperLockKey = `hashtextextended('hipq_sweeper/' || current_schema(), 0)
 // SweeperLock tries to take the sweeper's session lock. When ok, release
 // must be called.
 func (s *Store) SweeperLock(ctx context.Context) (release func(), ok bool, err error) {
-	conn, err := s.pool.Acquire(ctx)
-	if err != nil {
-		return nil, false, fmt.Errorf("sweeper lock: %w", err)
+	l, ok, err := s.sessionLock(ctx, sweeperLockKey, "sweeper lock")
+	if !ok {
+		return nil, false, err
 	}
-	if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock("+sweeperLockKey+")").Scan(&ok); err != nil || !ok {
-		conn.Release()
-		if err != nil {
-			return nil, false, fmt.Errorf("sweeper lock: %w", err)
-		}
-		return nil, false, nil
-	}
-	return func() {
-		_, err := conn.Exec(context.Background(), "SELECT pg_advisory_unlock("+sweeperLockKey+")")
-		if err != nil {
-			// A connection whose unlock failed must not go back to the pool holding the lock.
-			_ = conn.Conn().Close(context.Background())
-		}
-		conn.Release()
-	}, true, nil
+	return l.Release, true, nil
 }
 
 // JobTimeOutStuck times out up to limit running jobs whose deadline

@@ -175,11 +175,3 @@ func (kp *KeyPair) Certificate() (*tls.Certificate, error) {
 	kp.lastErr = err
 	return kp.cert, nil
 }
-
-// Err is why the files could not be read again at the last handshake;
-// nil when they could (or had not changed).
-func (kp *KeyPair) Err() error {
-	kp.mu.Lock()
-	defer kp.mu.Unlock()
-	return kp.lastErr
-}
