@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -142,4 +143,43 @@ func colocateWith(table string) string {
 		return "none"
 	}
 	return citusColocateWith
+}
+
+// citusTx is a transaction on Citus: the statements that would span
+// shards take their distributed forms in it (distributedTx). inTx gives one to
+// its function on a Store whose database is a Citus cluster.
+type citusTx struct{ pgx.Tx }
+
+// Begin starts a savepoint that is still on Citus.
+func (t citusTx) Begin(ctx context.Context) (pgx.Tx, error) {
+	tx, err := t.Tx.Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return citusTx{tx}, nil
+}
+
+// distributedTx says whether tx runs on a Citus cluster.
+func distributedTx(tx pgx.Tx) bool {
+	_, ok := tx.(citusTx)
+	return ok
+}
+
+// mustReplace replaces the one occurrence of old in s by new, and panics
+// (at init, for the statements' texts) when there is none or several: a
+// distributed form made from a statement that no longer says old would be
+// the single-node form under another name.
+func mustReplace(s, old, new string) string {
+	if n := strings.Count(s, old); n != 1 {
+		panic(fmt.Sprintf("store: %d occurrences of %q in a statement, want 1", n, old))
+	}
+	return strings.Replace(s, old, new, 1)
+}
+
+// notifyQueues tells the dispatchers of queues, in a statement of its own
+// (on Citus, one that reads no distributed table runs where it was sent,
+// on the node its listeners are connected to), that they may claim.
+func notifyQueues(ctx context.Context, tx pgx.Tx, queues ...string) error {
+	_, err := tx.Exec(ctx, "SELECT pg_notify('"+channelJobReady+"', q) FROM unnest($1::text[]) AS q", queues)
+	return err
 }

@@ -201,7 +201,7 @@ func TestClaimOfTypesPassesOverHeldRows(t *testing.T) {
 	}
 	defer func() { _ = tx.Rollback(ctx) }()
 	// The ten oldest, held.
-	if _, err := tx.Exec(ctx, `SELECT id FROM hipq_job ORDER BY scheduled_run_time LIMIT 10 FOR UPDATE`); err != nil {
+	if _, err := tx.Exec(ctx, `SELECT id FROM hipq_job WHERE queue = 'default' ORDER BY scheduled_run_time LIMIT 10 FOR UPDATE`); err != nil {
 		t.Fatal(err)
 	}
 	c := claimWith(t, st, store.JobClaimParams{Limit: 10, Types: []string{"t", "u"}})
@@ -486,6 +486,8 @@ func TestClaimThrottleConcurrent(t *testing.T) {
 		go func() {
 			r := rand.New(rand.NewPCG(uint64(w), 1))
 			claimed := 0
+			// (A failed check ends this goroutine: it still answers.)
+			defer func() { done <- claimed }()
 			var held []store.Claimed
 			for range 40 {
 				c, err := st.JobClaim(ctx, store.JobClaimParams{Queue: "default", Limit: 1 + r.IntN(5), Instance: "w",
@@ -507,7 +509,6 @@ func TestClaimThrottleConcurrent(t *testing.T) {
 				peak.Store(max(peak.Load(), int64(w)))
 			}
 			finish(t, st, held...)
-			done <- claimed
 		}()
 	}
 	total := 0

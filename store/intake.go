@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -110,6 +111,15 @@ func (s *Store) IntakeApply(ctx context.Context, b IntakeBatch) (IntakeResult, e
 	// the claims' started_at: time.Since(local) bounds from above how long
 	// ago they were made (Claimed.ClaimedLocal).
 	local := time.Now()
+	if s.dist {
+		// On Citus no job is claimed as it is stored (jobsInsertDistributed):
+		// they wait for their dispatchers' claims.
+		b.Limits = nil
+		b.Jobs = slices.Clone(b.Jobs)
+		for i := range b.Jobs {
+			b.Jobs[i].Claim = false
+		}
+	}
 	limited := intakeLimited(b)
 	open := func(pb *pgx.Batch) error {
 		offsetsAdvance(pb, b.Group, b.Offsets)
@@ -213,7 +223,14 @@ func jobsAccept(ctx context.Context, tx pgx.Tx, jobs []IntakeJob, instance strin
 		if try == 10 {
 			return 0, 0, nil, nil, fmt.Errorf("insert jobs: %d jobs met rows committed under the insert ten times: %w", len(pending), errRaced)
 		}
-		st, cs, err := jobsInsert(ctx, tx, pending, instance)
+		var st []acceptStatus
+		var cs []Claimed
+		var err error
+		if distributedTx(tx) {
+			st, err = jobsInsertDistributed(ctx, tx, pending)
+		} else {
+			st, cs, err = jobsInsert(ctx, tx, pending, instance)
+		}
 		if err != nil {
 			return 0, 0, nil, nil, err
 		}
@@ -287,51 +304,13 @@ func jobsInsert(ctx context.Context, tx pgx.Tx, jobs []IntakeJob, instance strin
 		return nil, nil, nil
 	}
 	n := len(jobs)
-	queues, types, keys, data := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
-	maxAtt, prio, factor, timeout := make([]int32, n), make([]int32, n), make([]int32, n), make([]int32, n)
-	sched := make([]*time.Time, n)
-	expires := make([]*time.Time, n)
-	windows := make([]*string, n)
-	tparents, tstates := make([]*string, n), make([]*string, n)
-	replyTo, correlation := make([]*string, n), make([]*string, n)
-	claim := make([]bool, n)
-	var unitRates, unitParts []string
-	var unitOrds []int64
-	traced, claiming, asking := false, false, false
-	now := time.Now()
-	for i, ij := range jobs {
-		j := ij.Job
-		tparents[i], tstates[i] = nullable(j.Trace.Parent), nullable(j.Trace.State)
-		traced = traced || j.Trace.Parent != ""
-		replyTo[i], correlation[i] = nullable(j.ReplyTo), correlationJSON(j.Correlation)
-		asking = asking || j.ReplyTo != "" || len(j.Correlation) > 0
-		queues[i], types[i], keys[i], data[i] = j.Queue, j.JobType, j.JobKey, string(j.JobData)
-		maxAtt[i], prio[i], factor[i], timeout[i] = int32(j.MaxAttempts), int32(j.Priority), int32(j.ThrottleFactor), int32(j.TimeoutSeconds)
-		sched[i], expires[i] = scheduled(j), j.ExpiresAt
-		if j.TimeWindows != nil {
-			b, _ := json.Marshal(j.TimeWindows)
-			w := string(b)
-			windows[i] = &w
-		}
-		claim[i] = ij.Claim && j.ClaimableAtIntake(now)
-		claiming = claiming || claim[i]
-		if claim[i] {
-			for _, w := range ij.units {
-				unitRates, unitParts, unitOrds = append(unitRates, w.Key), append(unitParts, w.Part), append(unitOrds, int64(i+1))
-			}
-		}
-	}
-	if !traced {
-		// No trace context in the batch: NULL arrays, which unnest pads
-		// with NULLs, rather than n NULLs each to encode.
-		tparents, tstates = nil, nil
-	}
-	if !claiming {
-		claim = nil
-	}
-	if !asking {
-		replyTo, correlation = nil, nil // (as the trace context's)
-	}
+	c := intakeColumnsOf(jobs, time.Now())
+	queues, types, keys, data := c.queues, c.types, c.keys, c.data
+	maxAtt, prio, factor, timeout := c.maxAtt, c.prio, c.factor, c.timeout
+	sched, expires, windows := c.sched, c.expires, c.windows
+	tparents, tstates, replyTo, correlation := c.tparents, c.tstates, c.replyTo, c.correlation
+	claim, claiming := c.claim, c.claiming
+	unitRates, unitParts, unitOrds := c.unitRates, c.unitParts, c.unitOrds
 	var b pgx.Batch // (one round trip for all it holds)
 	q := "/* stores */"
 	if claiming {
@@ -596,4 +575,178 @@ func (l *intakeLimit) plan(jobs []IntakeJob) error {
 		}
 	}
 	return nil
+}
+
+// intakeColumns are a batch of jobs as the insert's arrays, one element
+// per job. The trace contexts are nil (unnest pads with NULLs) when no job
+// has one, reply_to and correlation when no job asks for its outcome, and
+// claim when no job is claimed.
+type intakeColumns struct {
+	queues, types, keys, data        []string
+	maxAtt, prio, factor, timeout    []int32
+	sched, expires                   []*time.Time
+	windows                          []*string
+	tparents, tstates                []*string
+	replyTo, correlation             []*string
+	claim                            []bool
+	claiming                         bool
+	unitRates, unitParts             []string
+	unitOrds                         []int64
+}
+
+// intakeColumnsOf makes the insert's arrays of jobs; a job asking to be
+// claimed (IntakeJob.Claim) is, as far as the job alone decides at now.
+func intakeColumnsOf(jobs []IntakeJob, now time.Time) intakeColumns {
+	n := len(jobs)
+	c := intakeColumns{
+		queues: make([]string, n), types: make([]string, n), keys: make([]string, n), data: make([]string, n),
+		maxAtt: make([]int32, n), prio: make([]int32, n), factor: make([]int32, n), timeout: make([]int32, n),
+		sched: make([]*time.Time, n), expires: make([]*time.Time, n), windows: make([]*string, n),
+		tparents: make([]*string, n), tstates: make([]*string, n),
+		replyTo: make([]*string, n), correlation: make([]*string, n),
+		claim: make([]bool, n),
+	}
+	traced, asking := false, false
+	for i, ij := range jobs {
+		j := ij.Job
+		c.tparents[i], c.tstates[i] = nullable(j.Trace.Parent), nullable(j.Trace.State)
+		traced = traced || j.Trace.Parent != ""
+		c.replyTo[i], c.correlation[i] = nullable(j.ReplyTo), correlationJSON(j.Correlation)
+		asking = asking || j.ReplyTo != "" || len(j.Correlation) > 0
+		c.queues[i], c.types[i], c.keys[i], c.data[i] = j.Queue, j.JobType, j.JobKey, string(j.JobData)
+		c.maxAtt[i], c.prio[i], c.factor[i], c.timeout[i] = int32(j.MaxAttempts), int32(j.Priority), int32(j.ThrottleFactor), int32(j.TimeoutSeconds)
+		c.sched[i], c.expires[i] = scheduled(j), j.ExpiresAt
+		if j.TimeWindows != nil {
+			b, _ := json.Marshal(j.TimeWindows)
+			w := string(b)
+			c.windows[i] = &w
+		}
+		c.claim[i] = ij.Claim && j.ClaimableAtIntake(now)
+		c.claiming = c.claiming || c.claim[i]
+		if c.claim[i] {
+			for _, w := range ij.units {
+				c.unitRates, c.unitParts, c.unitOrds = append(c.unitRates, w.Key), append(c.unitParts, w.Part), append(c.unitOrds, int64(i+1))
+			}
+		}
+	}
+	if !traced {
+		c.tparents, c.tstates = nil, nil
+	}
+	if !c.claiming {
+		c.claim = nil
+	}
+	if !asking {
+		c.replyTo, c.correlation = nil, nil // (as the trace context's)
+	}
+	return c
+}
+
+// jobsInsertDistributed is jobsInsert on Citus (hipq_job distributed by
+// queue), where no job is claimed as it is stored: for each queue of the
+// batch, in the order of their names, one insert naming the queue (the
+// non-final key is (queue, job_type, job_key) there) and a notice to the
+// queue's dispatchers, all in one round trip; then, only for jobs not
+// inserted, one lookup per queue of the non-final job in their way. Citus
+// runs a statement's modifying CTE and the rest of it on snapshots of
+// their own, so unlike jobsInsert's one statement the lookup sees what
+// committed after the insert: a job in the way that went final meanwhile
+// leaves its job undecided (tried again), and one that another writer put
+// in its place is the one compared with.
+func jobsInsertDistributed(ctx context.Context, tx pgx.Tx, jobs []IntakeJob) ([]acceptStatus, error) {
+	out := make([]acceptStatus, len(jobs))
+	byQueue := map[string][]int{}
+	for i, ij := range jobs {
+		byQueue[ij.Job.Queue] = append(byQueue[ij.Job.Queue], i)
+	}
+	queues := slices.Sorted(maps.Keys(byQueue))
+	var b pgx.Batch
+	for _, q := range queues {
+		idx := byQueue[q]
+		sub := make([]IntakeJob, len(idx))
+		for k, i := range idx {
+			sub[k] = jobs[i]
+			sub[k].Claim = false
+		}
+		c := intakeColumnsOf(sub, time.Now())
+		b.Queue(`/* stores in one queue */
+		WITH n AS (
+		  SELECT job_type, job_key, job_data, max_attempts, priority, throttle_factor, timeout_seconds,
+		         coalesce(scheduled_run_time, now()) AS scheduled_run_time, expires_at, time_windows, trace_parent, trace_state,
+		         reply_to, correlation, ord
+		  FROM unnest($2::text[], $3::text[], $4::jsonb[], $5::int[], $6::int[], $7::int[], $8::int[],
+		              $9::timestamptz[], $10::timestamptz[], $11::jsonb[], $12::text[], $13::text[], $14::text[], $15::jsonb[])
+		    WITH ORDINALITY AS n(job_type, job_key, job_data, max_attempts, priority, throttle_factor, timeout_seconds,
+		                         scheduled_run_time, expires_at, time_windows, trace_parent, trace_state, reply_to, correlation, ord)
+		), ins AS (
+		  INSERT INTO hipq_job (queue, job_type, job_key, job_data, max_attempts, priority, throttle_factor,
+		                        timeout_seconds, scheduled_run_time, expires_at, time_windows, trace_parent, trace_state,
+		                        reply_to, correlation)
+		  SELECT $1, job_type, job_key, job_data, max_attempts, priority, throttle_factor, timeout_seconds,
+		         scheduled_run_time, expires_at, time_windows, trace_parent, trace_state, reply_to, correlation
+		  FROM n
+		  ON CONFLICT (queue, job_type, job_key) WHERE state <> 'final' DO NOTHING
+		  RETURNING job_type, job_key
+		)
+		SELECT n.ord FROM n JOIN ins USING (job_type, job_key)`,
+			q, c.types, c.keys, c.data, c.maxAtt, c.prio, c.factor, c.timeout, c.sched, c.expires, c.windows,
+			c.tparents, c.tstates, c.replyTo, c.correlation).Query(func(rows pgx.Rows) error {
+			var ord int64
+			_, err := pgx.ForEachRow(rows, []any{&ord}, func() error {
+				if ord < 1 || ord > int64(len(idx)) {
+					return fmt.Errorf("answer for job %d of %d", ord, len(idx))
+				}
+				out[idx[ord-1]] = acceptInserted
+				return nil
+			})
+			return err
+		})
+		// A notice for a queue whose every job was in the way of another
+		// wakes its dispatchers for nothing; one round trip less.
+		b.Queue("SELECT pg_notify('"+channelJobReady+"', $1)", q)
+	}
+	if err := tx.SendBatch(ctx, &b).Close(); err != nil {
+		return nil, fmt.Errorf("insert jobs: %w", err)
+	}
+	b = pgx.Batch{}
+	for _, q := range queues {
+		var idx []int
+		for _, i := range byQueue[q] {
+			if out[i] != acceptInserted {
+				idx = append(idx, i)
+			}
+		}
+		if len(idx) == 0 {
+			continue
+		}
+		types, keys, data := make([]string, len(idx)), make([]string, len(idx)), make([]string, len(idx))
+		for k, i := range idx {
+			j := jobs[i].Job
+			types[k], keys[k], data[k] = j.JobType, j.JobKey, string(j.JobData)
+		}
+		b.Queue(`/* finds the jobs in the way in one queue */
+		SELECT n.ord, j.job_data = n.job_data
+		FROM unnest($2::text[], $3::text[], $4::jsonb[]) WITH ORDINALITY AS n(job_type, job_key, job_data, ord)
+		JOIN hipq_job j ON j.queue = $1 AND j.job_type = n.job_type AND j.job_key = n.job_key AND j.state <> 'final'`,
+			q, types, keys, data).Query(func(rows pgx.Rows) error {
+			var ord int64
+			var same bool
+			_, err := pgx.ForEachRow(rows, []any{&ord, &same}, func() error {
+				if ord < 1 || ord > int64(len(idx)) {
+					return fmt.Errorf("answer for job %d of %d", ord, len(idx))
+				}
+				out[idx[ord-1]] = acceptConflict
+				if same {
+					out[idx[ord-1]] = acceptDuplicate
+				}
+				return nil
+			})
+			return err
+		})
+	}
+	if b.Len() > 0 {
+		if err := tx.SendBatch(ctx, &b).Close(); err != nil {
+			return nil, fmt.Errorf("look up the jobs in the way: %w", err)
+		}
+	}
+	return out, nil
 }

@@ -291,6 +291,15 @@ const findQueuesSQL = `
 		CROSS JOIN LATERAL (SELECT j.queue, j.id FROM hipq_job j
 		                    WHERE j.job_type = k.t AND j.job_key = k.k AND j.state <> 'final' OFFSET 0) x`
 
+// findQueuesCitusSQL is findQueuesSQL on Citus, which runs a lateral
+// subquery over a distributed table only when it names one shard: the
+// keys are joined, in every shard, each of which reads its own jobs.
+const findQueuesCitusSQL = `
+		SELECT j.queue, j.id FROM hipq_job j WHERE j.id = ANY($1)
+		UNION ALL
+		SELECT j.queue, j.id FROM hipq_job j JOIN unnest($2::text[], $3::text[]) AS k(t, k) ON j.job_type = k.t AND j.job_key = k.k
+		WHERE j.state <> 'final'`
+
 // replyWants are the rows replies look for in one queue: by job id, or
 // the non-final job of a (type, key).
 type replyWants struct {
@@ -438,12 +447,15 @@ func lockIn(ctx context.Context, tx pgx.Tx, wants map[string]*replyWants, t corr
 // findQueues finds in which queues the rows w wants are (a read over
 // every queue: it locks nothing).
 func findQueues(ctx context.Context, tx pgx.Tx, w replyWants) (map[string]*replyWants, error) {
-	rows, err := tx.Query(ctx, findQueuesSQL, w.ids, w.types, w.keys)
+	q := findQueuesSQL
+	if distributedTx(tx) {
+		q = findQueuesCitusSQL
+	}
+	rows, err := tx.Query(ctx, q, w.ids, w.types, w.keys)
 	if err != nil {
 		return nil, fmt.Errorf("find reply targets: %w", err)
 	}
 	found := map[string]*replyWants{}
-	var q string
 	var id int64
 	_, err = pgx.ForEachRow(rows, []any{&q, &id}, func() error {
 		if found[q] == nil {

@@ -160,7 +160,8 @@ func TestTimeoutRacingReply(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := tx.Exec(ctx, "SELECT 1 FROM hipq_job WHERE job_key = 'a' FOR UPDATE"); err != nil {
+	defer tx.Rollback(ctx) // (a failed check leaves it open)
+	if _, err := tx.Exec(ctx, "SELECT 1 FROM hipq_job WHERE queue = 'default' AND job_key = 'a' FOR UPDATE"); err != nil {
 		t.Fatal(err)
 	}
 	done, err := st.JobTimeOutStuck(ctx, 100, typeInfo)
@@ -374,7 +375,7 @@ func TestRepliesLockInQueueOrder(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer holder.Rollback(ctx)
-	if _, err := holder.Exec(ctx, "SELECT 1 FROM hipq_job WHERE id = $1 FOR UPDATE", y); err != nil {
+	if _, err := holder.Exec(ctx, "SELECT 1 FROM hipq_job WHERE queue = 'a' AND id = $1 FOR UPDATE", y); err != nil {
 		t.Fatal(err)
 	}
 	byID := reply("", 0, true)
@@ -386,7 +387,7 @@ func TestRepliesLockInQueueOrder(t *testing.T) {
 	}()
 	testutil.Eventually(t, 10*time.Second, func() bool { return count(t, st, waiting) > 0 },
 		"the replies to wait for the held job")
-	if _, err := holder.Exec(ctx, "SELECT 1 FROM hipq_job WHERE id = $1 FOR UPDATE NOWAIT", x); err != nil {
+	if _, err := holder.Exec(ctx, "SELECT 1 FROM hipq_job WHERE queue = 'default' AND id = $1 FOR UPDATE NOWAIT", x); err != nil {
 		t.Fatalf("the replies hold job x (queue default) while waiting for job y (queue a): %v", err)
 	}
 	if err := holder.Commit(ctx); err != nil {

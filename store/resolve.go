@@ -134,6 +134,26 @@ var resolveManySQL = `
 var resolveManyEventsSQL = strings.Replace(withEvents(resolveManySQL, "@ev_type", "@ev_topic", "@ev_attempts"),
 	"WITH u AS (\n\t\t  SELECT * FROM unnest(", "WITH u AS (\n\t\t  SELECT u.* FROM (SELECT @queue::text) AS q(queue), unnest(", 1)
 
+// resolveManyCitusSQL and resolveManyEventsCitusSQL are the statements'
+// forms on Citus, which runs a statement's CTEs one after the other and
+// reaches a row of a distributed table by its key, never by its tuple id:
+// the jobs are updated by (queue, id), still locked by the caller. The
+// notice goes in a statement of its own (notifyQueues): Citus would send
+// the CTE's to the worker, where nobody listens and which commits in two
+// phases, refusing a NOTIFY.
+var resolveManyCitusSQL, resolveManyEventsCitusSQL = resolveForCitus(resolveManySQL), resolveForCitus(resolveManyEventsSQL)
+
+func resolveForCitus(stmt string) string {
+	stmt = mustReplace(stmt, "SELECT j.ctid AS tid, j.state", "SELECT j.id AS tid, j.state")
+	stmt = mustReplace(stmt, "j.ctid = t.tid", "j.id = t.tid")
+	// (Citus evaluates now() once, on the coordinator, but not under a
+	// CASE or a coalesce: the attempts' times come from the jobs' update.)
+	stmt = mustReplace(stmt, "RETURNING j.id, j.queue,", "RETURNING j.update_time AS at, j.id, j.queue,")
+	stmt = mustReplace(stmt, "replied_at = CASE WHEN done.reply IS NOT NULL THEN now() END", "replied_at = CASE WHEN done.reply IS NOT NULL THEN done.at END")
+	stmt = mustReplace(stmt, "coalesce(a.sent_at, now())", "coalesce(a.sent_at, done.at)")
+	return mustReplace(stmt, "SELECT pg_notify('"+channelJobReady+"', q) FROM (SELECT DISTINCT queue AS q FROM done) d", "SELECT 1")
+}
+
 // lockJobsSQL locks the jobs of queue $1 whose ids are $2, in id order.
 const lockJobsSQL = `SELECT 1 FROM hipq_job WHERE queue = $1 AND id = ANY($2) ORDER BY id FOR UPDATE`
 
@@ -209,6 +229,10 @@ func resolveQueue(ctx context.Context, tx pgx.Tx, ev *Events, queue string, rs [
 		q = resolveManyEventsSQL
 		args["ev_type"], args["ev_topic"], args["ev_attempts"] = ev.args()
 	}
+	dist := distributedTx(tx)
+	if dist {
+		q = map[string]string{resolveManySQL: resolveManyCitusSQL, resolveManyEventsSQL: resolveManyEventsCitusSQL}[q]
+	}
 	rows, err := tx.Query(ctx, q, args)
 	if err != nil {
 		return nil, err
@@ -225,6 +249,11 @@ func resolveQueue(ctx context.Context, tx pgx.Tx, ev *Events, queue string, rs [
 		return nil
 	}); err != nil {
 		return nil, err
+	}
+	if dist && len(out) > 0 {
+		if err := notifyQueues(ctx, tx, queue); err != nil {
+			return nil, err
+		}
 	}
 	return out, nil
 }

@@ -26,6 +26,10 @@ type Store struct {
 	pool   *pgxpool.Pool
 	schema string
 	citus  string
+	// dist: the database is a Citus cluster (the schema laid out for it,
+	// or to be, by Migrate), and the statements that would span shards
+	// take their distributed forms (see citus.go).
+	dist   bool
 	writes *writeWatch
 	// events are the outcome events the statements that end jobs write
 	// (nil: none).
@@ -103,7 +107,12 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 		pool.Close()
 		return nil, fmt.Errorf("connect to database: %w", err)
 	}
-	return &Store{pool: pool, schema: cfg.Schema, citus: cfg.Citus, writes: &writeWatch{running: map[uint64]time.Time{}}}, nil
+	s := &Store{pool: pool, schema: cfg.Schema, citus: cfg.Citus, writes: &writeWatch{running: map[uint64]time.Time{}}}
+	if s.dist, err = s.onCitus(pctx, pool); err != nil && !errors.Is(err, ErrNoCitus) {
+		pool.Close()
+		return nil, err
+	}
+	return s, nil
 }
 
 // Close closes every connection.
@@ -141,6 +150,10 @@ func (s *Store) inTx(ctx context.Context, fn func(pgx.Tx) error) error {
 // its own error ends the try before anything is sent.
 func (s *Store) inTxOpen(ctx context.Context, open func(*pgx.Batch) error, fn func(pgx.Tx) error) error {
 	defer s.writes.start()()
+	if s.dist {
+		inner := fn
+		fn = func(tx pgx.Tx) error { return inner(citusTx{tx}) }
+	}
 	var err error
 	for try := 0; try < 5; try++ {
 		if open == nil {

@@ -12,6 +12,7 @@ package citustest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -110,40 +111,124 @@ func Stop() {
 // and the workers added, or skips t where Citus is not installed.
 func URL(t testing.TB) string {
 	t.Helper()
-	once.Do(setup)
-	if skipWhy != "" {
-		t.Skip(skipWhy)
-	}
-	if setupErr != nil {
-		t.Fatalf("test Citus cluster: %v", setupErr)
-	}
+	Require(t)
 	name := fmt.Sprintf("%s%d", prefix, seq.Add(1))
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if err := newDatabase(ctx, name); err != nil {
+	u, err := NewDatabase(ctx, name, "")
+	if err != nil {
 		t.Fatalf("create Citus test database: %v", err)
 	}
-	return nodes[0].URL(name)
+	return u
 }
 
-// newDatabase creates database name on every node with the citus
-// extension, and adds the workers to the coordinator's metadata of it.
-func newDatabase(ctx context.Context, name string) error {
+// Require starts the test binary's Citus cluster at its first call, and
+// skips t, saying why, where Citus is not installed.
+func Require(t testing.TB) {
+	t.Helper()
+	if err := Start(); errors.Is(err, ErrSkip) {
+		t.Skip(err.Error())
+	} else if err != nil {
+		t.Fatalf("test Citus cluster: %v", err)
+	}
+}
+
+// ErrSkip wraps why the Citus tests cannot run on this machine (Citus is
+// not installed beside PostgreSQL, or does not load into it).
+var ErrSkip = errors.New("no Citus here")
+
+// Start starts the test binary's Citus cluster at its first call; it
+// returns an error wrapping ErrSkip where Citus is not installed.
+func Start() error {
+	once.Do(setup)
+	if skipWhy != "" {
+		return fmt.Errorf("%w: %s", ErrSkip, skipWhy)
+	}
+	return setupErr
+}
+
+// NewDatabase creates database name on every node of the started cluster
+// and returns its URL on the coordinator. Without a template, it creates
+// the citus extension on every node and adds the workers to the
+// coordinator's metadata of it. With one (a database Freeze made
+// read-only, of every node), each node copies its own: the copy is the
+// same cluster, metadata, shards and rows, under another name (Citus
+// reaches a database's shards on the workers by the database's name).
+func NewDatabase(ctx context.Context, name, template string) (string, error) {
+	if len(nodes) == 0 {
+		return "", errors.New("citustest: the cluster is not started")
+	}
 	for _, n := range nodes {
-		u, err := n.CreateDatabase(ctx, name, "")
+		u, err := n.CreateDatabase(ctx, name, template)
+		if err != nil {
+			return "", err
+		}
+		if template != "" {
+			continue
+		}
+		if err := exec(ctx, u, "CREATE EXTENSION citus"); err != nil {
+			return "", err
+		}
+	}
+	if template == "" {
+		stmts := []string{"SELECT citus_set_coordinator_host('127.0.0.1', " + strconv.Itoa(nodes[0].Port) + ")"}
+		for _, w := range nodes[1:] {
+			stmts = append(stmts, "SELECT citus_add_node('127.0.0.1', "+strconv.Itoa(w.Port)+")")
+		}
+		if err := exec(ctx, nodes[0].URL(name), stmts...); err != nil {
+			return "", err
+		}
+	}
+	return nodes[0].URL(name), nil
+}
+
+// Freeze makes database name a template on every node: no connections
+// from now on (Citus's maintenance daemon and connection caches hold
+// some, and CREATE DATABASE copies only a database nobody is in).
+func Freeze(ctx context.Context, name string) error {
+	for _, n := range nodes {
+		err := exec(ctx, n.URL("postgres"),
+			"ALTER DATABASE "+pgx.Identifier{name}.Sanitize()+" ALLOW_CONNECTIONS false",
+			"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = "+quote(name))
 		if err != nil {
 			return err
 		}
-		if err := exec(ctx, u, "CREATE EXTENSION citus"); err != nil {
-			return err
+		// Terminated backends leave at once, but not before the
+		// statement returns: wait until none is in the database.
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			conn, err := pgx.Connect(ctx, n.URL("postgres"))
+			if err != nil {
+				return err
+			}
+			var in int
+			err = conn.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE datname = $1", name).Scan(&in)
+			conn.Close(ctx)
+			if err != nil {
+				return err
+			}
+			if in == 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("citustest: %d sessions still in %s on port %d", in, name, n.Port)
+			}
+			time.Sleep(20 * time.Millisecond)
 		}
 	}
-	stmts := []string{"SELECT citus_set_coordinator_host('127.0.0.1', " + strconv.Itoa(nodes[0].Port) + ")"}
-	for _, w := range nodes[1:] {
-		stmts = append(stmts, "SELECT citus_add_node('127.0.0.1', "+strconv.Itoa(w.Port)+")")
-	}
-	return exec(ctx, nodes[0].URL(name), stmts...)
+	return nil
 }
+
+// WorkerURLs returns the URLs of database name on each worker node.
+func WorkerURLs(name string) []string {
+	var out []string
+	for _, w := range nodes[1:] {
+		out = append(out, w.URL(name))
+	}
+	return out
+}
+
+func quote(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
 
 func exec(ctx context.Context, url string, stmts ...string) error {
 	conn, err := pgx.Connect(ctx, url)

@@ -65,9 +65,17 @@ var startContainer func(context.Context) (url string, stop func(), err error)
 
 var errNoDocker = errors.New("no Docker engine is reachable")
 
+// OnCitus says whether the tests run on a Citus cluster
+// (HIPQ_TEST_CITUS=1, make test-citus).
+func OnCitus() bool { return os.Getenv("HIPQ_TEST_CITUS") == "1" }
+
 func setup() {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
+	if OnCitus() {
+		setupCitus(ctx)
+		return
+	}
 	if u := os.Getenv("HIPQ_TEST_DATABASE_URL"); u != "" {
 		adminURL = u
 	} else if os.Getenv("HIPQ_TEST_DOCKER") == "1" {
@@ -102,6 +110,34 @@ func setup() {
 	}
 	defer s.Close()
 	_, setupErr = s.Migrate(ctx)
+}
+
+// setupCitus makes the template of the tests' databases on the Citus
+// cluster of citustest: migrated, so laid out for Citus, then frozen.
+func setupCitus(ctx context.Context) {
+	if err := citustest.Start(); errors.Is(err, citustest.ErrSkip) {
+		skipWhy = "HIPQ_TEST_CITUS=1 asks for a Citus cluster, but " + err.Error()
+		return
+	} else if err != nil {
+		setupErr = err
+		return
+	}
+	tmpl := prefix + "template"
+	u, err := citustest.NewDatabase(ctx, tmpl, "")
+	if err != nil {
+		setupErr = err
+		return
+	}
+	s, err := store.Open(ctx, store.Config{URL: u, MaxConns: 2, Citus: store.CitusOn})
+	if err != nil {
+		setupErr = err
+		return
+	}
+	_, setupErr = s.Migrate(ctx)
+	s.Close()
+	if setupErr == nil {
+		setupErr = citustest.Freeze(ctx, tmpl)
+	}
 }
 
 func createDB(ctx context.Context, name, from string) error {
@@ -150,6 +186,15 @@ func URL(t testing.TB) string {
 	}
 	name := fmt.Sprintf("%s%d", prefix, seq.Add(1))
 	ctx := context.Background()
+	if OnCitus() {
+		mu.Lock()
+		u, err := citustest.NewDatabase(ctx, name, prefix+"template")
+		mu.Unlock()
+		if err != nil {
+			t.Fatalf("create Citus test database: %v", err)
+		}
+		return u
+	}
 	mu.Lock()
 	err := createDB(ctx, name, prefix+"template")
 	mu.Unlock()
