@@ -582,16 +582,16 @@ func (l *intakeLimit) plan(jobs []IntakeJob) error {
 // has one, reply_to and correlation when no job asks for its outcome, and
 // claim when no job is claimed.
 type intakeColumns struct {
-	queues, types, keys, data        []string
-	maxAtt, prio, factor, timeout    []int32
-	sched, expires                   []*time.Time
-	windows                          []*string
-	tparents, tstates                []*string
-	replyTo, correlation             []*string
-	claim                            []bool
-	claiming                         bool
-	unitRates, unitParts             []string
-	unitOrds                         []int64
+	queues, types, keys, data     []string
+	maxAtt, prio, factor, timeout []int32
+	sched, expires                []*time.Time
+	windows                       []*string
+	tparents, tstates             []*string
+	replyTo, correlation          []*string
+	claim                         []bool
+	claiming                      bool
+	unitRates, unitParts          []string
+	unitOrds                      []int64
 }
 
 // intakeColumnsOf makes the insert's arrays of jobs; a job asking to be
