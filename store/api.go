@@ -371,8 +371,10 @@ func (s *Store) JobReplay(ctx context.Context, jobType, jobKey string, jt *corre
 
 // QueueSetPaused pauses or resumes a queue for every instance's dispatcher.
 func (s *Store) QueueSetPaused(ctx context.Context, queue string, paused bool) error {
-	_, err := s.pool.Exec(ctx, `INSERT INTO hipq_queue (name, paused) VALUES ($1, $2)
-		ON CONFLICT (name) DO UPDATE SET paused = excluded.paused, updated_at = now()`, queue, paused)
+	// (now() in the values, not in the update: Citus, where hipq_queue is
+	// a reference table, evaluates it once on the coordinator there.)
+	_, err := s.pool.Exec(ctx, `INSERT INTO hipq_queue (name, paused, updated_at) VALUES ($1, $2, now())
+		ON CONFLICT (name) DO UPDATE SET paused = excluded.paused, updated_at = excluded.updated_at`, queue, paused)
 	if err != nil {
 		return fmt.Errorf("set queue %q paused=%v: %w", queue, paused, err)
 	}

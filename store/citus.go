@@ -132,6 +132,15 @@ func distribute(ctx context.Context, conn *pgx.Conn) error {
 			return fmt.Errorf("citus: lay out %s as a %s table: %w", t.name, t.kind, err)
 		}
 	}
+	// hipq_event's trigger would notify from the workers, where nobody
+	// listens and whose part of a transaction that also wrote elsewhere
+	// (the coordinator's offsets, say) commits in two phases, which
+	// refuses NOTIFY: on Citus the statements that write events notify
+	// the relay themselves (notifyCitus), and it polls besides. Dropped
+	// at every migrate, after the repeatables that may have made it again.
+	if _, err := conn.Exec(ctx, "DROP TRIGGER IF EXISTS hipq_event_notify ON hipq_event"); err != nil {
+		return fmt.Errorf("citus: drop hipq_event's trigger: %w", err)
+	}
 	return nil
 }
 
@@ -144,6 +153,10 @@ func colocateWith(table string) string {
 	}
 	return citusColocateWith
 }
+
+// Distributed says whether the store's database is a Citus cluster
+// (database.citus on, or auto with the citus extension there).
+func (s *Store) Distributed() bool { return s.dist }
 
 // citusTx is a transaction on Citus: the statements that would span
 // shards take their distributed forms in it (distributedTx). inTx gives one to
@@ -176,10 +189,19 @@ func mustReplace(s, old, new string) string {
 	return strings.Replace(s, old, new, 1)
 }
 
-// notifyQueues tells the dispatchers of queues, in a statement of its own
-// (on Citus, one that reads no distributed table runs where it was sent,
-// on the node its listeners are connected to), that they may claim.
-func notifyQueues(ctx context.Context, tx pgx.Tx, queues ...string) error {
-	_, err := tx.Exec(ctx, "SELECT pg_notify('"+channelJobReady+"', q) FROM unnest($1::text[]) AS q", queues)
+// notifyCitus tells the dispatchers of queues that they may claim, and
+// with events the relay that some were written, in a statement of its own:
+// on Citus one that reads no distributed table runs where it was sent, on
+// the node the listeners are connected to (a notice from a worker would
+// reach nobody, and refuse its transaction's two-phase commit).
+func notifyCitus(ctx context.Context, tx execer, events bool, queues ...string) error {
+	channels, payloads := make([]string, 0, len(queues)+1), make([]string, 0, len(queues)+1)
+	for _, q := range queues {
+		channels, payloads = append(channels, channelJobReady), append(payloads, q)
+	}
+	if events {
+		channels, payloads = append(channels, channelEvent), append(payloads, "")
+	}
+	_, err := tx.Exec(ctx, "SELECT pg_notify(c, p) FROM unnest($1::text[], $2::text[]) AS n(c, p)", channels, payloads)
 	return err
 }

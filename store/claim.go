@@ -415,7 +415,7 @@ func (s *Store) claimUnbounded(ctx context.Context, p JobClaimParams) (Claim, er
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
 	b.Queue(claimSettings)
-	b.Queue(unboundedSQL(p.Order, len(p.Types)), args).Query(func(rs pgx.Rows) error {
+	b.Queue(unboundedSQL(p.Order, len(p.Types), s.dist), args).Query(func(rs pgx.Rows) error {
 		var r claimedRow
 		var moved bool
 		var sched time.Time
@@ -486,15 +486,26 @@ func (s *Store) claimUnbounded(ctx context.Context, p JobClaimParams) (Claim, er
 // claimColumns) or with windows (false: not moved; its id, type, state,
 // attempt, expiry and windows), each with now(), its scheduled_run_time
 // and priority.
-func unboundedSQL(o correlator.Order, n int) string {
+func unboundedSQL(o correlator.Order, n int, dist bool) string {
 	order := orderSQL(o, "j")
 	var read string
-	if n == 1 {
+	if n == 1 || dist {
+		// (On Citus, whose planner would run the merge of several types'
+		// reads apart from the lock and fail to read its result back,
+		// the types' due jobs are read together, on the worker.)
+		types := make([]string, n)
+		for i := range types {
+			types[i] = fmt.Sprintf("@type_%d", i)
+		}
+		is := "= " + types[0]
+		if n > 1 {
+			is = "IN (" + strings.Join(types, ", ") + ")"
+		}
 		read = fmt.Sprintf(`SELECT j.id, j.state, j.attempt, j.job_type, j.expires_at, j.time_windows, j.scheduled_run_time, j.priority
 			FROM hipq_job j
-			WHERE j.queue = @queue AND j.job_type = @type_0 AND %s
+			WHERE j.queue = @queue AND j.job_type %s AND %s
 			  AND NOT EXISTS (SELECT 1 FROM hipq_queue q WHERE q.name = @queue AND q.paused)
-			ORDER BY %s LIMIT @limit FOR UPDATE SKIP LOCKED`, dueSQL, order)
+			ORDER BY %s LIMIT @limit FOR UPDATE SKIP LOCKED`, is, dueSQL, order)
 	} else {
 		// Each type's first due jobs from its own range of the due index,
 		// merged in the queue's order (a Merge Append, which reads each type

@@ -440,7 +440,7 @@ func TestClaimWindowsAndDefer(t *testing.T) {
 		t.Fatalf("rescheduled %v ahead, want to tomorrow's opening (~22h)", d)
 	}
 	wantState(t, get(t, st, "closed-expiring"), correlator.StateFinal, correlator.OutcomeExpired, 0)
-	if n := count(t, st, "SELECT count(*) FROM hipq_attempt a JOIN hipq_job j ON j.id = a.job_id WHERE j.job_key IN ('own-closed', 'type-closed')"); n != 0 {
+	if n := count(t, st, "SELECT count(*) FROM hipq_attempt a JOIN hipq_job j ON j.queue = a.queue AND j.id = a.job_id WHERE j.job_key IN ('own-closed', 'type-closed')"); n != 0 {
 		t.Fatalf("a reschedule left %d attempt rows", n)
 	}
 	if again := claimWith(t, st, store.JobClaimParams{TypeWindows: map[string][]correlator.TimeWindow{"windowed": closed}}); len(again.Jobs)+len(again.Closed) != 0 {
@@ -581,6 +581,7 @@ func TestDueProbeIsWiderThanTheClaim(t *testing.T) {
 // time windows) fails, the jobs the first one moved are still returned, to
 // be sent, and the claim says why the others were not moved; they wait.
 func TestClaimReturnsTheFirstStatementsJobsWhenTheSecondFails(t *testing.T) {
+	skipOnCitus(t, "the test fails the second statement with a trigger, which Citus refuses on a distributed table")
 	t.Parallel()
 	st := pgtest.New(t)
 	allDay := []correlator.TimeWindow{{Start: "00:00", End: "23:59", TZ: "UTC"}}

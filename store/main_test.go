@@ -16,6 +16,15 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 
 var ctx = context.Background()
 
+// skipOnCitus skips t when the tests run on Citus (pgtest.OnCitus), for
+// the reason why: what t holds is not hipq's behaviour there.
+func skipOnCitus(t *testing.T, why string) {
+	t.Helper()
+	if pgtest.OnCitus() {
+		t.Skip("on Citus, " + why)
+	}
+}
+
 var types = map[string]*correlator.JobType{
 	"t": {Name: "t", Queue: "default", Timeout: time.Hour, Priority: 100, ThrottleFactor: 1, Delivery: correlator.AtLeastOnce,
 		Retry: &correlator.Backoff{Attempts: 3, Initial: time.Minute, When: []correlator.AttemptOutcome{correlator.AttemptFailed, correlator.AttemptTimedOut, correlator.AttemptDispatchError}}},

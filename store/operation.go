@@ -549,13 +549,21 @@ var bulkCancelEventsSQL = withEvents(bulkCancelSQL, "@ev_types", "@ev_topics", "
 func jobsReplayBatch(ctx context.Context, tx pgx.Tx, op Operation, w OperationWork) (step, error) {
 	args := pgx.NamedArgs{"cursor": op.Cursor, "until": op.Until, "n": w.Batch}
 	// (newest: no non-final job of the key, and no final one after it)
-	rows, err := tx.Query(ctx, `SELECT `+jobColumns+`, newest FROM (
+	q := `SELECT ` + jobColumns + `, newest FROM (
 		SELECT j.*,
 		  NOT EXISTS (SELECT 1 FROM hipq_job n WHERE n.job_type = j.job_type AND n.job_key = j.job_key AND n.state <> 'final')
 		  AND NOT EXISTS (SELECT 1 FROM hipq_job n WHERE n.job_type = j.job_type AND n.job_key = j.job_key AND n.state = 'final'
 		                  AND n.id > j.id) AS newest
-		FROM hipq_job j WHERE j.id > @cursor AND j.id <= @until AND `+op.Jobs.where(op.Kind, args)+` ORDER BY j.id LIMIT @n) x
-		ORDER BY id`, args)
+		FROM hipq_job j WHERE j.id > @cursor AND j.id <= @until AND ` + op.Jobs.where(op.Kind, args) + ` ORDER BY j.id LIMIT @n) x
+		ORDER BY id`
+	if distributedTx(tx) {
+		// On Citus a subquery joins a distributed table to itself only on
+		// the distribution column: a key's jobs are looked for in the
+		// job's queue, its type's (a type's queue does not change while it
+		// has non-final jobs: check-config refuses it).
+		q = strings.ReplaceAll(q, "FROM hipq_job n WHERE n.job_type = j.job_type", "FROM hipq_job n WHERE n.queue = j.queue AND n.job_type = j.job_type")
+	}
+	rows, err := tx.Query(ctx, q, args)
 	if err != nil {
 		return step{}, fmt.Errorf("walk jobs: %w", err)
 	}

@@ -172,7 +172,7 @@ func TestBulkCancelSkipsJobsEndedMeanwhile(t *testing.T) {
 	}()
 	// The batch read k2 as initial and waits for its row.
 	testutil.Eventually(t, 10*time.Second, func() bool {
-		return count(t, st, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`) > 0
+		return count(t, st, waiting) > 0
 	}, "the batch waits for k2's row")
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
@@ -434,7 +434,7 @@ func TestBulkCancelWritesOutcomeEvents(t *testing.T) {
 		Jobs: &store.JobFilter{Queue: "default", KeyPrefix: "a-", CreatedBefore: &now}}
 	got := runOperation(t, st, op, store.OperationWork{Batch: 2})
 	wantCounts(t, got, 3, 3, 0)
-	if n := count(t, st, `SELECT count(*) FROM hipq_event e JOIN hipq_job j ON j.id = e.job_id
+	if n := count(t, st, `SELECT count(*) FROM hipq_event e JOIN hipq_job j ON j.queue = e.queue AND j.id = e.job_id
 		WHERE e.topic = 'ev' AND e.outcome = 'cancelled' AND j.job_key LIKE 'a-%' AND j.outcome = 'cancelled'`); n != 3 {
 		t.Fatalf("%d outcome events of 3 cancelled jobs", n)
 	}

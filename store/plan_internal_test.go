@@ -325,7 +325,7 @@ func explainClaim(t *testing.T, conn *pgx.Conn, p JobClaimParams) int {
 	b.Queue(claimSettings)
 	if !p.Throttle.Bounded() {
 		args := pgx.NamedArgs{"queue": p.Queue, "limit": p.Limit, "instance": p.Instance, "windowed": []string{}, "type_0": p.Types[0]}
-		b.Queue(unboundedSQL(p.Order, 1), args).Exec(func(ct pgconn.CommandTag) error {
+		b.Queue(unboundedSQL(p.Order, 1, false), args).Exec(func(ct pgconn.CommandTag) error {
 			moved = make([]Claimed, ct.RowsAffected())
 			return nil
 		})

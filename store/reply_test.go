@@ -264,13 +264,13 @@ func TestExpireAndPrune(t *testing.T) {
 	if _, err := st.Pool().Exec(ctx, `UPDATE hipq_job SET state = 'final', outcome = 'succeeded' WHERE job_key = 'ran'`); err != nil {
 		t.Fatal(err)
 	}
-	if n := count(t, st, `SELECT count(*) FROM hipq_attempt a JOIN hipq_job j ON j.id = a.job_id WHERE j.job_key = 'ran'`); n != 1 {
+	if n := count(t, st, `SELECT count(*) FROM hipq_attempt a JOIN hipq_job j ON j.queue = a.queue AND j.id = a.job_id WHERE j.job_key = 'ran'`); n != 1 {
 		t.Fatalf("%d attempts of the job to prune, want 1", n)
 	}
 	if n, _ := st.JobPrune(ctx, -time.Second, 10); n != 2 {
 		t.Fatalf("pruned %d, want the final jobs only", n)
 	}
-	if n := count(t, st, `SELECT count(*) FROM hipq_attempt a WHERE NOT EXISTS (SELECT 1 FROM hipq_job j WHERE j.id = a.job_id)`); n != 0 {
+	if n := count(t, st, `SELECT count(*) FROM hipq_attempt a WHERE NOT EXISTS (SELECT 1 FROM hipq_job j WHERE j.queue = a.queue AND j.id = a.job_id)`); n != 0 {
 		t.Fatalf("%d attempts left behind by the prune", n)
 	}
 	if n, _ := st.DeadLetterPrune(ctx, 24*time.Hour, 10); n != 1 {

@@ -138,7 +138,7 @@ var resolveManyEventsSQL = strings.Replace(withEvents(resolveManySQL, "@ev_type"
 // forms on Citus, which runs a statement's CTEs one after the other and
 // reaches a row of a distributed table by its key, never by its tuple id:
 // the jobs are updated by (queue, id), still locked by the caller. The
-// notice goes in a statement of its own (notifyQueues): Citus would send
+// notice goes in a statement of its own (notifyCitus): Citus would send
 // the CTE's to the worker, where nobody listens and which commits in two
 // phases, refusing a NOTIFY.
 var resolveManyCitusSQL, resolveManyEventsCitusSQL = resolveForCitus(resolveManySQL), resolveForCitus(resolveManyEventsSQL)
@@ -251,7 +251,7 @@ func resolveQueue(ctx context.Context, tx pgx.Tx, ev *Events, queue string, rs [
 		return nil, err
 	}
 	if dist && len(out) > 0 {
-		if err := notifyQueues(ctx, tx, queue); err != nil {
+		if err := notifyCitus(ctx, tx, ev.On(), queue); err != nil {
 			return nil, err
 		}
 	}

@@ -43,7 +43,7 @@ func (s *Store) SweeperLock(ctx context.Context) (release func(), ok bool, err e
 // another transaction holds (a reply being applied) are skipped and the
 // writes are guarded, so a reply racing a timeout is never overwritten.
 func (s *Store) JobTimeOutStuck(ctx context.Context, limit int, types correlator.Types) ([]AttemptRef, error) {
-	queues, err := s.queuesOf(ctx, runningQueuesSQL)
+	queues, err := s.queuesOf(ctx, s.runningQueues())
 	if err != nil {
 		return nil, fmt.Errorf("find timed-out jobs: %w", err)
 	}
@@ -264,12 +264,12 @@ var findUnsentSQL = runningTimeouts("@queue") + `, cand AS (
 		FROM (SELECT x.* FROM vals
 		      CROSS JOIN LATERAL (SELECT r.queue, r.id, r.attempt, r.job_type, r.started_at FROM hipq_job r
 		                          WHERE r.queue = @queue AND r.state = 'running' AND r.timeout_seconds = vals.secs
-		                            AND r.started_at >= @since AND r.started_at < now() - make_interval(secs => @least_bound) - @grace::interval
+		                            AND r.started_at >= @since::timestamptz AND r.started_at < now() - make_interval(secs => @least_bound::float8) - @grace::interval
 		                          OFFSET 0) x
 		      UNION ALL
 		      SELECT r.queue, r.id, r.attempt, r.job_type, r.started_at FROM hipq_job r
 		      WHERE r.queue = @queue AND r.state = 'running' AND r.timeout_seconds > (SELECT max(secs) FROM vals)
-		        AND r.started_at >= @since AND r.started_at < now() - make_interval(secs => @least_bound) - @grace::interval) j
+		        AND r.started_at >= @since::timestamptz AND r.started_at < now() - make_interval(secs => @least_bound::float8) - @grace::interval) j
 		CROSS JOIN LATERAL (SELECT b.dispatched_at, b.sent_at, b.outcome, b.progress_at FROM hipq_attempt b
 		                    WHERE b.queue = j.queue AND b.job_id = j.id AND b.attempt = j.attempt OFFSET 0) a
 		JOIN unnest(@job_type::text[], @send_bound::float8[]) AS t(job_type, secs) ON t.job_type = j.job_type
@@ -277,7 +277,70 @@ var findUnsentSQL = runningTimeouts("@queue") + `, cand AS (
 		)
 		(SELECT queue, id, attempt, job_type, dispatched_at, started_at FROM cand WHERE due ORDER BY started_at LIMIT @limit)
 		UNION ALL
-		SELECT NULL, NULL, NULL, NULL, now() - make_interval(secs => @least_bound) - @grace::interval, min(started_at) FROM cand WHERE NOT due`
+		SELECT NULL, NULL, NULL, NULL, now() - make_interval(secs => @least_bound::float8) - @grace::interval, min(started_at) FROM cand WHERE NOT due`
+
+// findUnsentCitusSQL is findUnsentSQL on Citus, one statement Citus sends
+// whole to the queue's shard (findUnsentSQL's parts it would plan apart):
+// every candidate, with whether it is due, once; the sweep makes of them
+// what findUnsentSQL's two parts give (unsentOnCitus). The worker reads
+// the queue's running jobs claimed in the range, as its planner chooses.
+var findUnsentCitusSQL = `
+		SELECT j.queue, j.id, j.attempt, j.job_type, a.dispatched_at, j.started_at,
+		       a.dispatched_at < now() - make_interval(secs => t.secs) - @grace::interval AS due
+		FROM hipq_job j
+		JOIN hipq_attempt a ON a.queue = j.queue AND a.job_id = j.id AND a.attempt = j.attempt
+		JOIN unnest(@job_type::text[], @send_bound::float8[]) AS t(job_type, secs) ON t.job_type = j.job_type
+		WHERE j.queue = @queue AND a.queue = @queue AND j.state = 'running' AND j.started_at >= @since::timestamptz
+		  AND j.started_at < now() - make_interval(secs => @least_bound::float8) - @grace::interval
+		  AND ` + notKnownSent
+
+// unsentOnCitus runs findUnsentCitusSQL and gives its answer as
+// findUnsentSQL's rows: up to @limit due claims, oldest first, then the
+// row of the range's end (on the transaction's clock, now() being the
+// same in each of its statements) and the earliest claim not yet due.
+func unsentOnCitus(ctx context.Context, tx pgx.Tx, args pgx.StrictNamedArgs) (pgx.Rows, error) {
+	type cand struct {
+		queue, jobType string
+		id             int64
+		att            int
+		dispatched     time.Time
+		started        time.Time
+	}
+	rows, err := tx.Query(ctx, findUnsentCitusSQL, pgx.NamedArgs(args)) // (@limit is applied here)
+	if err != nil {
+		return nil, err
+	}
+	var due []cand
+	var earliest *time.Time
+	var c cand
+	var isDue bool
+	if _, err := pgx.ForEachRow(rows, []any{&c.queue, &c.id, &c.att, &c.jobType, &c.dispatched, &c.started, &isDue}, func() error {
+		if isDue {
+			due = append(due, c)
+		} else if earliest == nil || c.started.Before(*earliest) {
+			t := c.started
+			earliest = &t
+		}
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+	slices.SortFunc(due, func(a, b cand) int { return a.started.Compare(b.started) })
+	due = due[:min(len(due), args["limit"].(int))]
+	var q strings.Builder
+	var vals []any
+	for _, d := range due {
+		n := len(vals)
+		fmt.Fprintf(&q, "SELECT $%d::text, $%d::bigint, $%d::int, $%d::text, $%d::timestamptz, $%d::timestamptz UNION ALL ",
+			n+1, n+2, n+3, n+4, n+5, n+6)
+		vals = append(vals, d.queue, d.id, d.att, d.jobType, d.dispatched, d.started)
+	}
+	n := len(vals)
+	fmt.Fprintf(&q, "SELECT NULL, NULL, NULL, NULL, now() - make_interval(secs => $%d::float8) - $%d::interval, $%d::timestamptz",
+		n+1, n+2, n+3)
+	vals = append(vals, args["least_bound"], args["grace"], earliest)
+	return tx.Query(ctx, q.String(), vals...)
+}
 
 // runningQueuesSQL lists the queues with running jobs, read from their
 // index one queue at a time (a skip scan: as cheap with a million running
@@ -290,6 +353,19 @@ const runningQueuesSQL = `
 		  FROM q WHERE q.queue IS NOT NULL
 		)
 		SELECT queue FROM q WHERE queue IS NOT NULL`
+
+// runningQueuesCitusSQL is runningQueuesSQL on Citus, which plans a
+// recursive CTE only within one shard: each shard lists its own queues
+// from its running jobs (a read of the running jobs' index entries).
+const runningQueuesCitusSQL = `SELECT DISTINCT queue FROM hipq_job WHERE state = 'running'`
+
+// runningQueues is the statement that lists the queues with running jobs.
+func (s *Store) runningQueues() string {
+	if s.dist {
+		return runningQueuesCitusSQL
+	}
+	return runningQueuesSQL
+}
 
 // UnsentMarks say, per queue, how far searches for unsent claims have
 // looked: every claim of the queue that started before its mark was found
@@ -355,7 +431,7 @@ func (s *Store) AttemptFindUnsent(ctx context.Context, types correlator.Types, g
 			WHERE datname = current_database() AND pid <> pg_backend_pid()`).Scan(&oldest); err != nil {
 			return err
 		}
-		queues, err := queuesIn(ctx, tx, runningQueuesSQL)
+		queues, err := queuesIn(ctx, tx, s.runningQueues())
 		if err != nil {
 			return err
 		}
@@ -364,8 +440,15 @@ func (s *Store) AttemptFindUnsent(ctx context.Context, types correlator.Types, g
 			if m, ok := from[q]; ok {
 				since = pgtype.Timestamptz{Time: m.Add(-LateClaimMargin), Valid: true}
 			}
-			rows, err := tx.Query(ctx, findUnsentSQL, pgx.StrictNamedArgs{"job_type": names, "send_bound": secs, "grace": grace,
-				"limit": limit, "queue": q, "least_bound": least, "since": since})
+			args := pgx.StrictNamedArgs{"job_type": names, "send_bound": secs, "grace": grace,
+				"limit": limit, "queue": q, "least_bound": least, "since": since}
+			var rows pgx.Rows
+			var err error
+			if s.dist {
+				rows, err = unsentOnCitus(ctx, tx, args)
+			} else {
+				rows, err = tx.Query(ctx, findUnsentSQL, args)
+			}
 			if err != nil {
 				return err
 			}
@@ -429,7 +512,13 @@ func (s *Store) JobExpire(ctx context.Context, limit int) (int, error) {
 			types, topics, attempts := s.events.args()
 			stmt, args = expireEventsSQL, append(args, types, topics, attempts)
 		}
+		if s.dist {
+			stmt = map[string]string{expireSQL: expireCitusSQL, expireEventsSQL: expireEventsCitusSQL}[stmt]
+		}
 		err := s.pool.QueryRow(ctx, stmt, args...).Scan(&n)
+		if err == nil && n > 0 && s.dist {
+			err = notifyCitus(ctx, s.pool, s.events.On(), q)
+		}
 		total += n
 		if err != nil {
 			errs = append(errs, fmt.Errorf("expire jobs of queue %q: %w", q, err))
@@ -456,6 +545,14 @@ var expireSQL = `
 // expireEventsSQL is expireSQL that writes the jobs' outcome events too,
 // with the routes in $3, $4 and $5.
 var expireEventsSQL = withEvents(expireSQL, "$3", "$4", "$5")
+
+// expireCitusSQL and expireEventsCitusSQL are the statements on Citus:
+// their notice goes in a statement of its own (notifyCitus), after them.
+var expireCitusSQL, expireEventsCitusSQL = expireForCitus(expireSQL), expireForCitus(expireEventsSQL)
+
+func expireForCitus(stmt string) string {
+	return mustReplace(stmt, "SELECT pg_notify('"+channelJobReady+"', $2) WHERE EXISTS (SELECT 1 FROM done)", "SELECT 1")
+}
 
 // JobPrune deletes up to limit final jobs (and their attempts) last updated
 // longer than retention ago, on PostgreSQL's clock.

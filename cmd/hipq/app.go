@@ -155,6 +155,12 @@ func newApp(ctx context.Context, cfg *config.Config, log *zap.Logger, opts appOp
 	if err != nil {
 		return nil, err
 	}
+	if st.Distributed() {
+		if err := citusUnsupported(cfg); err != nil {
+			st.Close()
+			return nil, err
+		}
+	}
 	domain := cfg.Domain()
 	// Every statement that ends a job writes the outcome events the
 	// config asks for (nothing when it asks for none).
