@@ -195,6 +195,39 @@ func TestOneNonFinalJobPerKey(t *testing.T) {
 	}
 }
 
+// One non-final job per (type, key) is kept, on Citus, per queue: a type
+// must not move to another queue while it has non-final jobs. The store
+// counts a type's non-final jobs outside its configured queue, by queue;
+// its final jobs and the jobs in its configured queue do not count.
+func TestNonFinalElsewhere(t *testing.T) {
+	t.Parallel()
+	st := pgtest.New(t)
+	in := func(queue string) func(*correlator.Job) { return func(j *correlator.Job) { j.Queue = queue } }
+	u := func(j *correlator.Job) { j.JobType = "u" }
+	insert(t, st, job("a", in("old")), job("b", in("old")), job("c", in("old")), job("d", in("older")),
+		job("e", in("new")), job("f", in("old")), job("g", in("old"), u))
+	if _, err := st.Pool().Exec(ctx, `UPDATE hipq_job SET state = 'final', outcome = 'cancelled' WHERE job_key = 'f'`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Pool().Exec(ctx, `UPDATE hipq_job SET state = 'running', attempt = 1, started_at = now() WHERE job_key = 'a'`); err != nil {
+		t.Fatal(err)
+	}
+	got, err := st.NonFinalElsewhere(ctx, map[string]string{"t": "new", "u": "old", "gone": "x"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []store.JobsElsewhere{{JobType: "t", Queue: "old", Count: 3}, {JobType: "t", Queue: "older", Count: 1}}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("got %v, want %v", got, want)
+	}
+	if got, err := st.NonFinalElsewhere(ctx, map[string]string{"u": "new"}); err != nil || fmt.Sprint(got) != "[{u old 1}]" {
+		t.Fatalf("type u moved to new: got %v, %v, want [{u old 1}]", got, err)
+	}
+	if got, err := st.NonFinalElsewhere(ctx, map[string]string{"u": "old"}); err != nil || len(got) != 0 {
+		t.Fatalf("type u kept in its queue: got %v, %v, want none", got, err)
+	}
+}
+
 func intakeBatch(from, to int64, jobs ...*correlator.Job) store.IntakeBatch {
 	b := store.IntakeBatch{Group: "g", Offsets: []store.OffsetAdvance{{Topic: "in", Partition: 0, From: from, To: to}}}
 	for i, j := range jobs {
