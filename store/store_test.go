@@ -46,6 +46,9 @@ func TestMigrateIdempotentAndRefusesNewerSchema(t *testing.T) {
 // one gone.
 func TestMigrateNoTransactionRunsAgain(t *testing.T) {
 	t.Parallel()
+	if pgtest.OnCitus() {
+		t.Skip("runs version 11 again over a failed unique build of (job_type, job_key): on Citus a unique key must include queue, and the tables are distributed only after the latest migration, so version 11 never runs over them")
+	}
 	st := pgtest.New(t)
 	ms, err := store.Migrations()
 	if err != nil {
@@ -107,6 +110,9 @@ func TestMigrateNoTransactionRunsAgain(t *testing.T) {
 // late attempt can come between them.
 func TestMigrationGivesAttemptsTheirQueue(t *testing.T) {
 	t.Parallel()
+	if pgtest.OnCitus() {
+		t.Skip(skipBeforeVersion13)
+	}
 	st := pgtest.New(t)
 	insert(t, st, job("old"), job("new"))
 	c := claim(t, st, 1)
@@ -608,11 +614,18 @@ func TestMigrationGivesWayToLongTransactions(t *testing.T) {
 	}
 }
 
+// skipBeforeVersion13 is why the tests of a database before version 13
+// skip on Citus.
+const skipBeforeVersion13 = "stands for a database before version 13 by dropping hipq_attempt.queue, which on Citus is the distribution column (Citus refuses the drop; a database is laid out for Citus only at the latest version)"
+
 // beforeVersion13 returns a database as schema version 12 left it (no
 // queue on attempts, version 13 and later unrecorded) after the given statements,
 // and a store on it.
 func beforeVersion13(t *testing.T, then ...string) (string, *store.Store) {
 	t.Helper()
+	if pgtest.OnCitus() {
+		t.Skip(skipBeforeVersion13)
+	}
 	url := pgtest.URL(t)
 	st, err := store.Open(ctx, store.Config{URL: url})
 	if err != nil {
