@@ -322,7 +322,7 @@ func (s *Store) Migrate(ctx context.Context) (applied []Migration, err error) {
 					if _, err := tx.Exec(ctx, "SELECT set_config('lock_timeout', $1, true)", lockTimeoutFor(true)); err != nil {
 						return err
 					}
-					if _, err := tx.Exec(ctx, m.SQL); err != nil {
+					if err := execMigration(ctx, tx, m, citus); err != nil {
 						return err
 					}
 					_, err := tx.Exec(ctx, record, m.Version, m.Name)
@@ -348,7 +348,7 @@ func (s *Store) Migrate(ctx context.Context) (applied []Migration, err error) {
 				if _, err := tx.Exec(ctx, "SELECT set_config('lock_timeout', $1, true)", lockTimeoutFor(true)); err != nil {
 					return err
 				}
-				if _, err := tx.Exec(ctx, r.SQL); err != nil {
+				if err := execMigration(ctx, tx, r, citus); err != nil {
 					return err
 				}
 				_, err := tx.Exec(ctx, `INSERT INTO hipq_schema_repeatable (name, checksum) VALUES ($1, $2)
@@ -367,6 +367,25 @@ func (s *Store) Migrate(ctx context.Context) (applied []Migration, err error) {
 		}
 	}
 	return applied, nil
+}
+
+// execMigration runs the text of a migration that runs in a transaction,
+// in tx: whole, in one simple query, or on Citus statement by statement.
+// Citus sends some DDL on to the workers as the text of the query that
+// carried it, with the extended protocol, which takes one statement only:
+// a migration's whole text would be refused there ("cannot insert multiple
+// commands into a prepared statement") once its tables are distributed.
+func execMigration(ctx context.Context, tx pgx.Tx, m Migration, citus bool) error {
+	if !citus {
+		_, err := tx.Exec(ctx, m.SQL)
+		return err
+	}
+	for _, stmt := range m.Statements() {
+		if _, err := tx.Exec(ctx, stmt); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // querier is a connection or a pool.

@@ -82,10 +82,15 @@ func (s *Store) ScheduleFire(ctx context.Context, sch *correlator.Schedule, jt *
 		var last, now time.Time
 		var lastKey string
 		var running bool
-		err := tx.QueryRow(ctx, `
-			SELECT s.last_fire, s.paused, coalesce(s.last_job_key, ''), now(),
-			       EXISTS (SELECT 1 FROM hipq_job j WHERE j.job_type = s.last_job_type AND j.job_key = s.last_job_key AND j.state <> 'final')
-			FROM hipq_schedule s WHERE s.name = $1 FOR UPDATE OF s`, sch.Name).Scan(&last, &f.Paused, &lastKey, &now, &running)
+		var err error
+		if distributedTx(tx) {
+			last, f.Paused, lastKey, now, running, err = scheduleLockDistributed(ctx, tx, sch.Name)
+		} else {
+			err = tx.QueryRow(ctx, `
+				SELECT s.last_fire, s.paused, coalesce(s.last_job_key, ''), now(),
+				       EXISTS (SELECT 1 FROM hipq_job j WHERE j.job_type = s.last_job_type AND j.job_key = s.last_job_key AND j.state <> 'final')
+				FROM hipq_schedule s WHERE s.name = $1 FOR UPDATE OF s`, sch.Name).Scan(&last, &f.Paused, &lastKey, &now, &running)
+		}
 		if errors.Is(err, pgx.ErrNoRows) {
 			return fmt.Errorf("schedule %s has no row: %w", sch.Name, correlator.ErrNotFound)
 		}
@@ -136,6 +141,26 @@ func (s *Store) ScheduleFire(ctx context.Context, sch *correlator.Schedule, jt *
 	return f, err
 }
 
+// scheduleLockDistributed is ScheduleFire's lock of the schedule's row on
+// Citus, where hipq_schedule is a reference table and hipq_job is
+// distributed: Citus locks no rows in a statement that also reads a
+// distributed table, so the row is locked alone, and whether the
+// schedule's last job is still non-final is read after, in a statement of
+// its own (over every queue: the job's queue is not kept, and its type may
+// have moved). That read sees what committed before the lock was taken.
+func scheduleLockDistributed(ctx context.Context, tx pgx.Tx, name string) (last time.Time, paused bool, lastKey string, now time.Time, running bool, err error) {
+	var lastType string
+	err = tx.QueryRow(ctx, `/* locks a reference table's row */
+		SELECT last_fire, paused, coalesce(last_job_type, ''), coalesce(last_job_key, ''), now()
+		FROM hipq_schedule WHERE name = $1 FOR UPDATE`, name).Scan(&last, &paused, &lastType, &lastKey, &now)
+	if err != nil || lastType == "" || lastKey == "" {
+		return last, paused, lastKey, now, false, err
+	}
+	err = tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM hipq_job WHERE job_type = $1 AND job_key = $2 AND state <> 'final')`,
+		lastType, lastKey).Scan(&running)
+	return last, paused, lastKey, now, running, err
+}
+
 // scheduleInsert inserts the job of sch's tick at tick, on the caller's
 // transaction; it returns the key and whether the job is new (false: a
 // non-final job of that key was there).
@@ -181,6 +206,9 @@ func (s *Store) ScheduleTrigger(ctx context.Context, sch *correlator.Schedule, j
 // ScheduleSetPaused pauses or resumes a schedule. Ticks due while paused
 // are passed over: resuming moves last_fire to now, never backfilling.
 func (s *Store) ScheduleSetPaused(ctx context.Context, name string, paused bool) error {
+	if s.dist {
+		return s.scheduleSetPausedDistributed(ctx, name, paused)
+	}
 	tag, err := s.pool.Exec(ctx, `
 		UPDATE hipq_schedule SET paused = $2, update_time = now(),
 		       last_fire = CASE WHEN paused AND NOT $2 THEN greatest(last_fire, now()) ELSE last_fire END
@@ -192,4 +220,28 @@ func (s *Store) ScheduleSetPaused(ctx context.Context, name string, paused bool)
 		return fmt.Errorf("schedule %s: %w", name, correlator.ErrNotFound)
 	}
 	return nil
+}
+
+// scheduleSetPausedDistributed is ScheduleSetPaused on Citus, which
+// refuses a write whose CASE calls now() (a function it must evaluate on
+// the coordinator, and will not inside a branch): the transaction's now()
+// is read first and passed in, the same time now() gives in the update.
+func (s *Store) scheduleSetPausedDistributed(ctx context.Context, name string, paused bool) error {
+	return s.inTx(ctx, func(tx pgx.Tx) error {
+		var now time.Time
+		if err := tx.QueryRow(ctx, "SELECT now()").Scan(&now); err != nil {
+			return fmt.Errorf("pause schedule %s: %w", name, err)
+		}
+		tag, err := tx.Exec(ctx, `/* pauses with the transaction's now() passed in */
+			UPDATE hipq_schedule SET paused = $2, update_time = now(),
+			       last_fire = CASE WHEN paused AND NOT $2 THEN greatest(last_fire, $3::timestamptz) ELSE last_fire END
+			WHERE name = $1`, name, paused, now)
+		if err != nil {
+			return fmt.Errorf("pause schedule %s: %w", name, err)
+		}
+		if tag.RowsAffected() == 0 {
+			return fmt.Errorf("schedule %s: %w", name, correlator.ErrNotFound)
+		}
+		return nil
+	})
 }

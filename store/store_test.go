@@ -45,8 +45,10 @@ func TestMigrateIdempotentAndRefusesNewerSchema(t *testing.T) {
 // invalid half-built new one, it ends with the new index valid and the old
 // one gone.
 func TestMigrateNoTransactionRunsAgain(t *testing.T) {
-	skipOnCitus(t, "the test needs a failed CREATE INDEX CONCURRENTLY to leave an invalid index on hipq_job, which Citus cleans up on a distributed table")
 	t.Parallel()
+	if pgtest.OnCitus() {
+		t.Skip("runs version 11 again over a failed unique build of (job_type, job_key): on Citus a unique key must include queue, and the tables are distributed only after the latest migration, so version 11 never runs over them")
+	}
 	st := pgtest.New(t)
 	ms, err := store.Migrations()
 	if err != nil {
@@ -107,8 +109,10 @@ func TestMigrateNoTransactionRunsAgain(t *testing.T) {
 // claim writes it. Its statements are run one by one here, so that such a
 // late attempt can come between them.
 func TestMigrationGivesAttemptsTheirQueue(t *testing.T) {
-	skipOnCitus(t, "the test drops hipq_attempt.queue, the distribution column, which Citus refuses")
 	t.Parallel()
+	if pgtest.OnCitus() {
+		t.Skip(skipBeforeVersion13)
+	}
 	st := pgtest.New(t)
 	insert(t, st, job("old"), job("new"))
 	c := claim(t, st, 1)
@@ -194,6 +198,39 @@ func TestOneNonFinalJobPerKey(t *testing.T) {
 	}
 	if n, err := st.JobsInsert(ctx, []*correlator.Job{job("a")}); err != nil || n != 1 {
 		t.Fatalf("a key whose jobs are all final makes a new job: n=%d err=%v", n, err)
+	}
+}
+
+// One non-final job per (type, key) is kept, on Citus, per queue: a type
+// must not move to another queue while it has non-final jobs. The store
+// counts a type's non-final jobs outside its configured queue, by queue;
+// its final jobs and the jobs in its configured queue do not count.
+func TestNonFinalElsewhere(t *testing.T) {
+	t.Parallel()
+	st := pgtest.New(t)
+	in := func(queue string) func(*correlator.Job) { return func(j *correlator.Job) { j.Queue = queue } }
+	u := func(j *correlator.Job) { j.JobType = "u" }
+	insert(t, st, job("a", in("old")), job("b", in("old")), job("c", in("old")), job("d", in("older")),
+		job("e", in("new")), job("f", in("old")), job("g", in("old"), u))
+	if _, err := st.Pool().Exec(ctx, `UPDATE hipq_job SET state = 'final', outcome = 'cancelled' WHERE job_key = 'f'`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Pool().Exec(ctx, `UPDATE hipq_job SET state = 'running', attempt = 1, started_at = now() WHERE job_key = 'a'`); err != nil {
+		t.Fatal(err)
+	}
+	got, err := st.NonFinalElsewhere(ctx, map[string]string{"t": "new", "u": "old", "gone": "x"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []store.JobsElsewhere{{JobType: "t", Queue: "old", Count: 3}, {JobType: "t", Queue: "older", Count: 1}}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("got %v, want %v", got, want)
+	}
+	if got, err := st.NonFinalElsewhere(ctx, map[string]string{"u": "new"}); err != nil || fmt.Sprint(got) != "[{u old 1}]" {
+		t.Fatalf("type u moved to new: got %v, %v, want [{u old 1}]", got, err)
+	}
+	if got, err := st.NonFinalElsewhere(ctx, map[string]string{"u": "old"}); err != nil || len(got) != 0 {
+		t.Fatalf("type u kept in its queue: got %v, %v, want none", got, err)
 	}
 }
 
@@ -500,7 +537,6 @@ func TestAttemptWritersLockJobsFirst(t *testing.T) {
 // URL) does not bound a migration: version 13's batched fill of 100,000
 // attempts outlasts 100 ms and still completes.
 func TestMigrationOutlastsStatementTimeout(t *testing.T) {
-	skipOnCitus(t, "the test undoes a migration that alters queue, the distribution column, which Citus refuses")
 	t.Parallel()
 	url, st := beforeVersion13(t,
 		`WITH j AS (INSERT INTO hipq_job (queue, job_type, job_key, state, outcome, attempt)
@@ -529,7 +565,6 @@ func TestMigrationOutlastsStatementTimeout(t *testing.T) {
 // (2 s) and tries again, so the traffic goes on, and it lands once the
 // long transaction ends.
 func TestMigrationGivesWayToLongTransactions(t *testing.T) {
-	skipOnCitus(t, "the test undoes a migration that alters queue, the distribution column, which Citus refuses")
 	t.Parallel()
 	url, st := beforeVersion13(t)
 	migrator, err := store.Open(ctx, store.Config{URL: url})
@@ -579,11 +614,18 @@ func TestMigrationGivesWayToLongTransactions(t *testing.T) {
 	}
 }
 
+// skipBeforeVersion13 is why the tests of a database before version 13
+// skip on Citus.
+const skipBeforeVersion13 = "stands for a database before version 13 by dropping hipq_attempt.queue, which on Citus is the distribution column (Citus refuses the drop; a database is laid out for Citus only at the latest version)"
+
 // beforeVersion13 returns a database as schema version 12 left it (no
 // queue on attempts, version 13 and later unrecorded) after the given statements,
 // and a store on it.
 func beforeVersion13(t *testing.T, then ...string) (string, *store.Store) {
 	t.Helper()
+	if pgtest.OnCitus() {
+		t.Skip(skipBeforeVersion13)
+	}
 	url := pgtest.URL(t)
 	st, err := store.Open(ctx, store.Config{URL: url})
 	if err != nil {

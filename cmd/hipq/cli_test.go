@@ -2,13 +2,17 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
 	"gopkg.in/yaml.v3"
+
+	"github.com/hipq/hipq/internal/pgtest"
 )
 
 func TestCheckConfig(t *testing.T) {
@@ -40,6 +44,61 @@ kafka: {brokers: [k:9092], sasl: {mechanism: PLAIN, username: u, password: "${KP
 	}
 	if !strings.Contains(errOut.String(), "bogus: unknown key") {
 		t.Errorf("problems not reported:\n%s", errOut.String())
+	}
+}
+
+// check-config --database refuses a config that gives a job type another
+// queue while the type has non-final jobs in its old one (on Citus, one
+// non-final job per type and key holds per queue only), naming the field,
+// the type, the queues and the count; once those jobs ended, it passes.
+func TestCheckConfigRefusesMovingATypeWithNonFinalJobs(t *testing.T) {
+	ctx := context.Background()
+	dbURL := pgtest.URL(t)
+	cfgPath := filepath.Join(t.TempDir(), "hipq.yaml")
+	writeFile(t, cfgPath, `
+database: {url: "`+dbURL+`"}
+kafka: {brokers: ["localhost:9092"]}
+queues: [{name: old}, {name: new}]
+job_types:
+  - {name: a, queue: new, transport: {kafka: {topic: a}}}
+  - {name: b, queue: old, transport: {kafka: {topic: b}}}
+  - {name: c, queue: new, transport: {kafka: {topic: c}}}
+`)
+	db, err := pgx.Connect(ctx, dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close(ctx)
+	if _, err := db.Exec(ctx, `INSERT INTO hipq_job (queue, job_type, job_key, state, outcome) VALUES
+		('old', 'a', '1', 'initial', NULL), ('old', 'a', '2', 'initial', NULL), ('older', 'a', '3', 'initial', NULL),
+		('old', 'a', '4', 'final', 'succeeded'), ('new', 'a', '5', 'initial', NULL),
+		('old', 'b', '1', 'initial', NULL), ('old', 'c', '1', 'initial', NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	var out, errOut bytes.Buffer
+	if code := runMain([]string{"check-config", "--config", cfgPath}, &out, &errOut); code != 0 {
+		t.Fatalf("without --database: exit %d: %s", code, errOut.String())
+	}
+	if code := runMain([]string{"check-config", "--config", cfgPath, "--database"}, &out, &errOut); code != 2 {
+		t.Fatalf("exit %d, want 2: %s", code, errOut.String())
+	}
+	for _, want := range []string{
+		`job_types[0].queue: "new", but 3 non-final jobs of type a are in queues "old" (2), "older" (1): let them end (or cancel them) before changing the type's queue`,
+		`job_types[2].queue: "new", but 1 non-final job of type c is in queue "old": let them end`,
+	} {
+		if !strings.Contains(errOut.String(), want) {
+			t.Errorf("check-config --database said:\n%s\nwant a line with:\n%s", errOut.String(), want)
+		}
+	}
+	if strings.Contains(errOut.String(), "type b") {
+		t.Errorf("check-config --database refused type b, which stays in its queue:\n%s", errOut.String())
+	}
+	if _, err := db.Exec(ctx, `UPDATE hipq_job SET state = 'final', outcome = 'cancelled' WHERE queue <> 'new' AND job_type IN ('a', 'c')`); err != nil {
+		t.Fatal(err)
+	}
+	errOut.Reset()
+	if code := runMain([]string{"check-config", "--config", cfgPath, "--database"}, &out, &errOut); code != 0 {
+		t.Fatalf("with the moved types' jobs ended: exit %d: %s", code, errOut.String())
 	}
 }
 

@@ -3,7 +3,7 @@
 //
 //	hipq run --config hipq.yaml [--only intake,dispatcher,responses,sweeper,api]
 //	hipq migrate [up|status] --config hipq.yaml
-//	hipq check-config --config hipq.yaml
+//	hipq check-config --config hipq.yaml [--database]
 //	hipq demo
 //	hipq bench [-n 20000] [--json]
 //	hipq jobs get|list|cancel|replay|run-now ...
@@ -22,6 +22,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime/pprof"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -31,6 +32,7 @@ import (
 
 	"github.com/hipq/hipq/config"
 	"github.com/hipq/hipq/internal/memlimit"
+	"github.com/hipq/hipq/store"
 )
 
 const usage = `hipq — durable request/response correlator
@@ -38,7 +40,7 @@ const usage = `hipq — durable request/response correlator
 Usage:
   hipq run --config FILE [--only intake,dispatcher,responses,sweeper,api]
   hipq migrate [up|status] --config FILE
-  hipq check-config --config FILE
+  hipq check-config --config FILE [--database]
   hipq demo
   hipq bench [-n N] [--json]
   hipq jobs get|list|cancel|replay|run-now ...
@@ -297,6 +299,7 @@ func cmdMigrate(args []string, stdout io.Writer) error {
 func cmdCheckConfig(args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("check-config", flag.ContinueOnError)
 	cfgPath := configFlag(fs)
+	database := fs.Bool("database", false, "also check the config against the database at database.url")
 	if err := fs.Parse(args); err != nil {
 		return &exitError{2, err}
 	}
@@ -305,6 +308,60 @@ func cmdCheckConfig(args []string, stdout io.Writer) error {
 		return err
 	}
 	fmt.Fprint(stdout, "# effective config (secrets redacted)\n"+cfg.Redacted())
+	if !*database {
+		return nil
+	}
+	ctx := context.Background()
+	st, err := openStore(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	return checkQueueMoves(ctx, cfg, st)
+}
+
+// checkQueueMoves refuses a config that gives a job type another queue
+// than the one its non-final jobs are in: one non-final job per type and
+// key is kept per queue on Citus (and replies look for a job in its
+// type's queue first), so a type changes queue only once its jobs there
+// have ended.
+func checkQueueMoves(ctx context.Context, cfg *config.Config, st *store.Store) error {
+	queueOf := map[string]string{}
+	index := map[string]int{}
+	for i, jt := range cfg.JobTypes {
+		queueOf[jt.Name] = jt.Queue
+		index[jt.Name] = i
+	}
+	found, err := st.NonFinalElsewhere(ctx, queueOf)
+	if err != nil {
+		return err
+	}
+	var problems config.Errors
+	for i := 0; i < len(found); {
+		jt := found[i].JobType
+		var total int64
+		var where []string
+		for ; i < len(found) && found[i].JobType == jt; i++ {
+			total += found[i].Count
+			where = append(where, fmt.Sprintf("%q (%d)", found[i].Queue, found[i].Count))
+		}
+		in := "queue " + strconv.Quote(found[i-1].Queue)
+		if len(where) > 1 {
+			in = "queues " + strings.Join(where, ", ")
+		}
+		jobs := fmt.Sprintf("%d non-final jobs of type %s are", total, jt)
+		if total == 1 {
+			jobs = fmt.Sprintf("1 non-final job of type %s is", jt)
+		}
+		problems = append(problems, config.Problem{
+			Path: fmt.Sprintf("job_types[%d].queue", index[jt]),
+			Reason: fmt.Sprintf("%q, but %s in %s: let them end (or cancel them) before changing the type's queue",
+				queueOf[jt], jobs, in),
+		})
+	}
+	if len(problems) > 0 {
+		return &exitError{2, problems}
+	}
 	return nil
 }
 
