@@ -16,13 +16,10 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 
 var ctx = context.Background()
 
-// skipOnCitus skips t when the tests run on Citus (pgtest.OnCitus), for
-// the reason why: what t holds is not hipq's behaviour there.
+// skipOnCitus is pgtest.SkipOnCitus.
 func skipOnCitus(t *testing.T, why string) {
 	t.Helper()
-	if pgtest.OnCitus() {
-		t.Skip("on Citus, " + why)
-	}
+	pgtest.SkipOnCitus(t, why)
 }
 
 var types = map[string]*correlator.JobType{

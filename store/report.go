@@ -19,12 +19,14 @@ type Summary struct {
 // RunSummary counts outcomes, attempts and dead letters.
 func (s *Store) RunSummary(ctx context.Context) (Summary, error) {
 	var r Summary
+	// (Each table's count apart: Citus plans them one by one.)
 	err := s.pool.QueryRow(ctx, `
-		SELECT count(*) FILTER (WHERE outcome = 'succeeded'), count(*) FILTER (WHERE outcome = 'failed'),
-		       (SELECT count(*) FROM hipq_attempt WHERE outcome = 'timed_out'),
-		       count(*) FILTER (WHERE attempt > 1), coalesce(sum(attempt), 0),
-		       (SELECT count(*) FROM hipq_dead_letter)
-		FROM hipq_job`).Scan(&r.Succeeded, &r.Failed, &r.TimedOutAttempts, &r.Retried, &r.Attempts, &r.DeadLetters)
+		SELECT j.succeeded, j.failed, a.n, j.retried, j.attempts, d.n
+		FROM (SELECT count(*) FILTER (WHERE outcome = 'succeeded') AS succeeded, count(*) FILTER (WHERE outcome = 'failed') AS failed,
+		             count(*) FILTER (WHERE attempt > 1) AS retried, coalesce(sum(attempt), 0) AS attempts
+		      FROM hipq_job) j,
+		     (SELECT count(*) AS n FROM hipq_attempt WHERE outcome = 'timed_out') a,
+		     (SELECT count(*) AS n FROM hipq_dead_letter) d`).Scan(&r.Succeeded, &r.Failed, &r.TimedOutAttempts, &r.Retried, &r.Attempts, &r.DeadLetters)
 	if err != nil {
 		return r, fmt.Errorf("summarize jobs: %w", err)
 	}

@@ -18,6 +18,7 @@ import (
 // request keeps counting in its rate window: limit 1 an hour, no second
 // claim within the hour.
 func TestRescuedClaimsKeepCounting(t *testing.T) {
+	pgtest.SkipOnCitus(t, "rate limits are not supported yet (hipq_rate_count is not distributed)")
 	t.Parallel()
 	st := pgtest.New(t)
 	types := correlator.Types{"alo": {Name: "alo", Queue: "default", Delivery: correlator.AtLeastOnce, Retry: correlator.NoRetry}}

@@ -55,20 +55,20 @@ func TestSweep(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	exec(`UPDATE hipq_attempt a SET dispatched_at = now() - interval '10 minutes' FROM hipq_job j WHERE j.id = a.job_id AND j.job_key = 'dead'`)
+	exec(`UPDATE hipq_attempt a SET dispatched_at = now() - interval '10 minutes' FROM hipq_job j WHERE j.queue = a.queue AND j.id = a.job_id AND j.job_key = 'dead'`)
 	exec(`UPDATE hipq_job SET started_at = now() - interval '10 minutes' WHERE job_key = 'dead'`) // (a running job's started_at is its attempt's dispatched_at)
 	exec(`UPDATE hipq_job SET started_at = now() - interval '2 hours' WHERE job_key = 'slow'`)
 	// Never sent, and past their timeouts: a lost claim past the send bound
 	// too (undone, not timed out: the request never left), and one within
 	// it (left for the rescue, which decides once the bound has passed).
-	exec(`UPDATE hipq_attempt a SET dispatched_at = now() - interval '2 hours' FROM hipq_job j WHERE j.id = a.job_id AND j.job_key = 'lost'`)
+	exec(`UPDATE hipq_attempt a SET dispatched_at = now() - interval '2 hours' FROM hipq_job j WHERE j.queue = a.queue AND j.id = a.job_id AND j.job_key = 'lost'`)
 	exec(`UPDATE hipq_job SET started_at = now() - interval '2 hours' WHERE job_key = 'lost'`)
-	exec(`UPDATE hipq_attempt a SET dispatched_at = now() - interval '9 minutes' FROM hipq_job j WHERE j.id = a.job_id AND j.job_key = 'lost2'`)
+	exec(`UPDATE hipq_attempt a SET dispatched_at = now() - interval '9 minutes' FROM hipq_job j WHERE j.queue = a.queue AND j.id = a.job_id AND j.job_key = 'lost2'`)
 	exec(`UPDATE hipq_job SET started_at = now() - interval '9 minutes' WHERE job_key = 'lost2'`)
 	exec(`UPDATE hipq_job SET started_at = now() - interval '2 hours' WHERE job_type = 'removed' AND job_key = 'old'`)
-	exec(`UPDATE hipq_attempt a SET dispatched_at = now() - interval '5 seconds' FROM hipq_job j WHERE j.id = a.job_id AND j.job_key = 'quick'`)
+	exec(`UPDATE hipq_attempt a SET dispatched_at = now() - interval '5 seconds' FROM hipq_job j WHERE j.queue = a.queue AND j.id = a.job_id AND j.job_key = 'quick'`)
 	exec(`UPDATE hipq_job SET started_at = now() - interval '5 seconds' WHERE job_key = 'quick'`)
-	exec(`UPDATE hipq_attempt a SET sent_at = now() FROM hipq_job j WHERE j.id = a.job_id AND j.job_key = 'slow'`)
+	exec(`UPDATE hipq_attempt a SET sent_at = now() FROM hipq_job j WHERE j.queue = a.queue AND j.id = a.job_id AND j.job_key = 'slow'`)
 	if _, err := st.JobsInsert(ctx, []*correlator.Job{mk("alo", "expired", &past)}); err != nil {
 		t.Fatal(err)
 	}

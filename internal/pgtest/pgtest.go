@@ -69,6 +69,15 @@ var errNoDocker = errors.New("no Docker engine is reachable")
 // (HIPQ_TEST_CITUS=1, make test-citus).
 func OnCitus() bool { return os.Getenv("HIPQ_TEST_CITUS") == "1" }
 
+// SkipOnCitus skips t when the tests run on Citus, for the reason why:
+// what t holds is not hipq's behaviour there.
+func SkipOnCitus(t testing.TB, why string) {
+	t.Helper()
+	if OnCitus() {
+		t.Skip("on Citus, " + why)
+	}
+}
+
 func setup() {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
