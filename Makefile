@@ -3,11 +3,20 @@
 
 GO ?= go
 
-.PHONY: test vet fmt-check lint postgres-check build bench demo fuzz screenshot schema
+.PHONY: test test-citus vet fmt-check lint postgres-check build bench demo fuzz screenshot schema
 
 test: vet fmt-check lint postgres-check
 	$(GO) test -race -count=1 -timeout 15m ./...
 	cd client && $(GO) test -race -count=1 -timeout 5m ./...
+
+# The tests of every package that stores jobs, again on a Citus cluster of a
+# coordinator and two workers (HIPQ_TEST_CITUS=1: internal/citustest starts
+# one per package, from the PostgreSQL binaries the tests use, with Citus
+# installed beside them). Without Citus they skip, saying so. Tests that do
+# not hold on Citus skip there, each saying why (pgtest.SkipOnCitus).
+CITUS_PACKAGES := ./store ./sweeper ./consumer ./dispatcher ./api ./internal/activity ./cmd/hipq
+test-citus: postgres-check
+	HIPQ_TEST_CITUS=1 $(GO) test -p 1 -count=1 -timeout 25m $(CITUS_PACKAGES)
 
 # The producers' client is a module of its own (client/go.mod).
 vet:

@@ -164,6 +164,7 @@ func TestOutboxMalformedRows(t *testing.T) {
 // raising an internal error) is found by splitting its batch and
 // dead-lettered; every other row of the batch becomes its job.
 func TestOutboxPoisonRow(t *testing.T) {
+	pgtest.SkipOnCitus(t, "the test makes PostgreSQL refuse writes with a trigger, which Citus does not run on a distributed table")
 	t.Parallel()
 	st := pgtest.New(t)
 	o, _ := newOutbox(t, st)
@@ -374,6 +375,7 @@ func TestOutboxDrainsPastTheByteBudget(t *testing.T) {
 // is no row to compare with: it writes no job. Once the error stops,
 // every row becomes its job (or that dead letter) exactly once.
 func TestOutboxSystemicRefusalStalls(t *testing.T) {
+	pgtest.SkipOnCitus(t, "the test makes PostgreSQL refuse writes with a trigger, which Citus does not run on a distributed table")
 	t.Parallel()
 	st := pgtest.New(t)
 	o, m := newOutbox(t, st)
@@ -428,6 +430,7 @@ func TestOutboxSystemicRefusalStalls(t *testing.T) {
 // the drain is reported as stalled once it waited StallAfter, until a
 // row after it settles it.
 func TestOutboxLoneRefusedRow(t *testing.T) {
+	pgtest.SkipOnCitus(t, "the test makes PostgreSQL refuse writes with a trigger, which Citus does not run on a distributed table")
 	t.Parallel()
 	st := pgtest.New(t)
 	o, m := newOutbox(t, st)
@@ -488,6 +491,7 @@ func TestOutboxLoneRefusedRow(t *testing.T) {
 // a trigger failing every insert, the refused row is not dead-lettered
 // for it; the row after it is refused the same way and the drain stalls.
 func TestOutboxDuplicateRowIsNoComparison(t *testing.T) {
+	pgtest.SkipOnCitus(t, "the test makes PostgreSQL refuse writes with a trigger, which Citus does not run on a distributed table")
 	t.Parallel()
 	st := pgtest.New(t)
 	o, m := newOutbox(t, st)
@@ -530,6 +534,7 @@ func TestOutboxDuplicateRowIsNoComparison(t *testing.T) {
 // tried. Every row is read (deleted, in transactions that commit or roll
 // back) fewer than 4 times: once per halving of its batch and once more.
 func TestOutboxComparisonReadsRowsOnce(t *testing.T) {
+	pgtest.SkipOnCitus(t, "the test makes PostgreSQL refuse writes with a trigger, which Citus does not run on a distributed table")
 	t.Parallel()
 	st := pgtest.New(t)
 	o, _ := newOutbox(t, st)
@@ -564,6 +569,7 @@ func TestOutboxComparisonReadsRowsOnce(t *testing.T) {
 // dead-lettered with the refused row: the drain does not stall for ever
 // on one bad request.
 func TestOutboxSameInputTwiceIsNoComparison(t *testing.T) {
+	pgtest.SkipOnCitus(t, "the test makes PostgreSQL refuse writes with a trigger, which Citus does not run on a distributed table")
 	t.Parallel()
 	st := pgtest.New(t)
 	o, m := newOutbox(t, st)
@@ -592,6 +598,7 @@ func TestOutboxSameInputTwiceIsNoComparison(t *testing.T) {
 // data (the dead-letter table broken) holds the drain and says so; once
 // the dead letter is taken, the drain goes on.
 func TestOutboxRefusedDeadLetterStalls(t *testing.T) {
+	pgtest.SkipOnCitus(t, "the test makes PostgreSQL refuse writes with a trigger, which Citus does not run on a distributed table")
 	t.Parallel()
 	st := pgtest.New(t)
 	o, m := newOutbox(t, st)
@@ -633,6 +640,7 @@ func TestOutboxRefusedDeadLetterStalls(t *testing.T) {
 // transaction, the row becomes its job; nothing is dead-lettered and the
 // drain does not wait.
 func TestOutboxRefusalThatStopsBeforeTheComparison(t *testing.T) {
+	pgtest.SkipOnCitus(t, "the test makes PostgreSQL refuse writes with a trigger, which Citus does not run on a distributed table")
 	t.Parallel()
 	st := pgtest.New(t)
 	o, m := newOutbox(t, st)

@@ -196,6 +196,7 @@ const brokenTrigger = `
 // error stops, every record becomes its job exactly once and the stall is
 // over.
 func TestSystemicRefusalStallsInsteadOfDeadLettering(t *testing.T) {
+	pgtest.SkipOnCitus(t, "the test makes PostgreSQL refuse writes with a trigger, which Citus does not run on a distributed table")
 	t.Parallel()
 	r := newIntakeRig(t, time.Hour, brokenTrigger)
 	r.produce(0, "a0", "!", "a1", "a2", "a3", "a4")
@@ -252,6 +253,7 @@ func TestSystemicRefusalStallsInsteadOfDeadLettering(t *testing.T) {
 // that record, and its partition moves on: the record after it shows the
 // refusal was the record's own. Nothing stalls.
 func TestOneRecordsRefusalDeadLettersItAlone(t *testing.T) {
+	pgtest.SkipOnCitus(t, "the test makes PostgreSQL refuse writes with a trigger, which Citus does not run on a distributed table")
 	t.Parallel()
 	r := newIntakeRig(t, time.Hour, refuseWhen("NEW.job_key = 'poison'"))
 	r.produce(0, "k0", "k1", "poison", "k3", "k4")
@@ -280,6 +282,7 @@ func TestOneRecordsRefusalDeadLettersItAlone(t *testing.T) {
 // none coming, the partition is reported as stalled once it waited
 // StallAfter, until a record after it settles it or the error stops.
 func TestLoneRefusedRecord(t *testing.T) {
+	pgtest.SkipOnCitus(t, "the test makes PostgreSQL refuse writes with a trigger, which Citus does not run on a distributed table")
 	t.Parallel()
 	refuse := refuseWhen("NEW.job_key LIKE 'poison%'")
 	t.Run("a record after it comes", func(t *testing.T) {
@@ -372,6 +375,7 @@ const afterTrigger = `
 // refused record followed by a duplicate is not dead-lettered; the record
 // after the duplicate is the one compared with, and the partition stalls.
 func TestDuplicateAfterARefusalIsNoComparison(t *testing.T) {
+	pgtest.SkipOnCitus(t, "the test makes PostgreSQL refuse writes with a trigger, which Citus does not run on a distributed table")
 	t.Parallel()
 	r := newIntakeRig(t, time.Hour, afterTrigger)
 	r.produce(0, "dup")
@@ -414,6 +418,7 @@ func TestDuplicateAfterARefusalIsNoComparison(t *testing.T) {
 // the same way and the partition stalls. Once the error stops, every
 // reply is applied once.
 func TestRepliesThatWriteNothingAreNoComparison(t *testing.T) {
+	pgtest.SkipOnCitus(t, "the test makes PostgreSQL refuse writes with a trigger, which Citus does not run on a distributed table")
 	t.Parallel()
 	r := newResponsesRig(t, time.Hour, strings.Replace(brokenTrigger, "BEFORE INSERT", "BEFORE UPDATE", 1))
 	if _, err := r.st.Pool().Exec(context.Background(), `DELETE FROM broken`); err != nil {
@@ -459,6 +464,7 @@ func TestRepliesThatWriteNothingAreNoComparison(t *testing.T) {
 // another input, and the copies between are dead-lettered with it: the
 // partition moves on instead of stalling for ever on one bad input.
 func TestSameInputTwiceIsNoComparison(t *testing.T) {
+	pgtest.SkipOnCitus(t, "the test makes PostgreSQL refuse writes with a trigger, which Citus does not run on a distributed table")
 	t.Parallel()
 	const refuse = `
 		CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -518,6 +524,7 @@ const refuseDeadLetters = `
 // hipq_consumer_stalled and readiness, not a silent retry. Once the
 // dead letter is taken, the partition moves on.
 func TestRefusedDeadLetterStalls(t *testing.T) {
+	pgtest.SkipOnCitus(t, "the test makes PostgreSQL refuse writes with a trigger, which Citus does not run on a distributed table")
 	t.Parallel()
 	r := newIntakeRig(t, time.Hour, refuseDeadLetters)
 	r.produce(0, "k0", "bad", "k2")
@@ -546,6 +553,7 @@ func TestRefusedDeadLetterStalls(t *testing.T) {
 // below the stored one, found by an offset conflict) is over: the stall
 // it reported goes back to 0.
 func TestOffsetConflictEndsAPassedHold(t *testing.T) {
+	pgtest.SkipOnCitus(t, "the test makes PostgreSQL refuse writes with a trigger, which Citus does not run on a distributed table")
 	t.Parallel()
 	r := newIntakeRig(t, time.Nanosecond, refuseWhen("NEW.job_key = 'poison'"))
 	r.produce(1, "poison")
@@ -594,6 +602,7 @@ func refusedTwice(event string) string {
 // batch is refused (try 1), the record alone (try 2), and the comparison
 // writes the record after it and then the record (try 3).
 func TestRefusalThatStopsBeforeTheComparison(t *testing.T) {
+	pgtest.SkipOnCitus(t, "the test makes PostgreSQL refuse writes with a trigger, which Citus does not run on a distributed table")
 	t.Parallel()
 	t.Run("intake", func(t *testing.T) {
 		t.Parallel()

@@ -203,7 +203,7 @@ func TestHTTPSync(t *testing.T) {
 		t.Fatalf("%d calls", ds.callCount("flaky"))
 	}
 	var errs []string
-	rows, _ := c.st.Pool().Query(ctx, `SELECT a.outcome || ': ' || coalesce(a.error, '') FROM hipq_attempt a JOIN hipq_job j ON j.id = a.job_id
+	rows, _ := c.st.Pool().Query(ctx, `SELECT a.outcome || ': ' || coalesce(a.error, '') FROM hipq_attempt a JOIN hipq_job j ON j.queue = a.queue AND j.id = a.job_id
 		WHERE j.job_key = 'flaky' ORDER BY a.attempt`)
 	for rows.Next() {
 		var s string

@@ -145,7 +145,7 @@ func (r *rig) run(t testing.TB) {
 }
 
 func (r *rig) sentGood(t testing.TB) int {
-	return scalar(t, r.st, `SELECT count(*) FROM hipq_attempt a JOIN hipq_job j ON j.id = a.job_id
+	return scalar(t, r.st, `SELECT count(*) FROM hipq_attempt a JOIN hipq_job j ON j.queue = a.queue AND j.id = a.job_id
 		WHERE j.job_type = 'good' AND a.sent_at IS NOT NULL`)
 }
 
@@ -182,14 +182,14 @@ func TestOneNeighbourHoldsOnlyItsOwn(t *testing.T) {
 			t.Fatalf("%v healthy sends %s", v, res)
 		}
 	}
-	if n := scalar(t, st, `SELECT count(*) FROM hipq_attempt a JOIN hipq_job j ON j.id = a.job_id WHERE j.job_type = 'good'`); n != 40 {
+	if n := scalar(t, st, `SELECT count(*) FROM hipq_attempt a JOIN hipq_job j ON j.queue = a.queue AND j.id = a.job_id WHERE j.job_type = 'good'`); n != 40 {
 		t.Fatalf("%d attempts of healthy jobs, want 40 (one each)", n)
 	}
 	// Outlasting the send timeout, the refusals become dispatch errors
 	// that name where the requests were to go.
 	for typ, where := range map[string]string{"lost": "kafka topic missing", "gone": "http " + r.gone} {
 		testutil.Eventually(t, 30*time.Second, func() bool {
-			return scalar(t, st, fmt.Sprintf(`SELECT count(*) FROM hipq_attempt a JOIN hipq_job j ON j.id = a.job_id
+			return scalar(t, st, fmt.Sprintf(`SELECT count(*) FROM hipq_attempt a JOIN hipq_job j ON j.queue = a.queue AND j.id = a.job_id
 				WHERE j.job_type = '%s' AND a.outcome = 'dispatch_error' AND a.error LIKE '%s has refused every send for %%'
 				AND a.sent_at IS NULL`, typ, where)) > 0
 		}, "%s's dispatch errors", typ)

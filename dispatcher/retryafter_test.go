@@ -46,7 +46,7 @@ func TestRetryAfterHonoured(t *testing.T) {
 	var state string
 	var wait float64
 	if err := st.Pool().QueryRow(ctx, `SELECT j.state, extract(epoch FROM j.scheduled_run_time - a.dispatched_at)::float8
-		FROM hipq_job j JOIN hipq_attempt a ON a.job_id = j.id AND a.attempt = 1`).Scan(&state, &wait); err != nil {
+		FROM hipq_job j JOIN hipq_attempt a ON a.queue = j.queue AND a.job_id = j.id AND a.attempt = 1`).Scan(&state, &wait); err != nil {
 		t.Fatal(err)
 	}
 	if state != "retry" || wait < 3 || wait > 4 {

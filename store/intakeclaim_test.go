@@ -74,7 +74,7 @@ func TestIntakeClaimsDueJobs(t *testing.T) {
 		}
 		// Its attempt, as a claim writes it: the dispatched_at a record
 		// of its send names (the claim's started_at), unsent.
-		if n := count(t, st, `SELECT count(*) FROM hipq_attempt a JOIN hipq_job j ON j.id = a.job_id AND j.attempt = a.attempt
+		if n := count(t, st, `SELECT count(*) FROM hipq_attempt a JOIN hipq_job j ON j.queue = a.queue AND j.id = a.job_id AND j.attempt = a.attempt
 			WHERE j.id = $1 AND a.instance = 'fast' AND a.dispatched_at = j.started_at AND a.dispatched_at = $2
 			AND a.sent_at IS NULL AND a.outcome IS NULL`, c.ID, c.StartedAt); n != 1 {
 			t.Errorf("%s: %d attempt rows as a claim writes them", c.JobKey, n)

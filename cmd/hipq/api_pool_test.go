@@ -35,7 +35,7 @@ func TestAPIConnectionsApartFromTheHotPath(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tx.Rollback(context.Background())
-	if _, err := tx.Exec(context.Background(), `SELECT 1 FROM hipq_job WHERE job_key = 'locked' FOR UPDATE`); err != nil {
+	if _, err := tx.Exec(context.Background(), `SELECT 1 FROM hipq_job WHERE queue = 'default' AND job_key = 'locked' FOR UPDATE`); err != nil {
 		t.Fatal(err)
 	}
 	start := time.Now()

@@ -95,7 +95,7 @@ func TestProgressExtendsTheDeadline(t *testing.T) {
 		var newsAt *time.Time
 		err := e.pool().QueryRow(context.Background(), `
 			SELECT j.outcome, j.error, j.attempt, a.dispatched_at, j.update_time, a.progress_at, a.progress::text
-			FROM hipq_job j JOIN hipq_attempt a ON a.job_id = j.id AND a.attempt = j.attempt
+			FROM hipq_job j JOIN hipq_attempt a ON a.queue = j.queue AND a.job_id = j.id AND a.attempt = j.attempt
 			WHERE j.job_key = $1 AND j.state = 'final'`, key).Scan(&outcome, &x.errText, &x.attempt, &x.started, &x.ended, &newsAt, &progress)
 		if err != nil {
 			return x, false

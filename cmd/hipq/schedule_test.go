@@ -251,7 +251,7 @@ func TestDispatchOrder(t *testing.T) {
 		return n == 12, fmt.Sprintf("%d succeeded; left %s", n, left)
 	}, "all jobs final")
 	order := func(typ string) []string {
-		rows, err := in.st.Pool().Query(ctx, `SELECT j.job_key FROM hipq_attempt a JOIN hipq_job j ON j.id = a.job_id
+		rows, err := in.st.Pool().Query(ctx, `SELECT j.job_key FROM hipq_attempt a JOIN hipq_job j ON j.queue = a.queue AND j.id = a.job_id
 			WHERE j.job_type = $1 ORDER BY a.dispatched_at`, typ)
 		if err != nil {
 			t.Fatal(err)
