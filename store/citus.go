@@ -103,8 +103,12 @@ const citusEnableTriggers = "SET citus.enable_unsafe_triggers = on"
 // distribute lays the migrated schema out for Citus, table by table, each
 // in a transaction of its own (its key changes and its distribution
 // together, so a failure leaves the table as it was). A table Citus
-// already knows is left alone, so distribute runs at every migrate.
-func distribute(ctx context.Context, conn *pgx.Conn) error {
+// already knows is left alone, so distribute runs at every migrate. A
+// table with rows is distributed only when moveRows says to (hipq migrate
+// --distribute): Citus then copies its rows into the shards, and its local
+// copy is emptied in the same transaction; otherwise distribute refuses
+// it, saying how to move it.
+func distribute(ctx context.Context, conn *pgx.Conn, moveRows bool) error {
 	for _, t := range citusLayout {
 		var known bool
 		if err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = $1::regclass)", t.name).Scan(&known); err != nil {
@@ -112,6 +116,13 @@ func distribute(ctx context.Context, conn *pgx.Conn) error {
 		}
 		if known {
 			continue
+		}
+		var rows bool
+		if err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM "+pgx.Identifier{t.name}.Sanitize()+")").Scan(&rows); err != nil {
+			return fmt.Errorf("citus: %s: %w", t.name, err)
+		}
+		if rows && !moveRows {
+			return fmt.Errorf("citus: %s holds rows of a schema laid out on one PostgreSQL: stop every hipq, then run hipq migrate --distribute to move them onto the cluster", t.name)
 		}
 		err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
 			for _, k := range t.keys {
@@ -125,6 +136,11 @@ func distribute(ctx context.Context, conn *pgx.Conn) error {
 			} else {
 				_, err = tx.Exec(ctx, "SELECT create_distributed_table($1::regclass, $2, colocate_with => $3)",
 					t.name, citusDistributedBy, colocateWith(t.name))
+			}
+			if err == nil && rows {
+				// (Citus copied the rows into the shards; the coordinator's
+				// own copy would only take room.)
+				_, err = tx.Exec(ctx, "SELECT truncate_local_data_after_distributing_table($1::regclass)", t.name)
 			}
 			return err
 		})

@@ -2,7 +2,11 @@ package store_test
 
 import (
 	"errors"
+	"strings"
 	"testing"
+	"time"
+
+	"github.com/hipq/hipq/correlator"
 
 	"github.com/hipq/hipq/internal/citustest"
 	"github.com/hipq/hipq/internal/pgtest"
@@ -118,5 +122,74 @@ func TestOpenRefusesAnUnknownCitusMode(t *testing.T) {
 	_, err := store.Open(ctx, store.Config{URL: "postgres://nowhere", Citus: "yes"})
 	if err == nil || err.Error() != `database.citus: "yes" is not one of [auto on off]` {
 		t.Fatalf("got %v", err)
+	}
+}
+
+// TestMigrateDistributeMovesASingleNodeSchema: a schema laid out on one
+// PostgreSQL, with waiting, running and final jobs, is moved onto the
+// cluster's layout by hipq migrate --distribute (MigrateDistribute) while
+// no hipq runs, and then every job ends as it would have: a plain migrate
+// refuses to move rows, and --distribute refuses while another hipq is
+// connected.
+func TestMigrateDistributeMovesASingleNodeSchema(t *testing.T) {
+	url := citustest.URL(t)
+	single, err := store.Open(ctx, store.Config{URL: url, MaxConns: 4, Citus: store.CitusOff})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := single.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	insert(t, single, job("running"), job("done"))
+	claimSent(t, single, 2)
+	applyReplies(t, single, reply("done", 1, true))
+	insert(t, single, job("waiting"), job("later", at(-time.Hour)))
+	single.Close()
+
+	st, err := store.Open(ctx, store.Config{URL: url, MaxConns: 4}) // (database.citus: auto)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if _, err := st.Migrate(ctx); err == nil || !strings.Contains(err.Error(), "hipq migrate --distribute") {
+		t.Fatalf("a plain migrate of a schema with rows: %v, want a refusal naming --distribute", err)
+	}
+	other, err := store.Open(ctx, store.Config{URL: url, MaxConns: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.MigrateDistribute(ctx); !errors.Is(err, store.ErrHipqRunning) {
+		t.Fatalf("--distribute beside another hipq: %v, want ErrHipqRunning", err)
+	}
+	other.Close()
+	if _, err := st.MigrateDistribute(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !st.Distributed() {
+		t.Fatal("the store does not know its database is a Citus cluster")
+	}
+	var shards int
+	if err := st.Pool().QueryRow(ctx, `SELECT count(DISTINCT nodeport) FROM pg_dist_shard_placement p JOIN pg_dist_shard s USING (shardid)
+		WHERE s.logicalrelid = 'hipq_job'::regclass`).Scan(&shards); err != nil || shards != citustest.Workers {
+		t.Fatalf("hipq_job's shards are on %d workers (%v), want %d", shards, err, citustest.Workers)
+	}
+	if n := count(t, st, "SELECT count(*) FROM hipq_job"); n != 4 {
+		t.Fatalf("%d jobs on the cluster, want the 4 of the single-node schema", n)
+	}
+	// Every job ends as it would have.
+	applyReplies(t, st, reply("running", 1, true))
+	c := claimSent(t, st, 10)
+	if len(c) != 1 || c[0].JobKey != "waiting" {
+		t.Fatalf("claimed %v, want the waiting job alone", c)
+	}
+	applyReplies(t, st, reply("waiting", 1, true))
+	for _, k := range []string{"running", "waiting", "done"} {
+		wantState(t, get(t, st, k), correlator.StateFinal, correlator.OutcomeSucceeded, 1)
+	}
+	wantState(t, get(t, st, "later"), correlator.StateInitial, "", 0)
+	// The non-final key holds on the cluster's key: a final job's key takes
+	// a new job, a waiting one's does not.
+	if n, err := st.JobsInsert(ctx, []*correlator.Job{job("done"), job("later")}); err != nil || n != 1 {
+		t.Fatalf("inserted %d (%v), want the new job of the final key alone", n, err)
 	}
 }

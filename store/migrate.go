@@ -215,6 +215,24 @@ func (e *ErrSchemaTooNew) Error() string {
 // may change what a function reads. A run cut short in between still
 // applies them at the next start.
 func (s *Store) Migrate(ctx context.Context) (applied []Migration, err error) {
+	return s.migrate(ctx, false)
+}
+
+// MigrateDistribute is Migrate that, on Citus, also moves the rows of a
+// schema laid out on one PostgreSQL onto the cluster's layout (hipq
+// migrate --distribute): each table Citus does not know yet is
+// distributed (or made a reference table) with its rows, which Citus
+// copies into its shards, and its local copy emptied. No other hipq may be
+// connected meanwhile: it refuses, naming how many are, when one is.
+func (s *Store) MigrateDistribute(ctx context.Context) ([]Migration, error) {
+	return s.migrate(ctx, true)
+}
+
+// ErrHipqRunning is returned by MigrateDistribute while other hipq
+// sessions are connected to the database.
+var ErrHipqRunning = errors.New("other hipq sessions are connected to this database: stop every hipq before moving its rows onto the cluster")
+
+func (s *Store) migrate(ctx context.Context, moveRows bool) (applied []Migration, err error) {
 	ms, err := Migrations()
 	if err != nil {
 		return nil, err
@@ -260,6 +278,22 @@ func (s *Store) Migrate(ctx context.Context) (applied []Migration, err error) {
 	citus, err := s.onCitus(ctx, conn)
 	if err != nil {
 		return nil, fmt.Errorf("migrate: %w", err)
+	}
+	if moveRows && !citus {
+		return nil, fmt.Errorf("migrate --distribute: %w", ErrNoCitus)
+	}
+	if moveRows {
+		// The pool's own idle connections are closed first: only other
+		// processes' sessions count.
+		s.pool.Reset()
+		var others int
+		if err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND application_name = 'hipq' AND pid <> pg_backend_pid()`).Scan(&others); err != nil {
+			return nil, fmt.Errorf("migrate --distribute: %w", err)
+		}
+		if others > 0 {
+			return nil, fmt.Errorf("migrate --distribute: %d sessions: %w", others, ErrHipqRunning)
+		}
 	}
 	if citus {
 		// Repeatable migrations re-create hipq_event's trigger, on a
@@ -362,7 +396,7 @@ func (s *Store) Migrate(ctx context.Context) (applied []Migration, err error) {
 		applied = append(applied, r)
 	}
 	if citus {
-		if err := distribute(ctx, conn.Conn()); err != nil {
+		if err := distribute(ctx, conn.Conn(), moveRows); err != nil {
 			return applied, fmt.Errorf("migrate: %w", err)
 		}
 	}

@@ -2,7 +2,7 @@
 // PostgreSQL, sends their requests over Kafka, and matches the replies.
 //
 //	hipq run --config hipq.yaml [--only intake,dispatcher,responses,sweeper,api]
-//	hipq migrate [up|status] --config hipq.yaml
+//	hipq migrate [up|status] --config hipq.yaml [--distribute]
 //	hipq check-config --config hipq.yaml [--database]
 //	hipq demo
 //	hipq bench [-n 20000] [--json]
@@ -39,7 +39,7 @@ const usage = `hipq — durable request/response correlator
 
 Usage:
   hipq run --config FILE [--only intake,dispatcher,responses,sweeper,api]
-  hipq migrate [up|status] --config FILE
+  hipq migrate [up|status] --config FILE [--distribute]
   hipq check-config --config FILE [--database]
   hipq demo
   hipq bench [-n N] [--json]
@@ -248,11 +248,15 @@ func cmdMigrate(args []string, stdout io.Writer) error {
 	}
 	fs := flag.NewFlagSet("migrate", flag.ContinueOnError)
 	cfgPath := configFlag(fs)
+	moveRows := fs.Bool("distribute", false, "on Citus, also move the rows of a schema laid out on one PostgreSQL onto the cluster's layout (stop every hipq first)")
 	if err := fs.Parse(args); err != nil {
 		return &exitError{2, err}
 	}
 	if sub != "up" && sub != "status" {
 		return &exitError{2, fmt.Errorf("migrate: unknown subcommand %q (up or status)", sub)}
+	}
+	if *moveRows && sub != "up" {
+		return &exitError{2, fmt.Errorf("migrate: --distribute goes with up, not %s", sub)}
 	}
 	cfg, err := loadConfig(*cfgPath)
 	if err != nil {
@@ -265,7 +269,11 @@ func cmdMigrate(args []string, stdout io.Writer) error {
 	}
 	defer st.Close()
 	if sub == "up" {
-		applied, err := st.Migrate(ctx)
+		migrate := st.Migrate
+		if *moveRows {
+			migrate = st.MigrateDistribute
+		}
+		applied, err := migrate(ctx)
 		if err != nil {
 			return err
 		}
