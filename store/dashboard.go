@@ -1,8 +1,11 @@
 package store
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -122,6 +125,9 @@ func (s *Store) ActivityAdd(ctx context.Context, instance string, as []Activity)
 		minutes[i], queues[i], sent[i], replied[i] = a.Minute.Truncate(time.Minute), a.Queue, a.Dispatched, a.Replied
 	}
 	return s.inTx(ctx, func(tx pgx.Tx) error {
+		if distributedTx(tx) {
+			return activityAddDistributed(ctx, tx, instance, as)
+		}
 		if len(as) > 0 {
 			if _, err := tx.Exec(ctx, `INSERT INTO hipq_activity AS a (minute, instance, queue, dispatched, replied)
 				SELECT m, $1, q, d, r FROM unnest($2::timestamptz[], $3::text[], $4::bigint[], $5::bigint[]) AS x(m, q, d, r)
@@ -136,6 +142,53 @@ func (s *Store) ActivityAdd(ctx context.Context, instance string, as []Activity)
 		}
 		return nil
 	})
+}
+
+// activityAddDistributed is ActivityAdd's writes on Citus, where
+// hipq_activity is distributed by queue: each row is added by a statement
+// of its own naming its queue, and the prune reads which queues have rows
+// past a day (a read of every shard) and deletes each one's by its queue,
+// so that every write is one queue's (docs/scaling.md). Queues go in the
+// order of their names' bytes, in one transaction.
+func activityAddDistributed(ctx context.Context, tx pgx.Tx, instance string, as []Activity) error {
+	as = slices.Clone(as)
+	for i := range as {
+		as[i].Minute = as[i].Minute.Truncate(time.Minute)
+	}
+	slices.SortFunc(as, func(x, y Activity) int {
+		return cmp.Or(strings.Compare(x.Queue, y.Queue), x.Minute.Compare(y.Minute))
+	})
+	b := &pgx.Batch{}
+	for _, a := range as {
+		b.Queue(`INSERT INTO hipq_activity AS a (minute, instance, queue, dispatched, replied) VALUES ($1, $2, $3, $4, $5)
+			ON CONFLICT (minute, instance, queue) DO UPDATE
+			SET dispatched = a.dispatched + excluded.dispatched, replied = a.replied + excluded.replied`,
+			a.Minute, instance, a.Queue, a.Dispatched, a.Replied)
+	}
+	if b.Len() > 0 {
+		if err := tx.SendBatch(ctx, b).Close(); err != nil {
+			return fmt.Errorf("add activity: %w", err)
+		}
+	}
+	rows, err := tx.Query(ctx, `SELECT DISTINCT queue FROM hipq_activity WHERE minute < now() - interval '25 hours'`)
+	if err != nil {
+		return fmt.Errorf("prune activity: %w", err)
+	}
+	queues, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return fmt.Errorf("prune activity: %w", err)
+	}
+	slices.Sort(queues)
+	b = &pgx.Batch{}
+	for _, q := range queues {
+		b.Queue(`DELETE FROM hipq_activity WHERE queue = $1 AND minute < now() - interval '25 hours'`, q)
+	}
+	if b.Len() > 0 {
+		if err := tx.SendBatch(ctx, b).Close(); err != nil {
+			return fmt.Errorf("prune activity: %w", err)
+		}
+	}
+	return nil
 }
 
 // ActivitySince sums every instance's activity per queue and minute

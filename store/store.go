@@ -62,7 +62,12 @@ type Config struct {
 
 // Open connects and checks the connection. Every connection uses the
 // configured schema, which is created by Migrate when missing.
-func Open(ctx context.Context, cfg Config) (*Store, error) {
+func Open(ctx context.Context, cfg Config) (*Store, error) { return open(ctx, cfg, nil) }
+
+// open is Open whose pool's configuration tune changes last, when not nil:
+// a test's hook (TestEveryWriteRoutesToOneShard watches every statement
+// the store sends).
+func open(ctx context.Context, cfg Config, tune func(*pgxpool.Config)) (*Store, error) {
 	pc, err := pgxpool.ParseConfig(cfg.URL)
 	if err != nil {
 		return nil, fmt.Errorf("database.url: %w", err)
@@ -96,6 +101,9 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 		_, err := c.Exec(ctx, `SELECT set_config('jit', 'off', false) FROM pg_settings
 			WHERE name = 'jit' AND source IN ('default', 'configuration file')`)
 		return err
+	}
+	if tune != nil {
+		tune(pc)
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {

@@ -28,6 +28,12 @@ import (
 	"github.com/hipq/hipq/internal/localpg"
 )
 
+// Enabled says whether the tests are to run on a Citus cluster
+// (HIPQ_TEST_CITUS=1, as make test-citus sets). pgtest.OnCitus says the
+// same; package store's own tests, which pgtest cannot serve (it imports
+// store), ask here.
+func Enabled() bool { return os.Getenv("HIPQ_TEST_CITUS") == "1" }
+
 // Workers is the number of worker nodes beside the coordinator.
 const Workers = 2
 

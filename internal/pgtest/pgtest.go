@@ -67,7 +67,7 @@ var errNoDocker = errors.New("no Docker engine is reachable")
 
 // OnCitus says whether the tests run on a Citus cluster
 // (HIPQ_TEST_CITUS=1, make test-citus).
-func OnCitus() bool { return os.Getenv("HIPQ_TEST_CITUS") == "1" }
+func OnCitus() bool { return citustest.Enabled() }
 
 // SkipOnCitus skips t when the tests run on Citus, for the reason why:
 // what t holds is not hipq's behaviour there.
