@@ -265,13 +265,13 @@ func (r *Relay) RelayTopic(ctx context.Context, topic string) (int, bool, error)
 		recs[i] = EventRecord(&batch[i], false)
 	}
 	results := r.cl.ProduceSync(ctx, recs...)
-	sent := make([]int64, 0, len(batch))
+	sent := make([]store.EventRef, 0, len(batch))
 	var tooLarge []int
 	var firstErr error
 	for i, pr := range results {
 		switch {
 		case pr.Err == nil:
-			sent = append(sent, batch[i].ID)
+			sent = append(sent, batch[i].Ref())
 		case errors.Is(pr.Err, kerr.MessageTooLarge), errors.Is(pr.Err, kerr.RecordListTooLarge):
 			tooLarge = append(tooLarge, i)
 		case firstErr == nil:
@@ -288,7 +288,7 @@ func (r *Relay) RelayTopic(ctx context.Context, topic string) (int, bool, error)
 		}
 		for k, pr := range r.cl.ProduceSync(ctx, small...) {
 			if pr.Err == nil {
-				sent = append(sent, batch[tooLarge[k]].ID)
+				sent = append(sent, batch[tooLarge[k]].Ref())
 				omitted++
 			} else if firstErr == nil {
 				firstErr = fmt.Errorf("produce events to %s: %w", topic, pr.Err)

@@ -208,12 +208,41 @@ func (s *Store) EventRead(ctx context.Context, topic string, limit int) ([]Event
 	return out, nil
 }
 
-// EventDelete deletes relayed events (the broker acknowledged them).
-func (s *Store) EventDelete(ctx context.Context, ids []int64) error {
-	if len(ids) == 0 {
+// EventRef names one event row: its queue and id.
+type EventRef struct {
+	Queue string
+	ID    int64
+}
+
+// Ref names e's row.
+func (e *Event) Ref() EventRef { return EventRef{Queue: e.Queue, ID: e.ID} }
+
+// EventDelete deletes relayed events (the broker acknowledged them). On
+// one PostgreSQL they are deleted by id; on Citus one statement per queue
+// names it, so each deletes on its queue's shard only.
+func (s *Store) EventDelete(ctx context.Context, refs []EventRef) error {
+	if len(refs) == 0 {
 		return nil
 	}
-	if _, err := s.pool.Exec(ctx, `DELETE FROM hipq_event WHERE id = ANY($1)`, ids); err != nil {
+	ids := make([]int64, len(refs))
+	for i, r := range refs {
+		ids[i] = r.ID
+	}
+	var err error
+	if !s.dist {
+		_, err = s.pool.Exec(ctx, `DELETE FROM hipq_event WHERE id = ANY($1)`, ids)
+	} else {
+		byQueue := map[string][]int64{}
+		for _, r := range refs {
+			byQueue[r.Queue] = append(byQueue[r.Queue], r.ID)
+		}
+		var b pgx.Batch
+		for _, q := range slices.Sorted(maps.Keys(byQueue)) {
+			b.Queue(`DELETE FROM hipq_event WHERE queue = $1 AND id = ANY($2)`, q, byQueue[q])
+		}
+		err = s.pool.SendBatch(ctx, &b).Close()
+	}
+	if err != nil {
 		return fmt.Errorf("delete relayed events: %w", err)
 	}
 	return nil

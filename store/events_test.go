@@ -301,7 +301,7 @@ func TestRelayReadNeverSkipsALateCommit(t *testing.T) {
 	if len(first) != 1 || first[0].JobKey != "fast" || first[0].ID < slowID {
 		t.Fatalf("read %v, want only fast's event, of an id above %d", first, slowID)
 	}
-	if err := st.EventDelete(ctx, []int64{first[0].ID}); err != nil {
+	if err := st.EventDelete(ctx, []store.EventRef{first[0].Ref()}); err != nil {
 		t.Fatal(err)
 	}
 	if err := tx.Commit(ctx); err != nil {
