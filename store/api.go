@@ -27,7 +27,8 @@ var ErrFinal = errors.New("the job is final")
 // other job_data is ErrConflict (returned with that job). One statement
 // inserts the job or reads the one in its way, on one snapshot: a job
 // going final meanwhile can never make a second insert of the same
-// request, nor a conflict pass for a duplicate.
+// request, nor a conflict pass for a duplicate. (On Citus, two statements:
+// see jobEnqueueDistributed.)
 func (s *Store) JobEnqueue(ctx context.Context, j *correlator.Job) (*correlator.Job, bool, error) {
 	var windows *string
 	if j.TimeWindows != nil {
@@ -40,12 +41,8 @@ func (s *Store) JobEnqueue(ctx context.Context, j *correlator.Job) (*correlator.
 		"timeout_seconds": j.TimeoutSeconds, "scheduled_run_time": scheduled(j), "expires_at": j.ExpiresAt,
 		"time_windows": windows, "trace_parent": nullable(j.Trace.Parent), "trace_state": nullable(j.Trace.State),
 		"reply_to": nullable(j.ReplyTo), "correlation": correlationJSON(j.Correlation)}
-	if s.dist {
-		return s.jobEnqueueDistributed(ctx, j, args)
-	}
-	for range 10 {
-		var created, same bool
-		cur, err := scanJobAnd(s.pool.QueryRow(ctx, `
+	try := func() (cur *correlator.Job, created, same bool, err error) {
+		cur, err = scanJobAnd(s.pool.QueryRow(ctx, `
 			WITH ins AS (
 			  INSERT INTO hipq_job (queue, job_type, job_key, job_data, max_attempts, priority, throttle_factor,
 			                        timeout_seconds, scheduled_run_time, expires_at, time_windows, trace_parent, trace_state,
@@ -63,9 +60,18 @@ func (s *Store) JobEnqueue(ctx context.Context, j *correlator.Job) (*correlator.
 			SELECT `+jobColumns+`, false, job_data = @job_data::jsonb FROM hipq_job
 			WHERE job_type = @job_type AND job_key = @job_key AND state <> 'final' AND NOT EXISTS (SELECT 1 FROM ins)`, args),
 			&created, &same)
+		return cur, created, same, err
+	}
+	if s.dist {
+		try = func() (*correlator.Job, bool, bool, error) { return s.jobEnqueueDistributed(ctx, j, args) }
+	}
+	for range 10 {
+		cur, created, same, err := try()
 		switch {
 		case errors.Is(err, correlator.ErrNotFound):
-			continue // the insert met a row committed after the statement's snapshot: look again
+			// The insert met a row committed after its snapshot, or (on
+			// Citus) the job in its way went final before the lookup: again.
+			continue
 		case err != nil:
 			return nil, false, fmt.Errorf("enqueue %s/%s: %w", j.JobType, j.JobKey, err)
 		case created:
@@ -78,54 +84,39 @@ func (s *Store) JobEnqueue(ctx context.Context, j *correlator.Job) (*correlator.
 	return nil, false, fmt.Errorf("enqueue %s/%s: the key's job kept changing under the insert: %w", j.JobType, j.JobKey, errRaced)
 }
 
-// jobEnqueueDistributed is JobEnqueue on Citus: the insert (its conflict
-// target the non-final key there, (queue, job_type, job_key)) and, when
-// it met a job in its way, the lookup of that job are two statements of
-// one transaction, each naming the job's queue; the second sees what
-// committed after the first, so a job in the way that went final
-// meanwhile makes the insert run again.
-func (s *Store) jobEnqueueDistributed(ctx context.Context, j *correlator.Job, args pgx.StrictNamedArgs) (*correlator.Job, bool, error) {
-	for range 10 {
-		var cur *correlator.Job
-		var created, same bool
-		err := s.inTx(ctx, func(tx pgx.Tx) error {
-			var err error
-			cur, err = scanJob(tx.QueryRow(ctx, `/* enqueues in one queue */
-				INSERT INTO hipq_job (queue, job_type, job_key, job_data, max_attempts, priority, throttle_factor,
-				                      timeout_seconds, scheduled_run_time, expires_at, time_windows, trace_parent, trace_state,
-				                      reply_to, correlation)
-				VALUES (@queue, @job_type, @job_key, @job_data::jsonb, @max_attempts, @priority, @throttle_factor, @timeout_seconds,
-				        coalesce(@scheduled_run_time::timestamptz, now()), @expires_at, @time_windows::jsonb, @trace_parent, @trace_state,
-				        @reply_to, @correlation::jsonb)
-				ON CONFLICT (queue, job_type, job_key) WHERE state <> 'final' DO NOTHING
-				RETURNING `+jobColumns, args))
-			if err == nil {
-				created = true
-				_, err = tx.Exec(ctx, "SELECT pg_notify('"+channelJobReady+"', $1)", j.Queue)
-				return err
-			}
-			if !errors.Is(err, correlator.ErrNotFound) {
-				return err
-			}
-			cur, err = scanJobAnd(tx.QueryRow(ctx, `/* finds the job in the way in one queue */
-				SELECT `+jobColumns+`, job_data = @job_data::jsonb FROM hipq_job
-				WHERE queue = @queue AND job_type = @job_type AND job_key = @job_key AND state <> 'final'`,
-				pgx.NamedArgs{"queue": j.Queue, "job_type": j.JobType, "job_key": j.JobKey, "job_data": string(j.JobData)}), &same)
+// jobEnqueueDistributed is one try of JobEnqueue on Citus: the insert (its
+// conflict target the non-final key there, (queue, job_type, job_key))
+// and, when it met a job in its way, the lookup of that job are two
+// statements of one transaction, each naming the job's queue; the second
+// sees what committed after the first, so a job in the way that went
+// final meanwhile is correlator.ErrNotFound (the insert runs again).
+func (s *Store) jobEnqueueDistributed(ctx context.Context, j *correlator.Job, args pgx.StrictNamedArgs) (cur *correlator.Job, created, same bool, err error) {
+	err = s.inTx(ctx, func(tx pgx.Tx) error {
+		var err error
+		cur, err = scanJob(tx.QueryRow(ctx, `/* enqueues in one queue */
+			INSERT INTO hipq_job (queue, job_type, job_key, job_data, max_attempts, priority, throttle_factor,
+			                      timeout_seconds, scheduled_run_time, expires_at, time_windows, trace_parent, trace_state,
+			                      reply_to, correlation)
+			VALUES (@queue, @job_type, @job_key, @job_data::jsonb, @max_attempts, @priority, @throttle_factor, @timeout_seconds,
+			        coalesce(@scheduled_run_time::timestamptz, now()), @expires_at, @time_windows::jsonb, @trace_parent, @trace_state,
+			        @reply_to, @correlation::jsonb)
+			ON CONFLICT (queue, job_type, job_key) WHERE state <> 'final' DO NOTHING
+			RETURNING `+jobColumns, args))
+		if err == nil {
+			created = true
+			_, err = tx.Exec(ctx, "SELECT pg_notify('"+channelJobReady+"', $1)", j.Queue)
 			return err
-		})
-		switch {
-		case errors.Is(err, correlator.ErrNotFound):
-			continue // the job in the way went final meanwhile: insert again
-		case err != nil:
-			return nil, false, fmt.Errorf("enqueue %s/%s: %w", j.JobType, j.JobKey, err)
-		case created:
-			return cur, true, nil
-		case !same:
-			return cur, false, ErrConflict
 		}
-		return cur, false, nil
-	}
-	return nil, false, fmt.Errorf("enqueue %s/%s: the key's job kept changing under the insert: %w", j.JobType, j.JobKey, errRaced)
+		if !errors.Is(err, correlator.ErrNotFound) {
+			return err
+		}
+		cur, err = scanJobAnd(tx.QueryRow(ctx, `/* finds the job in the way in one queue */
+			SELECT `+jobColumns+`, job_data = @job_data::jsonb FROM hipq_job
+			WHERE queue = @queue AND job_type = @job_type AND job_key = @job_key AND state <> 'final'`,
+			pgx.NamedArgs{"queue": j.Queue, "job_type": j.JobType, "job_key": j.JobKey, "job_data": string(j.JobData)}), &same)
+		return err
+	})
+	return cur, created, same, err
 }
 
 // scanJobAnd scans a job followed by extra columns.
