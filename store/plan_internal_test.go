@@ -3,7 +3,9 @@ package store
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"github.com/hipq/hipq/internal/localcitus"
 	"github.com/hipq/hipq/internal/localpg"
 	"maps"
 	"regexp"
@@ -759,6 +761,68 @@ func TestStatementFamilies(t *testing.T) {
 	}
 	if seen["other"] >= 50 {
 		t.Errorf("%d rows of hot statements in \"other\": %v", seen["other"], families)
+	}
+}
+
+// On Citus, --db-profile names the family of the hot statements each node
+// runs: the coordinator's as on one PostgreSQL, and the worker's, which
+// are the statements Citus sends to the shards (named by shard, rewritten
+// from the coordinator's, without their comments) and the intermediate
+// results and two-phase commits around them.
+func TestStatementFamiliesOnCitus(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	c, err := localcitus.Start(ctx, 1, localcitus.Options{Settings: map[string]string{"shared_preload_libraries": "pg_stat_statements"}})
+	if errors.Is(err, localcitus.ErrNoCitus) {
+		t.Skip(err.Error() + ": this test needs Citus")
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Stop)
+	u, err := c.NewDatabase(ctx, "d", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := Open(ctx, Config{URL: u, Citus: CitusOn})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(st.Close)
+	if _, err := st.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	worker, err := Open(ctx, Config{URL: c.WorkerURLs("d")[0], Citus: CitusOff})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(worker.Close)
+	for _, s := range []*Store{st, worker} { // the coordinator first: it creates the extension on the worker
+		if err := s.StatementsReset(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hotPaths(t, st, "k", 100)
+	for _, node := range []struct {
+		name string
+		st   *Store
+	}{{"coordinator", st}, {"worker", worker}} {
+		families, err := node.st.StatementsRead(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen := map[string]int64{}
+		for _, f := range families {
+			seen[f.Family] = f.Rows
+		}
+		for _, want := range []string{"claim (reads, plan writes, rate settling)", "resolve (replies, timeouts)", "job inserts (intake, API, outbox)",
+			"sent marks", "job locks (deliveries, resolves)", "reply lookup"} {
+			if seen[want] == 0 {
+				t.Errorf("%s: no rows in family %q: %v", node.name, want, families)
+			}
+		}
+		if seen["other"] >= 50 {
+			t.Errorf("%s: %d rows of hot statements in \"other\": %v", node.name, seen["other"], families)
+		}
 	}
 }
 

@@ -157,10 +157,18 @@ type StatementTime struct {
 
 // StatementsReset starts a profile: pg_stat_statements is reset. It says
 // why when the extension cannot be used (not in shared_preload_libraries,
-// or not installable by this user).
+// or not installable by this user). The extension is created only where
+// it is missing: a Citus worker refuses CREATE EXTENSION, even one that
+// would do nothing, and has it from its coordinator.
 func (s *Store) StatementsReset(ctx context.Context) error {
-	if _, err := s.pool.Exec(ctx, `CREATE EXTENSION IF NOT EXISTS pg_stat_statements SCHEMA public`); err != nil {
-		return fmt.Errorf("pg_stat_statements is not available: %w", err)
+	var have bool
+	if err := s.pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_extension WHERE extname = 'pg_stat_statements')`).Scan(&have); err != nil {
+		return fmt.Errorf("pg_stat_statements: %w", err)
+	}
+	if !have {
+		if _, err := s.pool.Exec(ctx, `CREATE EXTENSION pg_stat_statements SCHEMA public`); err != nil {
+			return fmt.Errorf("pg_stat_statements is not available: %w", err)
+		}
 	}
 	if _, err := s.pool.Exec(ctx, `SELECT public.pg_stat_statements_reset()`); err != nil {
 		return fmt.Errorf("pg_stat_statements is not usable (is it in shared_preload_libraries?): %w", err)
@@ -170,18 +178,35 @@ func (s *Store) StatementsReset(ctx context.Context) error {
 
 // StatementsRead returns the top-level statements' time since the reset,
 // by family (what the statement is for), most expensive first.
+//
+// On a Citus worker the statements are those Citus sends to the shards:
+// rewritten from the coordinator's (without their comments, operators
+// spelled OPERATOR(pg_catalog.=)) and naming each shard by its table's
+// name, schema and shard id (hipq_job_102008). They are read with the
+// schema and the shard id dropped and the operators plain, and the few
+// that carry no comment or form of the coordinator's to know them by are
+// named by the form Citus gives them; the intermediate results (a CTE's
+// rows sent to the worker) and the two-phase commits are families of
+// their own.
 func (s *Store) StatementsRead(ctx context.Context) ([]StatementTime, error) {
 	rows, err := s.pool.Query(ctx, `
 		SELECT family, sum(calls)::bigint, sum(rows)::bigint, sum(total_exec_time)::float8
 		FROM (SELECT calls, rows, total_exec_time, CASE
 		        WHEN q ILIKE '%/* claim%' OR q ILIKE '%hipq_claim/%' OR q ILIKE '%hipq_rate_%' OR q ILIKE 'SELECT set_config(''enable_sort''%'
+		          OR q ILIKE 'SELECT id, state, attempt, job_type, expires_at, time_windows, scheduled_run_time, priority FROM hipq_job %'
+		          OR q ILIKE '%attempt = (j.attempt + %' OR q ILIKE 'COPY hipq_attempt %' OR q ILIKE 'WITH RECURSIVE t(job_type) AS (%'
 		          THEN 'claim (reads, plan writes, rate settling)'
-		        WHEN q ILIKE '%due probe%' OR q ILIKE 'SET LOCAL enable_seqscan%' THEN 'due probes (dispatcher), planner settings'
-		        WHEN q ILIKE '%INSERT INTO hipq_job%' THEN 'job inserts (intake, API, outbox)'
+		        WHEN q ILIKE '%due probe%' OR q ILIKE 'SET LOCAL enable_seqscan%' OR q ILIKE '%FROM unnest($2) t(job_type) WHERE%'
+		          THEN 'due probes (dispatcher), planner settings'
+		        WHEN q ILIKE '%INSERT INTO hipq_job%' OR q ILIKE 'COPY insert_select_%' THEN 'job inserts (intake, API, outbox)'
 		        WHEN q ILIKE '%SET state = t.state%' THEN 'resolve (replies, timeouts)'
 		        WHEN q ILIKE '%SET sent_at%' THEN 'sent marks'
-		        WHEN q ILIKE '%FROM hipq_job WHERE queue = $1 AND id = ANY($2) ORDER BY id FOR UPDATE%' THEN 'job locks (deliveries, resolves)'
-		        WHEN q ILIKE '%time_windows, coalesce(started_at, %' OR q ILIKE '%SELECT j.queue, j.id FROM hipq_job j WHERE j.id = ANY%' THEN 'reply lookup'
+		        WHEN q ILIKE '%FROM hipq_job WHERE queue = $1 AND id = ANY($2) ORDER BY id FOR UPDATE%'
+		          OR q ILIKE 'SELECT $1 AS "?column?" FROM hipq_job hipq_job WHERE ((queue = $2::text) AND (id = ANY ($3::bigint[]))) ORDER BY id FOR UPDATE%'
+		          THEN 'job locks (deliveries, resolves)'
+		        WHEN q ILIKE '%time_windows, coalesce(started_at, %' OR q ILIKE '%SELECT j.queue, j.id FROM hipq_job j WHERE j.id = ANY%'
+		          OR q ILIKE 'SELECT queue, id FROM hipq_job j WHERE (id = ANY %'
+		          OR q ILIKE '%j.queue AS worker_column_1, j.id AS worker_column_2 FROM (hipq_job j JOIN %' THEN 'reply lookup'
 		        WHEN q ILIKE '%hipq_offset%' THEN 'consumed offsets'
 		        WHEN q ILIKE '%hipq_intake%' THEN 'outbox reads'
 		        WHEN q ILIKE '%USING undone%' THEN 'undone claims'
@@ -189,11 +214,16 @@ func (s *Store) StatementsRead(ctx context.Context) ([]StatementTime, error) {
 		          OR q ILIKE '%state = ''final'' AND update_time <%' THEN 'retention prune'
 		        WHEN q ILIKE 'ANALYZE%' OR q ILIKE '%pg_relation_size%' OR q ILIKE '%relpages FROM pg_class%' THEN 'statistics (StatsRefresh)'
 		        WHEN q ILIKE '%hipq_activity%' THEN 'dashboard activity'
-		        WHEN q ILIKE 'BEGIN%' OR q ILIKE 'COMMIT%' OR q ILIKE 'ROLLBACK%' THEN 'transaction control'
+		        WHEN q ILIKE 'BEGIN%' OR q ILIKE 'COMMIT%' OR q ILIKE 'ROLLBACK%' OR q ILIKE 'PREPARE TRANSACTION%'
+		          OR q ILIKE 'SELECT assign_distributed_transaction_id(%' THEN 'transaction control'
+		        WHEN q ILIKE 'COPY "%" FROM STDIN WITH (format result)' THEN 'intermediate results (Citus)'
 		        WHEN q ILIKE '%hipq_attempt%' OR q ILIKE '%hipq_early_reply%' THEN 'sweeper and attempts'
 		        WHEN q ILIKE '%pg_notify%' OR q ILIKE 'LISTEN%' THEN 'notifications'
 		        ELSE 'other' END AS family
-		      FROM (SELECT calls, rows, total_exec_time, regexp_replace(query, '\s+', ' ', 'g') AS q
+		      FROM (SELECT calls, rows, total_exec_time,
+		              regexp_replace(regexp_replace(regexp_replace(query, '\s+', ' ', 'g'),
+		                '(\w+\.)?(hipq_[a-z_]+)_[0-9]+', '\2', 'g'),
+		                'OPERATOR\(pg_catalog\.([^)]+)\)', '\1', 'g') AS q
 		            FROM public.pg_stat_statements
 		            WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
 		              AND toplevel) s

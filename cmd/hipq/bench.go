@@ -55,11 +55,33 @@ type benchResult struct {
 	FinalRows        int     `json:"final_rows,omitempty"`
 	PrunedPerSec     float64 `json:"pruned_per_sec,omitempty"`
 	// StatementUsPerJob is PostgreSQL's statement time per job (with
-	// --db-profile).
+	// --db-profile): on Citus, the coordinator's.
 	StatementUsPerJob float64 `json:"statement_us_per_job,omitempty"`
+	// CitusWorkers is the number of workers of the bench's own Citus
+	// cluster (--citus-workers).
+	CitusWorkers int `json:"citus_workers,omitempty"`
+	// DBProfileNodes is the statement time of each node of the Citus
+	// cluster, the coordinator first (--db-profile with --citus-workers).
+	DBProfileNodes []nodeProfile `json:"db_profile_nodes,omitempty"`
 	// Events: each job's outcome event was written and relayed (--events);
 	// the run ends once every one was acknowledged by the broker.
 	Events bool `json:"events,omitempty"`
+}
+
+// nodeProfile is where one PostgreSQL server's statement time went.
+type nodeProfile struct {
+	Node              string          `json:"node"`
+	StatementUsPerJob float64         `json:"statement_us_per_job"`
+	Families          []familyProfile `json:"families"`
+}
+
+// familyProfile is one family of statements of a node's profile.
+type familyProfile struct {
+	Family   string  `json:"family"`
+	Calls    int64   `json:"calls"`
+	Rows     int64   `json:"rows"`
+	Ms       float64 `json:"ms"`
+	UsPerJob float64 `json:"us_per_job"`
 }
 
 // benchOpts are the bench's flags.
@@ -69,6 +91,7 @@ type benchOpts struct {
 	duration                                     time.Duration
 	expired, dbProfile, asJSON                   bool
 	throttle, rateLimit                          int
+	citusWorkers                                 int
 	shares, events                               bool
 	intake                                       string
 	outboxBatch                                  int
@@ -88,7 +111,8 @@ func parseBench(args []string) (*benchOpts, error) {
 	fs.IntVar(&o.backlog, "backlog", 0, "jobs waiting in the table (scheduled a day ahead) while the run goes")
 	fs.IntVar(&o.finalRows, "final-rows", 0, "final jobs (with their attempts) in the table before the run, as retention keeps them")
 	fs.BoolVar(&o.expired, "expired", false, "with --final-rows: make them older than retention, so the sweeper prunes them during the run (its rate is printed)")
-	fs.BoolVar(&o.dbProfile, "db-profile", false, "print where PostgreSQL's time went, per statement family (pg_stat_statements)")
+	fs.BoolVar(&o.dbProfile, "db-profile", false, "print where PostgreSQL's time went, per statement family (pg_stat_statements); with --citus-workers, per node")
+	fs.IntVar(&o.citusWorkers, "citus-workers", 0, "run on a throwaway local Citus cluster of a coordinator and this many workers (Citus installed beside PostgreSQL)")
 	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the first hipq instance to this file")
 	fs.StringVar(&o.memProfile, "memprofile", "", "write a heap profile of the first hipq instance, at its heap's peak, to this file")
 	fs.IntVar(&o.throttle, "throttle-limit", 0, "give the queue this throttle_limit (0 = unlimited), to measure what limits cost")
@@ -133,6 +157,8 @@ func parseBench(args []string) (*benchOpts, error) {
 		return bad("--shares needs --throttle-limit")
 	case o.rateLimit < 0:
 		return bad("--rate-limit %d must not be negative", o.rateLimit)
+	case o.citusWorkers < 0 || o.citusWorkers > 16:
+		return bad("--citus-workers: %d is not between 0 and 16", o.citusWorkers)
 	}
 	if o.rate > 0 {
 		o.n = max(int(o.rate*o.duration.Seconds()), 1)
@@ -152,15 +178,16 @@ func cmdBench(args []string, stdout io.Writer) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
-	var pgSettings map[string]string
+	db := sandboxDB{durable: true, citusWorkers: o.citusWorkers}
 	if o.dbProfile {
-		pgSettings = map[string]string{"shared_preload_libraries": "pg_stat_statements", "pg_stat_statements.track": "top"}
+		// On Citus, every node alike (Citus adds itself first).
+		db.settings = map[string]string{"shared_preload_libraries": "pg_stat_statements", "pg_stat_statements.track": "top"}
 	}
 	topics := []string{"hipq.jobs", "bench.requests", "bench.responses"}
 	if o.events {
 		topics = append(topics, "bench.events")
 	}
-	sb, err := newSandboxWith(ctx, true, int32(o.partitions), pgSettings, topics...)
+	sb, err := newSandboxWith(ctx, db, int32(o.partitions), topics...)
 	if err != nil {
 		return err
 	}
@@ -198,7 +225,7 @@ func cmdBench(args []string, stdout io.Writer) error {
 	if _, err := st.Migrate(ctx); err != nil {
 		return err
 	}
-	if sb.pg == nil {
+	if !sb.throwaway() {
 		defer func() { _ = st.DropSchema(context.Background()) }()
 	}
 
@@ -275,8 +302,13 @@ func cmdBench(args []string, stdout io.Writer) error {
 	}
 	defer prod.Close()
 	var profileErr error
+	var nodes []*profiledNode
 	if o.dbProfile {
 		profileErr = st.StatementsReset(ctx)
+		if profileErr == nil {
+			nodes, profileErr = resetNodes(ctx, sb.nodes(), st)
+		}
+		defer closeNodes(nodes)
 	}
 	start := time.Now()
 	value := func(i int) string {
@@ -349,7 +381,8 @@ func cmdBench(args []string, stdout io.Writer) error {
 		}
 	}
 	eventsDone := time.Now() // (within the scrape interval: the last event's ack is not timed more closely)
-	res := benchResult{Jobs: o.n, Instances: o.instances, Rate: o.rate, Backlog: o.backlog, FinalRows: o.finalRows, Events: o.events}
+	res := benchResult{Jobs: o.n, Instances: o.instances, Rate: o.rate, Backlog: o.backlog, FinalRows: o.finalRows, Events: o.events,
+		CitusWorkers: o.citusWorkers}
 	for _, in := range insts {
 		res.PeakRSSBytes = max(res.PeakRSSBytes, in.peakRSS())
 		limit, err := in.gauge(ctx, "hipq_memory_limit_bytes")
@@ -361,6 +394,11 @@ func cmdBench(args []string, stdout io.Writer) error {
 	var profile []store.StatementTime
 	if o.dbProfile && profileErr == nil {
 		profile, profileErr = st.StatementsRead(ctx)
+		for _, nd := range nodes {
+			if profileErr == nil {
+				nd.profile, profileErr = nd.st.StatementsRead(ctx)
+			}
+		}
 	}
 	lat, err := st.BenchLatencies(ctx, "bench.noop")
 	if err != nil {
@@ -386,8 +424,16 @@ func cmdBench(args []string, stdout io.Writer) error {
 	if o.expired {
 		fmt.Fprintf(stdout, "  retention prune: %.0f rows/s over the run (%.0f of %d past retention)\n", res.PrunedPerSec, pruned, o.finalRows)
 	}
-	if o.dbProfile {
-		res.StatementUsPerJob = printProfile(stdout, profile, profileErr, o.n)
+	switch {
+	case o.dbProfile && len(nodes) > 0 && profileErr == nil:
+		fmt.Fprintln(stdout, "  db profile per node (pg_stat_statements, top-level statements; the coordinator's include waiting for the workers):")
+		for _, nd := range nodes {
+			p := printProfile(stdout, nd.name, nd.profile, nil, o.n)
+			res.DBProfileNodes = append(res.DBProfileNodes, p)
+		}
+		res.StatementUsPerJob = res.DBProfileNodes[0].StatementUsPerJob
+	case o.dbProfile:
+		res.StatementUsPerJob = printProfile(stdout, "", profile, profileErr, o.n).StatementUsPerJob
 	}
 	if o.asJSON {
 		b, _ := json.Marshal(res)
@@ -397,22 +443,70 @@ func cmdBench(args []string, stdout io.Writer) error {
 }
 
 // printProfile prints PostgreSQL's statement time per family and per job,
-// and returns the total per job in µs.
-func printProfile(w io.Writer, profile []store.StatementTime, err error, n int) float64 {
+// of node (named, on Citus) or of the one server (""), and returns it.
+func printProfile(w io.Writer, node string, profile []store.StatementTime, err error, n int) nodeProfile {
 	if err != nil {
 		fmt.Fprintf(w, "  db profile: none (%v); with $HIPQ_DATABASE_URL the server needs shared_preload_libraries = pg_stat_statements\n", err)
-		return 0
+		return nodeProfile{}
 	}
 	var total float64
 	for _, p := range profile {
 		total += p.Millis
 	}
-	fmt.Fprintf(w, "  db profile (pg_stat_statements, top-level statements): %.0f ms in all, %.1f µs per job\n", total, total*1000/float64(n))
+	out := nodeProfile{Node: node, StatementUsPerJob: total * 1000 / float64(n), Families: []familyProfile{}}
+	if node == "" {
+		fmt.Fprintf(w, "  db profile (pg_stat_statements, top-level statements): %.0f ms in all, %.1f µs per job\n", total, out.StatementUsPerJob)
+	} else {
+		fmt.Fprintf(w, "  %s: %.0f ms in all, %.1f µs per job\n", node, total, out.StatementUsPerJob)
+	}
 	fmt.Fprintf(w, "    %-34s %8s %10s %10s %8s %6s\n", "family", "calls", "rows", "ms", "µs/job", "share")
 	for _, p := range profile {
-		fmt.Fprintf(w, "    %-34s %8d %10d %10.0f %8.1f %5.1f%%\n", p.Family, p.Calls, p.Rows, p.Millis, p.Millis*1000/float64(n), 100*p.Millis/max(total, 1))
+		f := familyProfile{Family: p.Family, Calls: p.Calls, Rows: p.Rows, Ms: p.Millis, UsPerJob: p.Millis * 1000 / float64(n)}
+		out.Families = append(out.Families, f)
+		fmt.Fprintf(w, "    %-34s %8d %10d %10.0f %8.1f %5.1f%%\n", f.Family, f.Calls, f.Rows, f.Ms, f.UsPerJob, 100*p.Millis/max(total, 1))
 	}
-	return total * 1000 / float64(n)
+	return out
+}
+
+// profiledNode is one node of a Citus cluster whose statements a bench
+// run profiles.
+type profiledNode struct {
+	name    string
+	st      *store.Store // on the node itself; only its statements' profile is read
+	profile []store.StatementTime
+}
+
+// resetNodes starts the profile of each node (coordinator is the store on
+// the first, whose profile is already reset): the workers' statements are
+// those the coordinator and the instances send to their shards.
+func resetNodes(ctx context.Context, nodes []sandboxNode, coordinator *store.Store) ([]*profiledNode, error) {
+	var out []*profiledNode
+	for i, nd := range nodes {
+		p := &profiledNode{name: nd.name, st: coordinator}
+		if i > 0 {
+			st, err := store.Open(ctx, store.Config{URL: nd.url, MaxConns: 2, Citus: store.CitusOff})
+			if err != nil {
+				closeNodes(out)
+				return nil, fmt.Errorf("%s: %w", nd.name, err)
+			}
+			p.st = st
+			if err := st.StatementsReset(ctx); err != nil {
+				closeNodes(append(out, p))
+				return nil, fmt.Errorf("%s: %w", nd.name, err)
+			}
+		}
+		out = append(out, p)
+	}
+	return out, nil
+}
+
+// closeNodes closes the workers' stores (the coordinator's is the bench's).
+func closeNodes(nodes []*profiledNode) {
+	for i, nd := range nodes {
+		if i > 0 {
+			nd.st.Close()
+		}
+	}
 }
 
 // ordinal spells n as "1st", "2nd", "3rd", "4th", ...

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/hipq/hipq/internal/localcitus"
 	"github.com/hipq/hipq/internal/memlimit"
 )
 
@@ -107,4 +108,56 @@ func BenchmarkBurstMemory(b *testing.B) {
 	}
 	b.ReportMetric(float64(peak), "peak_rss_bytes")
 	b.ReportMetric(float64(limit), "memory_limit_bytes")
+}
+
+// hipq bench --citus-workers runs end to end on a throwaway Citus cluster
+// of its own, and --db-profile gives each node's statement time: the
+// coordinator's and each worker's (a small n: this checks it works).
+func TestBenchCitus(t *testing.T) {
+	t.Parallel()
+	if ok, why := localcitus.Installed(); !ok {
+		t.Skip(why + ": hipq bench --citus-workers needs Citus")
+	}
+	var out strings.Builder
+	if err := cmdBench([]string{"-n", "300", "--citus-workers", "2", "--db-profile", "--json"}, &out); err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	var res benchResult
+	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &res); err != nil || res.Jobs != 300 || res.JobsPerSec <= 0 || res.CitusWorkers != 2 {
+		t.Fatalf("%+v %v\n%s", res, err, out.String())
+	}
+	if !strings.Contains(out.String(), "Citus: a coordinator and 2 workers") {
+		t.Errorf("the output does not name the cluster:\n%s", out.String())
+	}
+	var names []string
+	for _, n := range res.DBProfileNodes {
+		names = append(names, n.Node)
+		if n.StatementUsPerJob <= 0 || len(n.Families) == 0 {
+			t.Errorf("%s: no statement time (%v µs per job, %d families)\n%s", n.Node, n.StatementUsPerJob, len(n.Families), out.String())
+		}
+	}
+	if strings.Join(names, ", ") != "coordinator, worker 1, worker 2" {
+		t.Fatalf("profiled nodes %q, want the coordinator and 2 workers\n%s", names, out.String())
+	}
+	if res.StatementUsPerJob != res.DBProfileNodes[0].StatementUsPerJob {
+		t.Errorf("statement_us_per_job %v is not the coordinator's %v", res.StatementUsPerJob, res.DBProfileNodes[0].StatementUsPerJob)
+	}
+}
+
+// --citus-workers starts a cluster of its own: with $HIPQ_DATABASE_URL,
+// which names the database to use, it is refused before anything starts,
+// saying both; a count out of range is refused naming the flag.
+func TestBenchCitusRefusals(t *testing.T) {
+	t.Setenv("HIPQ_DATABASE_URL", "postgres://nowhere.invalid/hipq")
+	var out strings.Builder
+	err := cmdBench([]string{"-n", "10", "--citus-workers", "2"}, &out)
+	if err == nil || !strings.Contains(err.Error(), "--citus-workers starts a Citus cluster of its own") || !strings.Contains(err.Error(), "$HIPQ_DATABASE_URL") {
+		t.Fatalf("--citus-workers with $HIPQ_DATABASE_URL: %v", err)
+	}
+	for _, bad := range []string{"-1", "17"} {
+		if err := cmdBench([]string{"--citus-workers", bad}, &out); err == nil || !strings.HasPrefix(err.Error(), "--citus-workers: ") {
+			t.Errorf("--citus-workers %s: %v, want an error naming --citus-workers", bad, err)
+		}
+	}
 }

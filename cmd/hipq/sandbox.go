@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"strconv"
@@ -13,26 +14,47 @@ import (
 
 	"github.com/hipq/hipq/config"
 	"github.com/hipq/hipq/correlator"
+	"github.com/hipq/hipq/internal/localcitus"
 	"github.com/hipq/hipq/internal/localpg"
 )
 
 // sandbox is the zero-setup environment of demo and bench: an embedded
-// Kafka (kfake on a free local port) and $HIPQ_DATABASE_URL or a throwaway
-// local PostgreSQL.
+// Kafka (kfake on a free local port) and $HIPQ_DATABASE_URL, a throwaway
+// local PostgreSQL, or a throwaway local Citus cluster.
 type sandbox struct {
 	kafka   *kfake.Cluster
 	pg      *localpg.Cluster
+	citus   *localcitus.Cluster
 	dbURL   string
 	brokers []string
 }
 
-func newSandbox(ctx context.Context, durable bool, partitions int32, topics ...string) (*sandbox, error) {
-	return newSandboxWith(ctx, durable, partitions, nil, topics...)
+// sandboxDB is the throwaway database a sandbox starts when
+// $HIPQ_DATABASE_URL is not set.
+type sandboxDB struct {
+	// durable keeps fsync on.
+	durable bool
+	// settings are PostgreSQL settings, of every node.
+	settings map[string]string
+	// citusWorkers, when positive, makes it a Citus cluster: a
+	// coordinator and this many workers.
+	citusWorkers int
 }
 
-// newSandboxWith is newSandbox with PostgreSQL settings for the throwaway
-// cluster (unused with $HIPQ_DATABASE_URL).
-func newSandboxWith(ctx context.Context, durable bool, partitions int32, pgSettings map[string]string, topics ...string) (*sandbox, error) {
+// sandboxDatabase is the database a throwaway Citus cluster makes (a
+// Citus cluster is per database: its extension and nodes).
+const sandboxDatabase = "hipq"
+
+func newSandbox(ctx context.Context, durable bool, partitions int32, topics ...string) (*sandbox, error) {
+	return newSandboxWith(ctx, sandboxDB{durable: durable}, partitions, topics...)
+}
+
+// newSandboxWith is newSandbox with the throwaway database described (it
+// is not started with $HIPQ_DATABASE_URL, which a Citus cluster refuses).
+func newSandboxWith(ctx context.Context, db sandboxDB, partitions int32, topics ...string) (*sandbox, error) {
+	if db.citusWorkers > 0 && os.Getenv("HIPQ_DATABASE_URL") != "" {
+		return nil, errCitusWithURL
+	}
 	sb := &sandbox{}
 	fake, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(partitions, topics...))
 	if err != nil {
@@ -44,7 +66,23 @@ func newSandboxWith(ctx context.Context, durable bool, partitions int32, pgSetti
 		sb.dbURL = u
 		return sb, nil
 	}
-	pg, err := localpg.Start(ctx, localpg.Options{Durable: durable, Settings: pgSettings})
+	if db.citusWorkers > 0 {
+		c, err := localcitus.Start(ctx, db.citusWorkers, localcitus.Options{Durable: db.durable, Settings: db.settings})
+		if err == nil {
+			sb.citus = c
+			sb.dbURL, err = c.NewDatabase(ctx, sandboxDatabase, "")
+		}
+		if err != nil {
+			sb.close()
+			if errors.Is(err, localcitus.ErrNoCitus) {
+				return nil, fmt.Errorf("--citus-workers starts a local Citus cluster, but %v: install Citus for this PostgreSQL from Citus's own packages "+
+					"(https://docs.citusdata.com/en/stable/installation/), or set $HIPQ_DATABASE_URL to a Citus coordinator and drop --citus-workers", err)
+			}
+			return nil, fmt.Errorf("start a throwaway Citus cluster: %w", err)
+		}
+		return sb, nil
+	}
+	pg, err := localpg.Start(ctx, localpg.Options{Durable: db.durable, Settings: db.settings})
 	if err != nil {
 		fake.Close()
 		return nil, fmt.Errorf("start a throwaway PostgreSQL: %w", err)
@@ -54,18 +92,51 @@ func newSandboxWith(ctx context.Context, durable bool, partitions int32, pgSetti
 	return sb, nil
 }
 
+// errCitusWithURL: $HIPQ_DATABASE_URL names the database to use, and
+// --citus-workers asks for a cluster of the bench's own.
+var errCitusWithURL = &exitError{2, errors.New("--citus-workers starts a Citus cluster of its own, but $HIPQ_DATABASE_URL names the database to use: " +
+	"unset it, or drop --citus-workers to run on the cluster it names (a Citus coordinator's URL runs the bench on that cluster)")}
+
 func (sb *sandbox) close() {
 	if sb.pg != nil {
 		sb.pg.Stop()
 	}
+	if sb.citus != nil {
+		sb.citus.Stop()
+	}
 	sb.kafka.Close()
 }
 
+// throwaway says whether the database is the sandbox's own, gone with it.
+func (sb *sandbox) throwaway() bool { return sb.pg != nil || sb.citus != nil }
+
 func (sb *sandbox) dbDescription() string {
-	if sb.pg != nil {
+	switch {
+	case sb.pg != nil:
 		return "throwaway local PostgreSQL in " + sb.pg.Dir
+	case sb.citus != nil:
+		return fmt.Sprintf("Citus: a coordinator and %d workers, throwaway local PostgreSQL servers (the coordinator in %s)",
+			sb.citus.Workers(), sb.citus.Nodes[0].Dir)
 	}
 	return "$HIPQ_DATABASE_URL"
+}
+
+// sandboxNode is one PostgreSQL server of the sandbox's database.
+type sandboxNode struct {
+	name, url string
+}
+
+// nodes are the servers of a throwaway Citus cluster, the coordinator
+// first, with the URLs of the sandbox's database on each; none otherwise.
+func (sb *sandbox) nodes() []sandboxNode {
+	if sb.citus == nil {
+		return nil
+	}
+	out := []sandboxNode{{"coordinator", sb.dbURL}}
+	for i, u := range sb.citus.WorkerURLs(sandboxDatabase) {
+		out = append(out, sandboxNode{fmt.Sprintf("worker %d", i+1), u})
+	}
+	return out
 }
 
 // sandboxConfig is the config of demo and bench, parsed like any file.
@@ -90,7 +161,7 @@ func (sb *sandbox) newApp(ctx context.Context, yaml, schemaPrefix, level string)
 		return nil, nil, err
 	}
 	return a, func() {
-		if sb.pg == nil {
+		if !sb.throwaway() {
 			_ = a.st.DropSchema(context.Background())
 		}
 		a.close()

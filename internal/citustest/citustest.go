@@ -1,13 +1,13 @@
 // Package citustest gives tests a database on a real Citus cluster: a
-// coordinator and Workers workers, each a private throwaway PostgreSQL
-// (localpg) listening on 127.0.0.1 with the citus extension preloaded,
-// started once per test binary at the first test that asks. Each test
-// gets a database of its own, created on every node with the extension and
-// the workers added to the coordinator's metadata, so each is a Citus
-// cluster of its own; it is not migrated.
+// coordinator and Workers workers started by localcitus, once per test
+// binary at the first test that asks. Each test gets a database of its
+// own, created on every node with the extension and the workers added to
+// the coordinator's metadata, so each is a Citus cluster of its own; it is
+// not migrated.
 //
 // Tests skip, saying why, on a machine where Citus is not installed beside
-// PostgreSQL (no citus.control in its extension directory).
+// PostgreSQL (no citus.control in its extension directory) or does not
+// load into it.
 package citustest
 
 import (
@@ -15,17 +15,12 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
-	"github.com/hipq/hipq/internal/localpg"
+	"github.com/hipq/hipq/internal/localcitus"
 )
 
 // Enabled says whether the tests are to run on a Citus cluster
@@ -39,7 +34,7 @@ const Workers = 2
 
 var (
 	once     sync.Once
-	nodes    []*localpg.Cluster // the coordinator first
+	cluster  *localcitus.Cluster
 	skipWhy  string
 	setupErr error
 	seq      atomic.Int64
@@ -48,68 +43,28 @@ var (
 
 // Installed reports whether Citus is installed beside the PostgreSQL
 // localpg runs, and if not, where it looked.
-func Installed() (bool, string) {
-	bin, err := localpg.BinDir()
-	if err != nil {
-		return false, err.Error()
-	}
-	// Debian: /usr/lib/postgresql/NN/bin and /usr/share/postgresql/NN;
-	// a build from source: PREFIX/bin and PREFIX/share[/postgresql].
-	ver := filepath.Base(filepath.Dir(bin))
-	candidates := []string{
-		filepath.Join("/usr/share/postgresql", ver, "extension", "citus.control"),
-		filepath.Join(bin, "..", "share", "postgresql", "extension", "citus.control"),
-		filepath.Join(bin, "..", "share", "extension", "citus.control"),
-	}
-	for _, c := range candidates {
-		if _, err := os.Stat(c); err == nil {
-			return true, ""
-		}
-	}
-	return false, fmt.Sprintf("Citus is not installed beside the PostgreSQL in %s (no citus.control at %v): these tests need a Citus cluster", bin, candidates)
-}
+func Installed() (bool, string) { return localcitus.Installed() }
 
 func setup() {
-	ok, why := Installed()
-	if !ok {
-		skipWhy = why
-		return
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	for range 1 + Workers {
-		c, err := localpg.Start(ctx, localpg.Options{TCP: true, Settings: map[string]string{
-			"shared_preload_libraries": "citus",
-			// Citus commits a transaction that wrote on several nodes in
-			// two phases.
-			"max_prepared_transactions": "200",
-			// The nodes talk over 127.0.0.1 without TLS (libpq would
-			// otherwise look for client certificates in the home
-			// directory of whoever started the tests).
-			"citus.node_conninfo": "sslmode=disable",
-		}})
-		if err != nil {
-			if e := err.Error(); strings.Contains(e, "could not load library") && strings.Contains(e, "citus") {
-				// Installed, but built for another PostgreSQL than this one:
-				// the machine's setup, not hipq's code, so the tests skip.
-				skipWhy = "Citus is installed but does not load into this PostgreSQL (built for another release of it): " +
-					firstLine(e, "could not load library") + ": these tests need a Citus that loads"
-				Stop()
-				return
-			}
-			setupErr = fmt.Errorf("start a Citus node: %w", err)
-			return
-		}
-		nodes = append(nodes, c)
+	c, err := localcitus.Start(ctx, Workers, localcitus.Options{})
+	switch {
+	case errors.Is(err, localcitus.ErrNoCitus):
+		// The machine's setup, not hipq's code: the tests skip.
+		skipWhy = err.Error() + ": these tests need a Citus cluster"
+	case err != nil:
+		setupErr = err
+	default:
+		cluster = c
 	}
 }
 
 // Stop stops the cluster, if a test started it. pgtest.Main calls it.
 func Stop() {
-	for _, c := range nodes {
-		c.Stop()
+	if cluster != nil {
+		cluster.Stop()
 	}
-	nodes = nil
 }
 
 // URL returns the URL of a new database on the coordinator of the test
@@ -154,108 +109,27 @@ func Start() error {
 }
 
 // NewDatabase creates database name on every node of the started cluster
-// and returns its URL on the coordinator. Without a template, it creates
-// the citus extension on every node and adds the workers to the
-// coordinator's metadata of it. With one (a database Freeze made
-// read-only, of every node), each node copies its own: the copy is the
-// same cluster, metadata, shards and rows, under another name (Citus
-// reaches a database's shards on the workers by the database's name).
+// and returns its URL on the coordinator (see localcitus's NewDatabase).
 func NewDatabase(ctx context.Context, name, template string) (string, error) {
-	if len(nodes) == 0 {
+	if cluster == nil {
 		return "", errors.New("citustest: the cluster is not started")
 	}
-	for _, n := range nodes {
-		u, err := n.CreateDatabase(ctx, name, template)
-		if err != nil {
-			return "", err
-		}
-		if template != "" {
-			continue
-		}
-		if err := exec(ctx, u, "CREATE EXTENSION citus"); err != nil {
-			return "", err
-		}
-	}
-	if template == "" {
-		stmts := []string{"SELECT citus_set_coordinator_host('127.0.0.1', " + strconv.Itoa(nodes[0].Port) + ")"}
-		for _, w := range nodes[1:] {
-			stmts = append(stmts, "SELECT citus_add_node('127.0.0.1', "+strconv.Itoa(w.Port)+")")
-		}
-		if err := exec(ctx, nodes[0].URL(name), stmts...); err != nil {
-			return "", err
-		}
-	}
-	return nodes[0].URL(name), nil
+	return cluster.NewDatabase(ctx, name, template)
 }
 
-// Freeze makes database name a template on every node: no connections
-// from now on (Citus's maintenance daemon and connection caches hold
-// some, and CREATE DATABASE copies only a database nobody is in).
+// Freeze makes database name a template on every node of the started
+// cluster (see localcitus's Freeze).
 func Freeze(ctx context.Context, name string) error {
-	for _, n := range nodes {
-		err := exec(ctx, n.URL("postgres"),
-			"ALTER DATABASE "+pgx.Identifier{name}.Sanitize()+" ALLOW_CONNECTIONS false",
-			"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = "+quote(name))
-		if err != nil {
-			return err
-		}
-		// Terminated backends leave at once, but not before the
-		// statement returns: wait until none is in the database.
-		deadline := time.Now().Add(30 * time.Second)
-		for {
-			conn, err := pgx.Connect(ctx, n.URL("postgres"))
-			if err != nil {
-				return err
-			}
-			var in int
-			err = conn.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE datname = $1", name).Scan(&in)
-			conn.Close(ctx)
-			if err != nil {
-				return err
-			}
-			if in == 0 {
-				break
-			}
-			if time.Now().After(deadline) {
-				return fmt.Errorf("citustest: %d sessions still in %s on port %d", in, name, n.Port)
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
+	if cluster == nil {
+		return errors.New("citustest: the cluster is not started")
 	}
-	return nil
+	return cluster.Freeze(ctx, name)
 }
 
 // WorkerURLs returns the URLs of database name on each worker node.
 func WorkerURLs(name string) []string {
-	var out []string
-	for _, w := range nodes[1:] {
-		out = append(out, w.URL(name))
+	if cluster == nil {
+		return nil
 	}
-	return out
-}
-
-func quote(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
-
-func exec(ctx context.Context, url string, stmts ...string) error {
-	conn, err := pgx.Connect(ctx, url)
-	if err != nil {
-		return err
-	}
-	defer conn.Close(ctx)
-	for _, s := range stmts {
-		if _, err := conn.Exec(ctx, s); err != nil {
-			return fmt.Errorf("%s: %w", s, err)
-		}
-	}
-	return nil
-}
-
-// firstLine is the line of text holding mark.
-func firstLine(text, mark string) string {
-	for _, l := range strings.Split(text, "\n") {
-		if strings.Contains(l, mark) {
-			return strings.TrimSpace(l)
-		}
-	}
-	return ""
+	return cluster.WorkerURLs(name)
 }
