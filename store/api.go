@@ -312,6 +312,9 @@ func (s *Store) JobCancel(ctx context.Context, jobType, jobKey string) (*correla
 				return err
 			}
 			// The job ended (a throttle slot may be free; waits look now).
+			if distributedTx(tx) { // (and the relay, which no trigger wakes there)
+				return notifyCitus(ctx, tx, s.events.On(), j.Queue)
+			}
 			_, err = tx.Exec(ctx, `SELECT pg_notify('`+channelJobReady+`', $1)`, j.Queue)
 			return err
 		})

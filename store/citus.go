@@ -109,6 +109,25 @@ const citusEnableTriggers = "SET citus.enable_unsafe_triggers = on"
 // copy is emptied in the same transaction; otherwise distribute refuses
 // it, saying how to move it.
 func distribute(ctx context.Context, conn *pgx.Conn, moveRows bool) error {
+	// hipq_event's trigger would notify from the workers, where nobody
+	// listens and whose part of a transaction that also wrote elsewhere
+	// (the coordinator's offsets, say) commits in two phases, which
+	// refuses NOTIFY: on Citus the statements that write events notify
+	// the relay themselves (notifyCitus), and it polls besides. Dropped
+	// at every migrate, after the repeatables that may have made it again,
+	// and before any table moves (copying hipq_event's rows into its
+	// shards would fire it there).
+	if _, err := conn.Exec(ctx, "DROP TRIGGER IF EXISTS hipq_event_notify ON hipq_event"); err != nil {
+		return fmt.Errorf("citus: drop hipq_event's trigger: %w", err)
+	}
+	if moveRows {
+		// Rate units written before they had a queue (schema version 17)
+		// cannot take the cluster's key, (queue, id); they count only
+		// against rate limits, which hipq does not run on Citus.
+		if _, err := conn.Exec(ctx, "DELETE FROM hipq_rate_unit WHERE queue IS NULL"); err != nil {
+			return fmt.Errorf("citus: rate units without a queue: %w", err)
+		}
+	}
 	for _, t := range citusLayout {
 		var known bool
 		if err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = $1::regclass)", t.name).Scan(&known); err != nil {
@@ -148,15 +167,6 @@ func distribute(ctx context.Context, conn *pgx.Conn, moveRows bool) error {
 			return fmt.Errorf("citus: lay out %s as a %s table: %w", t.name, t.kind, err)
 		}
 	}
-	// hipq_event's trigger would notify from the workers, where nobody
-	// listens and whose part of a transaction that also wrote elsewhere
-	// (the coordinator's offsets, say) commits in two phases, which
-	// refuses NOTIFY: on Citus the statements that write events notify
-	// the relay themselves (notifyCitus), and it polls besides. Dropped
-	// at every migrate, after the repeatables that may have made it again.
-	if _, err := conn.Exec(ctx, "DROP TRIGGER IF EXISTS hipq_event_notify ON hipq_event"); err != nil {
-		return fmt.Errorf("citus: drop hipq_event's trigger: %w", err)
-	}
 	return nil
 }
 
@@ -168,6 +178,29 @@ func colocateWith(table string) string {
 		return "none"
 	}
 	return citusColocateWith
+}
+
+// laidOutForCitus says whether the store's statements take their
+// distributed forms: on Citus (onCitus), unless hipq_job is there and not
+// distributed (a schema laid out on one PostgreSQL, before hipq migrate
+// --distribute moves it; its tables are local, and its keys the
+// single-node ones). A schema not migrated yet is laid out for Citus by
+// Migrate, which says so to the store.
+func (s *Store) laidOutForCitus(ctx context.Context) (bool, error) {
+	citus, err := s.onCitus(ctx, s.pool)
+	if errors.Is(err, ErrNoCitus) || !citus {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	var local bool
+	err = s.pool.QueryRow(ctx, `SELECT to_regclass('hipq_job') IS NOT NULL
+		AND NOT EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = to_regclass('hipq_job'))`).Scan(&local)
+	if err != nil {
+		return false, fmt.Errorf("look for hipq_job's layout: %w", err)
+	}
+	return !local, nil
 }
 
 // Distributed says whether the store's database is a Citus cluster

@@ -3,6 +3,7 @@ package store_test
 import (
 	"errors"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -142,8 +143,19 @@ func TestMigrateDistributeMovesASingleNodeSchema(t *testing.T) {
 	}
 	insert(t, single, job("running"), job("done"))
 	claimSent(t, single, 2)
-	applyReplies(t, single, reply("done", 1, true))
+	// (An event not relayed yet: its table's rows move too, without the
+	// trigger that would notify from the workers.)
+	applyReplies(t, single.WithEvents(store.EventsOf(eventTypes())), reply("done", 1, true))
 	insert(t, single, job("waiting"), job("later", at(-time.Hour)))
+	if err := single.QueueSetPaused(ctx, "other", true); err != nil { // (a reference table's row)
+		t.Fatal(err)
+	}
+	// A rate unit from before units had a queue: no key of the cluster
+	// takes it, and no rate runs on Citus.
+	if _, err := single.Pool().Exec(ctx, `INSERT INTO hipq_rate_unit (rate, part, job_ids, attempts, n, at, queue)
+		VALUES ('q:old#0', '', '{1}', '{1}', 1, now(), NULL)`); err != nil {
+		t.Fatal(err)
+	}
 	single.Close()
 
 	st, err := store.Open(ctx, store.Config{URL: url, MaxConns: 4}) // (database.citus: auto)
@@ -151,6 +163,16 @@ func TestMigrateDistributeMovesASingleNodeSchema(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer st.Close()
+	if st.Distributed() {
+		t.Fatal("a store on a schema laid out on one PostgreSQL takes the distributed statements")
+	}
+	// The store's own pool holds several connections: none counts as
+	// another hipq.
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() { _, _ = st.Pool().Exec(ctx, "SELECT pg_sleep(0.1)") })
+	}
+	wg.Wait()
 	if _, err := st.Migrate(ctx); err == nil || !strings.Contains(err.Error(), "hipq migrate --distribute") {
 		t.Fatalf("a plain migrate of a schema with rows: %v, want a refusal naming --distribute", err)
 	}
@@ -173,8 +195,11 @@ func TestMigrateDistributeMovesASingleNodeSchema(t *testing.T) {
 		WHERE s.logicalrelid = 'hipq_job'::regclass`).Scan(&shards); err != nil || shards != citustest.Workers {
 		t.Fatalf("hipq_job's shards are on %d workers (%v), want %d", shards, err, citustest.Workers)
 	}
-	if n := count(t, st, "SELECT count(*) FROM hipq_job"); n != 4 {
-		t.Fatalf("%d jobs on the cluster, want the 4 of the single-node schema", n)
+	for q, want := range map[string]int{"SELECT count(*) FROM hipq_job": 4, "SELECT count(*) FROM hipq_attempt": 2,
+		"SELECT count(*) FROM hipq_event": 1, "SELECT count(*) FROM hipq_queue WHERE paused": 1} {
+		if n := count(t, st, q); n != want {
+			t.Fatalf("%s: %d on the cluster, want %d as on one PostgreSQL", q, n, want)
+		}
 	}
 	// Every job ends as it would have.
 	applyReplies(t, st, reply("running", 1, true))

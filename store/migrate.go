@@ -283,12 +283,16 @@ func (s *Store) migrate(ctx context.Context, moveRows bool) (applied []Migration
 		return nil, fmt.Errorf("migrate --distribute: %w", ErrNoCitus)
 	}
 	if moveRows {
-		// The pool's own idle connections are closed first: only other
-		// processes' sessions count.
-		s.pool.Reset()
+		// Only other processes' sessions count: this pool's idle
+		// connections (and this one) are left out by their pids.
+		pids := []uint32{conn.Conn().PgConn().PID()}
+		for _, c := range s.pool.AcquireAllIdle(ctx) {
+			pids = append(pids, c.Conn().PgConn().PID())
+			c.Release()
+		}
 		var others int
 		if err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-			WHERE datname = current_database() AND application_name = 'hipq' AND pid <> pg_backend_pid()`).Scan(&others); err != nil {
+			WHERE datname = current_database() AND application_name = 'hipq' AND pid <> ALL($1::int[])`, pids).Scan(&others); err != nil {
 			return nil, fmt.Errorf("migrate --distribute: %w", err)
 		}
 		if others > 0 {
@@ -399,6 +403,7 @@ func (s *Store) migrate(ctx context.Context, moveRows bool) (applied []Migration
 		if err := distribute(ctx, conn.Conn(), moveRows); err != nil {
 			return applied, fmt.Errorf("migrate: %w", err)
 		}
+		s.dist = true
 	}
 	return applied, nil
 }

@@ -482,7 +482,11 @@ func jobsMoveBatch(ctx context.Context, tx pgx.Tx, ev *Events, op Operation, n i
 		return st, err
 	}
 	// Jobs ended (throttle slots free) or became due: dispatchers look now.
-	if len(woken) > 0 {
+	if len(woken) > 0 && distributedTx(tx) { // (and the relay, which no trigger wakes there)
+		if err := notifyCitus(ctx, tx, ev.On() && op.Kind == OperationCancel, woken...); err != nil {
+			return st, err
+		}
+	} else if len(woken) > 0 {
 		if _, err := tx.Exec(ctx, `SELECT pg_notify('`+channelJobReady+`', q) FROM unnest($1::text[]) q`, woken); err != nil {
 			return st, err
 		}

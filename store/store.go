@@ -116,7 +116,7 @@ func open(ctx context.Context, cfg Config, tune func(*pgxpool.Config)) (*Store, 
 		return nil, fmt.Errorf("connect to database: %w", err)
 	}
 	s := &Store{pool: pool, schema: cfg.Schema, citus: cfg.Citus, writes: &writeWatch{running: map[uint64]time.Time{}}}
-	if s.dist, err = s.onCitus(pctx, pool); err != nil && !errors.Is(err, ErrNoCitus) {
+	if s.dist, err = s.laidOutForCitus(pctx); err != nil {
 		pool.Close()
 		return nil, err
 	}

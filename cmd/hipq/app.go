@@ -156,7 +156,16 @@ func newApp(ctx context.Context, cfg *config.Config, log *zap.Logger, opts appOp
 		return nil, err
 	}
 	if st.Distributed() {
-		if err := citusUnsupported(cfg); err != nil {
+		// On Citus one non-final job per (type, key) holds within a queue:
+		// a type moved to another queue while it has non-final jobs could
+		// have two. The start refuses, as check-config --database does.
+		err := citusUnsupported(cfg)
+		if err == nil {
+			checkCtx, cancel := bounded()
+			err = checkQueueMoves(checkCtx, cfg, st)
+			cancel()
+		}
+		if err != nil {
 			st.Close()
 			return nil, err
 		}
@@ -221,7 +230,9 @@ func newApp(ctx context.Context, cfg *config.Config, log *zap.Logger, opts appOp
 			return nil, err
 		}
 	}
-	if a.intake != nil && a.dispatcher != nil && a.cfg.Dispatch.Grace.D() >= time.Second {
+	// (On Citus no job is claimed as it is stored: the store stores them
+	// waiting whatever it is asked, so the intake reserves nothing.)
+	if a.intake != nil && a.dispatcher != nil && a.cfg.Dispatch.Grace.D() >= time.Second && !st.Distributed() {
 		// Due jobs read here are claimed as they are stored, for this
 		// instance's dispatcher to send: one write of the row, not two.
 		// (A claim must be sent within grace/2 of its start, as HTTP

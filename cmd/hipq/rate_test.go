@@ -166,3 +166,36 @@ func TestCitusRefusesRates(t *testing.T) {
 		t.Fatalf("start with rates on Citus: %v, want the refusal naming queues.limited.rates", err)
 	}
 }
+
+// TestCitusRefusesAStartThatMovesATypeOffItsJobs: on Citus, where one
+// non-final job per (type, key) holds within a queue, hipq refuses to
+// start with a config that puts a type in another queue than its
+// non-final jobs', naming the type, the queue and the count (as
+// check-config --database does), rather than let the type's keys take a
+// second job.
+func TestCitusRefusesAStartThatMovesATypeOffItsJobs(t *testing.T) {
+	e := newEnv(t, "jobs")
+	e.dbURL = citustest.URL(t)
+	text := func(queue string) string {
+		return `
+database: {url: "{{DB}}", migrate: true}
+kafka: {brokers: ["{{BROKERS}}"]}
+queues: [{name: old}, {name: new}]
+job_types:
+  - {name: a, queue: ` + queue + `, transport: {kafka: {topic: a}}}
+`
+	}
+	ctx := context.Background()
+	a, err := newApp(ctx, e.config(text("old")), zaptest.NewLogger(t), appOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.st.Pool().Exec(ctx, `INSERT INTO hipq_job (queue, job_type, job_key, state) VALUES ('old', 'a', 'k', 'initial')`); err != nil {
+		t.Fatal(err)
+	}
+	a.close()
+	_, err = newApp(ctx, e.config(text("new")), zaptest.NewLogger(t), appOptions{})
+	if err == nil || !strings.Contains(err.Error(), `job_types[0].queue: "new", but 1 non-final job of type a is in queue "old"`) {
+		t.Fatalf("start with type a moved off its job's queue on Citus: %v, want the refusal naming it", err)
+	}
+}
