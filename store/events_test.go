@@ -1,6 +1,7 @@
 package store_test
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"io/fs"
@@ -391,4 +392,37 @@ func TestRelayAndSweeperLocksArePerSchema(t *testing.T) {
 		t.Fatalf("sweeper lock of b while a's is held: %v %v", ok, err)
 	}
 	rb()
+}
+
+// TestCancelWakesTheRelay: the event a cancel writes wakes the relay at
+// commit, on one PostgreSQL (hipq_event's trigger) and on Citus (where
+// the trigger is dropped and the cancel notifies itself).
+func TestCancelWakesTheRelay(t *testing.T) {
+	st := pgtest.New(t).WithEvents(store.EventsOf(eventTypes()))
+	insert(t, st, job("c"))
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	wakes := make(chan struct{}, 16)
+	listening := make(chan struct{})
+	go func() {
+		defer close(listening)
+		st.WaitEvents(cctx, func() { wakes <- struct{}{} }, func(error) {})
+	}()
+	defer func() { cancel(); <-listening }()
+	select {
+	case <-wakes: // (WaitEvents wakes once as it starts listening)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the relay's wait never listened")
+	}
+	if _, err := st.JobCancel(ctx, "t", "c"); err != nil {
+		t.Fatal(err)
+	}
+	if n := count(t, st, "SELECT count(*) FROM hipq_event"); n != 1 {
+		t.Fatalf("%d events, want the cancel's", n)
+	}
+	select {
+	case <-wakes:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the cancel's event woke no relay")
+	}
 }
