@@ -127,34 +127,54 @@ func TestMigrateCommand(t *testing.T) {
 }
 
 // The config docker-compose.yml runs must stay valid, with the
-// environment the compose file gives hipq.
+// environment the compose file gives hipq; so must the Citus example's
+// (deploy/citus), where it says database.citus on.
 func TestExampleConfigIsValid(t *testing.T) {
-	raw, err := os.ReadFile("../../docker-compose.yml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var compose struct {
-		Services map[string]struct {
-			Environment map[string]string `yaml:"environment"`
-		} `yaml:"services"`
-	}
-	if err := yaml.Unmarshal(raw, &compose); err != nil {
-		t.Fatal(err)
-	}
-	env := compose.Services["hipq"].Environment
-	if len(env) == 0 {
-		t.Fatal("docker-compose.yml: no environment for the hipq service")
-	}
-	for k, v := range env {
-		// ${VAR:-default} as compose resolves it with VAR unset.
-		if m := regexp.MustCompile(`^\$\{\w+:-(.*)\}$`).FindStringSubmatch(v); m != nil {
-			v = m[1]
-		}
-		t.Setenv(k, v)
-	}
-	var out, errOut bytes.Buffer
-	if code := runMain([]string{"check-config", "--config", "../../examples/hipq.yaml"}, &out, &errOut); code != 0 {
-		t.Fatalf("examples/hipq.yaml: exit %d: %s", code, errOut.String())
+	for _, c := range []struct{ name, file, citus string }{
+		{"single", "../../docker-compose.yml", "auto"},
+		{"citus", "../../deploy/citus/docker-compose.yml", "on"},
+	} {
+		file, citus := c.file, c.citus
+		t.Run(c.name, func(t *testing.T) {
+			raw, err := os.ReadFile(file)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var compose struct {
+				Services map[string]struct {
+					Environment map[string]string `yaml:"environment"`
+					Volumes     []string          `yaml:"volumes"`
+				} `yaml:"services"`
+			}
+			if err := yaml.Unmarshal(raw, &compose); err != nil {
+				t.Fatal(err)
+			}
+			hipq := compose.Services["hipq"]
+			if len(hipq.Environment) == 0 {
+				t.Fatalf("%s: no environment for the hipq service", file)
+			}
+			if len(hipq.Volumes) != 1 || !strings.HasSuffix(hipq.Volumes[0], "examples/hipq.yaml:/etc/hipq/hipq.yaml:ro") {
+				t.Fatalf("%s: the hipq service mounts %v, want examples/hipq.yaml", file, hipq.Volumes)
+			}
+			for k, v := range hipq.Environment {
+				// ${VAR:-default} as compose resolves it with VAR unset.
+				if m := regexp.MustCompile(`^\$\{\w+:-(.*)\}$`).FindStringSubmatch(v); m != nil {
+					v = m[1]
+				}
+				t.Setenv(k, v)
+			}
+			var out, errOut bytes.Buffer
+			if code := runMain([]string{"check-config", "--config", "../../examples/hipq.yaml"}, &out, &errOut); code != 0 {
+				t.Fatalf("examples/hipq.yaml: exit %d: %s", code, errOut.String())
+			}
+			cfg, err := loadConfig("../../examples/hipq.yaml")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if cfg.Database.Citus != citus {
+				t.Fatalf("%s: database.citus %q, want %q", file, cfg.Database.Citus, citus)
+			}
+		})
 	}
 }
 
