@@ -22,6 +22,15 @@ var ErrConflict = errors.New("a non-final job with this job_type and job_key exi
 // (type, key) has only final ones.
 var ErrFinal = errors.New("the job is final")
 
+// enqueueInsertSQL is the API's insert of one job (named arguments), its
+// conflict target left to its layout's statement.
+const enqueueInsertSQL = `INSERT INTO hipq_job (queue, job_type, job_key, job_data, max_attempts, priority, throttle_factor,
+			                      timeout_seconds, scheduled_run_time, expires_at, time_windows, trace_parent, trace_state,
+			                      reply_to, correlation)
+			VALUES (@queue, @job_type, @job_key, @job_data::jsonb, @max_attempts, @priority, @throttle_factor, @timeout_seconds,
+			        coalesce(@scheduled_run_time::timestamptz, now()), @expires_at, @time_windows::jsonb, @trace_parent, @trace_state,
+			        @reply_to, @correlation::jsonb)`
+
 // JobEnqueue inserts j unless a non-final job of its (type, key) exists.
 // It returns the stored job and whether it is new; an existing one with
 // other job_data is ErrConflict (returned with that job). One statement
@@ -44,12 +53,7 @@ func (s *Store) JobEnqueue(ctx context.Context, j *correlator.Job) (*correlator.
 	try := func() (cur *correlator.Job, created, same bool, err error) {
 		cur, err = scanJobAnd(s.pool.QueryRow(ctx, `
 			WITH ins AS (
-			  INSERT INTO hipq_job (queue, job_type, job_key, job_data, max_attempts, priority, throttle_factor,
-			                        timeout_seconds, scheduled_run_time, expires_at, time_windows, trace_parent, trace_state,
-			                        reply_to, correlation)
-			  VALUES (@queue, @job_type, @job_key, @job_data::jsonb, @max_attempts, @priority, @throttle_factor, @timeout_seconds,
-			          coalesce(@scheduled_run_time::timestamptz, now()), @expires_at, @time_windows::jsonb, @trace_parent, @trace_state,
-			          @reply_to, @correlation::jsonb)
+			  `+enqueueInsertSQL+`
 			  ON CONFLICT (job_type, job_key) WHERE state <> 'final' DO NOTHING
 			  RETURNING `+jobColumns+`
 			), notify AS (
@@ -93,13 +97,7 @@ func (s *Store) JobEnqueue(ctx context.Context, j *correlator.Job) (*correlator.
 func (s *Store) jobEnqueueDistributed(ctx context.Context, j *correlator.Job, args pgx.StrictNamedArgs) (cur *correlator.Job, created, same bool, err error) {
 	err = s.inTx(ctx, func(tx pgx.Tx) error {
 		var err error
-		cur, err = scanJob(tx.QueryRow(ctx, `/* enqueues in one queue */
-			INSERT INTO hipq_job (queue, job_type, job_key, job_data, max_attempts, priority, throttle_factor,
-			                      timeout_seconds, scheduled_run_time, expires_at, time_windows, trace_parent, trace_state,
-			                      reply_to, correlation)
-			VALUES (@queue, @job_type, @job_key, @job_data::jsonb, @max_attempts, @priority, @throttle_factor, @timeout_seconds,
-			        coalesce(@scheduled_run_time::timestamptz, now()), @expires_at, @time_windows::jsonb, @trace_parent, @trace_state,
-			        @reply_to, @correlation::jsonb)
+		cur, err = scanJob(tx.QueryRow(ctx, `/* enqueues in one queue */ `+enqueueInsertSQL+`
 			ON CONFLICT (queue, job_type, job_key) WHERE state <> 'final' DO NOTHING
 			RETURNING `+jobColumns, args))
 		if err == nil {
