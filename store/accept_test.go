@@ -13,7 +13,7 @@ import (
 // downstream, a cancel, an expiry; here a trigger) is still one job: the
 // enqueue decides by its insert, never by a read that comes after it.
 func TestEnqueueOfAJobThatEndsAtOnceIsOneJob(t *testing.T) {
-	skipOnCitus(t, "the test ends the job in the way with a trigger, which Citus refuses on a distributed table")
+	pgtest.SkipOnCitus(t, "the test ends the job in the way with a trigger, which Citus refuses on a distributed table")
 	t.Parallel()
 	st := pgtest.New(t)
 	if _, err := st.Pool().Exec(ctx, `
@@ -36,7 +36,7 @@ func TestEnqueueOfAJobThatEndsAtOnceIsOneJob(t *testing.T) {
 // of its key is a conflict, even when that job goes final right after the
 // insert met it (here a trigger at the end of the insert statement).
 func TestIntakeConflictDecidedOnOneSnapshot(t *testing.T) {
-	skipOnCitus(t, "the test moves the job in the way with a trigger, which Citus refuses on a distributed table (and there the insert and the lookup are two statements: see jobsInsertDistributed)")
+	pgtest.SkipOnCitus(t, "the test moves the job in the way with a trigger, which Citus refuses on a distributed table (and there the insert and the lookup are two statements: see jobsInsertDistributed)")
 	t.Parallel()
 	st := pgtest.New(t)
 	insert(t, st, job("racy"))

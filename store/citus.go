@@ -227,6 +227,28 @@ func distributedTx(tx pgx.Tx) bool {
 	return ok
 }
 
+// statementForms are one statement's four texts: plain or writing outcome
+// events, on one PostgreSQL or on Citus (made from the single-node ones).
+type statementForms struct{ plain, events, citus, citusEvents string }
+
+func formsOf(plain, events string, forCitus func(string) string) statementForms {
+	return statementForms{plain: plain, events: events, citus: forCitus(plain), citusEvents: forCitus(events)}
+}
+
+// pick is the text for a statement that writes events or not, on Citus
+// or not.
+func (f statementForms) pick(events, dist bool) string {
+	switch {
+	case dist && events:
+		return f.citusEvents
+	case dist:
+		return f.citus
+	case events:
+		return f.events
+	}
+	return f.plain
+}
+
 // mustReplace replaces the one occurrence of old in s by new, and panics
 // (at init, for the statements' texts) when there is none or several: a
 // distributed form made from a statement that no longer says old would be

@@ -107,7 +107,7 @@ func TestMigrateLaysOutCitus(t *testing.T) {
 // TestMigrateCitusOnNeedsTheExtension: database.citus on, on a PostgreSQL
 // without the citus extension, is refused before anything is migrated.
 func TestMigrateCitusOnNeedsTheExtension(t *testing.T) {
-	skipOnCitus(t, "every test database has the citus extension")
+	pgtest.SkipOnCitus(t, "every test database has the citus extension")
 	st, err := store.Open(ctx, store.Config{URL: pgtest.URL(t), MaxConns: 2, Citus: store.CitusOn})
 	if err != nil {
 		t.Fatal(err)

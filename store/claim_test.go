@@ -581,7 +581,7 @@ func TestDueProbeIsWiderThanTheClaim(t *testing.T) {
 // time windows) fails, the jobs the first one moved are still returned, to
 // be sent, and the claim says why the others were not moved; they wait.
 func TestClaimReturnsTheFirstStatementsJobsWhenTheSecondFails(t *testing.T) {
-	skipOnCitus(t, "the test fails the second statement with a trigger, which Citus refuses on a distributed table")
+	pgtest.SkipOnCitus(t, "the test fails the second statement with a trigger, which Citus refuses on a distributed table")
 	t.Parallel()
 	st := pgtest.New(t)
 	allDay := []correlator.TimeWindow{{Start: "00:00", End: "23:59", TZ: "UTC"}}

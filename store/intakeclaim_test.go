@@ -38,7 +38,7 @@ func keysOf(cs []store.Claimed) []string {
 // windows of its own or was not asked for is stored waiting, as is a
 // duplicate of a job in flight (not stored at all).
 func TestIntakeClaimsDueJobs(t *testing.T) {
-	skipOnCitus(t, "no job is claimed as it is stored: jobs wait for their dispatchers' claims")
+	pgtest.SkipOnCitus(t, "no job is claimed as it is stored: jobs wait for their dispatchers' claims")
 	t.Parallel()
 	st := pgtest.New(t)
 	insert(t, st, job("dup", func(j *correlator.Job) { j.ScheduledRunTime = time.Now().Add(time.Hour) })) // (not due: a due one would come first)
@@ -100,7 +100,7 @@ func TestIntakeClaimsDueJobs(t *testing.T) {
 // one comes first: the dispatcher claims in the queue's order), nor does
 // a paused queue.
 func TestIntakeClaimsNothingAheadOfTheQueue(t *testing.T) {
-	skipOnCitus(t, "no job is claimed as it is stored: jobs wait for their dispatchers' claims")
+	pgtest.SkipOnCitus(t, "no job is claimed as it is stored: jobs wait for their dispatchers' claims")
 	t.Parallel()
 	st := pgtest.New(t)
 	insert(t, st, job("waiting"))
@@ -131,7 +131,7 @@ func TestIntakeClaimsNothingAheadOfTheQueue(t *testing.T) {
 // it (after the commit, before the delivery) is the rescue's, as any claim
 // never sent: undone, not timed out.
 func TestIntakeClaimNeverSentIsRescued(t *testing.T) {
-	skipOnCitus(t, "no job is claimed as it is stored: jobs wait for their dispatchers' claims")
+	pgtest.SkipOnCitus(t, "no job is claimed as it is stored: jobs wait for their dispatchers' claims")
 	t.Parallel()
 	st := pgtest.New(t)
 	res, err := st.IntakeApply(ctx, claimAll(intakeBatch(-1, 1, job("lost"))))
@@ -152,7 +152,7 @@ func TestIntakeClaimNeverSentIsRescued(t *testing.T) {
 // never be claimed (the sweeper ends it), so it does not keep a new due
 // job of its queue from being claimed as it is stored.
 func TestIntakeClaimsBesideAnExpiredWaitingJob(t *testing.T) {
-	skipOnCitus(t, "no job is claimed as it is stored: jobs wait for their dispatchers' claims")
+	pgtest.SkipOnCitus(t, "no job is claimed as it is stored: jobs wait for their dispatchers' claims")
 	t.Parallel()
 	st := pgtest.New(t)
 	past := time.Now().Add(-time.Minute)

@@ -29,7 +29,7 @@ func limitedBatch(p int32, th correlator.Throttle, jobs ...*correlator.Job) stor
 // and counts what the batches before it claimed. A dispatcher's claim
 // after them finds the queue full, and says its due jobs are held.
 func TestIntakeClaimsUnderTheQueueLimit(t *testing.T) {
-	skipOnCitus(t, "no job is claimed as it is stored: jobs wait for their dispatchers' claims")
+	pgtest.SkipOnCitus(t, "no job is claimed as it is stored: jobs wait for their dispatchers' claims")
 	t.Parallel()
 	st := pgtest.New(t)
 	th := correlator.Throttle{Limit: 6}
@@ -79,7 +79,7 @@ func TestIntakeClaimsUnderTheQueueLimit(t *testing.T) {
 // value, as the dispatcher's claim reads them), writes their units as a
 // claim does, and a claim after it finds those windows full.
 func TestIntakeClaimsUnderTheQueueRates(t *testing.T) {
-	skipOnCitus(t, "no job is claimed as it is stored: jobs wait for their dispatchers' claims")
+	pgtest.SkipOnCitus(t, "no job is claimed as it is stored: jobs wait for their dispatchers' claims")
 	t.Parallel()
 	st := pgtest.New(t)
 	th := correlator.Throttle{Rates: []correlator.Rate{rate(t, "q:default#0", 1, time.Hour, "", "/tenant")}}
@@ -113,7 +113,7 @@ func TestIntakeClaimsUnderTheQueueRates(t *testing.T) {
 // queue's order (priority first: the higher first), and a job of a partition with
 // room is claimed beside it.
 func TestIntakeClaimsUnderTheQueueShares(t *testing.T) {
-	skipOnCitus(t, "no job is claimed as it is stored: jobs wait for their dispatchers' claims")
+	pgtest.SkipOnCitus(t, "no job is claimed as it is stored: jobs wait for their dispatchers' claims")
 	t.Parallel()
 	st := pgtest.New(t)
 	shares, err := correlator.NewShares("/tenant", map[string]int{"a": 1, "b": 1}, 4)

@@ -16,12 +16,6 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 
 var ctx = context.Background()
 
-// skipOnCitus is pgtest.SkipOnCitus.
-func skipOnCitus(t *testing.T, why string) {
-	t.Helper()
-	pgtest.SkipOnCitus(t, why)
-}
-
 var types = map[string]*correlator.JobType{
 	"t": {Name: "t", Queue: "default", Timeout: time.Hour, Priority: 100, ThrottleFactor: 1, Delivery: correlator.AtLeastOnce,
 		Retry: &correlator.Backoff{Attempts: 3, Initial: time.Minute, When: []correlator.AttemptOutcome{correlator.AttemptFailed, correlator.AttemptTimedOut, correlator.AttemptDispatchError}}},

@@ -134,14 +134,13 @@ var resolveManySQL = `
 var resolveManyEventsSQL = strings.Replace(withEvents(resolveManySQL, "@ev_type", "@ev_topic", "@ev_attempts"),
 	"WITH u AS (\n\t\t  SELECT * FROM unnest(", "WITH u AS (\n\t\t  SELECT u.* FROM (SELECT @queue::text) AS q(queue), unnest(", 1)
 
-// resolveManyCitusSQL and resolveManyEventsCitusSQL are the statements'
-// forms on Citus, which runs a statement's CTEs one after the other and
+// resolveForms are resolveManySQL's texts. On Citus, which runs a statement's CTEs one after the other and
 // reaches a row of a distributed table by its key, never by its tuple id:
 // the jobs are updated by (queue, id), still locked by the caller. The
 // notice goes in a statement of its own (notifyCitus): Citus would send
 // the CTE's to the worker, where nobody listens and which commits in two
 // phases, refusing a NOTIFY.
-var resolveManyCitusSQL, resolveManyEventsCitusSQL = resolveForCitus(resolveManySQL), resolveForCitus(resolveManyEventsSQL)
+var resolveForms = formsOf(resolveManySQL, resolveManyEventsSQL, resolveForCitus)
 
 func resolveForCitus(stmt string) string {
 	stmt = mustReplace(stmt, "SELECT j.ctid AS tid, j.state", "SELECT j.id AS tid, j.state")
@@ -220,19 +219,16 @@ func resolveQueue(ctx context.Context, tx pgx.Tx, ev *Events, queue string, rs [
 			replies[i] = nullable(string(r.Reply))
 		}
 	}
-	q, args := resolveManySQL, pgx.StrictNamedArgs{
+	args := pgx.StrictNamedArgs{
 		"id": ids, "attempt": atts, "state": states, "outcome": outcomes, "error": errs, "next_run": next, "result": results,
 		"att_outcome": attOutcomes, "att_error": attErrs, "reply": replies, "sent": sent, "result_is_reply": resultIsReply,
 		"claim": claimsOf(rs, func(r Resolve) time.Time { return r.Claim }), "queue": queue,
 	}
 	if ev.On() {
-		q = resolveManyEventsSQL
 		args["ev_type"], args["ev_topic"], args["ev_attempts"] = ev.args()
 	}
 	dist := distributedTx(tx)
-	if dist {
-		q = map[string]string{resolveManySQL: resolveManyCitusSQL, resolveManyEventsSQL: resolveManyEventsCitusSQL}[q]
-	}
+	q := resolveForms.pick(ev.On(), dist)
 	rows, err := tx.Query(ctx, q, args)
 	if err != nil {
 		return nil, err

@@ -294,52 +294,30 @@ var findUnsentCitusSQL = `
 		  AND j.started_at < now() - make_interval(secs => @least_bound::float8) - @grace::interval
 		  AND ` + notKnownSent
 
-// unsentOnCitus runs findUnsentCitusSQL and gives its answer as
-// findUnsentSQL's rows: up to @limit due claims, oldest first, then the
-// row of the range's end (on the transaction's clock, now() being the
-// same in each of its statements) and the earliest claim not yet due.
-func unsentOnCitus(ctx context.Context, tx pgx.Tx, args pgx.StrictNamedArgs) (pgx.Rows, error) {
-	type cand struct {
-		queue, jobType string
-		id             int64
-		att            int
-		dispatched     time.Time
-		started        time.Time
-	}
+// unsentOnCitus runs findUnsentCitusSQL and makes of its rows what
+// findUnsentSQL's two parts give: up to @limit due claims, oldest first,
+// and the start of the earliest claim not yet due.
+func unsentOnCitus(ctx context.Context, tx pgx.Tx, args pgx.StrictNamedArgs) (due []Unsent, earliest *time.Time, err error) {
 	rows, err := tx.Query(ctx, findUnsentCitusSQL, pgx.NamedArgs(args)) // (@limit is applied here)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	var due []cand
-	var earliest *time.Time
-	var c cand
+	var u Unsent
 	var isDue bool
-	if _, err := pgx.ForEachRow(rows, []any{&c.queue, &c.id, &c.att, &c.jobType, &c.dispatched, &c.started, &isDue}, func() error {
+	_, err = pgx.ForEachRow(rows, []any{&u.Queue, &u.JobID, &u.Attempt, &u.JobType, &u.DispatchedAt, &u.Claim, &isDue}, func() error {
 		if isDue {
-			due = append(due, c)
-		} else if earliest == nil || c.started.Before(*earliest) {
-			t := c.started
+			due = append(due, u)
+		} else if earliest == nil || u.Claim.Before(*earliest) {
+			t := u.Claim
 			earliest = &t
 		}
 		return nil
-	}); err != nil {
-		return nil, err
+	})
+	if err != nil {
+		return nil, nil, err
 	}
-	slices.SortFunc(due, func(a, b cand) int { return a.started.Compare(b.started) })
-	due = due[:min(len(due), args["limit"].(int))]
-	var q strings.Builder
-	var vals []any
-	for _, d := range due {
-		n := len(vals)
-		fmt.Fprintf(&q, "SELECT $%d::text, $%d::bigint, $%d::int, $%d::text, $%d::timestamptz, $%d::timestamptz UNION ALL ",
-			n+1, n+2, n+3, n+4, n+5, n+6)
-		vals = append(vals, d.queue, d.id, d.att, d.jobType, d.dispatched, d.started)
-	}
-	n := len(vals)
-	fmt.Fprintf(&q, "SELECT NULL, NULL, NULL, NULL, now() - make_interval(secs => $%d::float8) - $%d::interval, $%d::timestamptz",
-		n+1, n+2, n+3)
-	vals = append(vals, args["least_bound"], args["grace"], earliest)
-	return tx.Query(ctx, q.String(), vals...)
+	slices.SortFunc(due, func(a, b Unsent) int { return a.Claim.Compare(b.Claim) })
+	return due[:min(len(due), args["limit"].(int))], earliest, nil
 }
 
 // runningQueuesSQL lists the queues with running jobs, read from their
@@ -426,10 +404,22 @@ func (s *Store) AttemptFindUnsent(ctx context.Context, types correlator.Types, g
 		// claim the search cannot see yet is one of them, or started
 		// after, so no mark may pass its start. (PostgreSQL reads the
 		// activity once per transaction, at its first look.)
+		// (And the transaction's now(), the same in each of its statements.)
 		var oldest *time.Time
-		if err := tx.QueryRow(ctx, `SELECT min(xact_start) FROM pg_stat_activity
-			WHERE datname = current_database() AND pid <> pg_backend_pid()`).Scan(&oldest); err != nil {
+		var now time.Time
+		if err := tx.QueryRow(ctx, `SELECT (SELECT min(xact_start) FROM pg_stat_activity
+			WHERE datname = current_database() AND pid <> pg_backend_pid()), now()`).Scan(&oldest, &now); err != nil {
 			return err
+		}
+		// mark sets queue q's mark: the range's end, or the earliest claim
+		// not yet due, or the oldest transaction, whichever is earliest.
+		mark := func(q string, end time.Time, earliest *time.Time) {
+			marks[q] = end
+			for _, t := range []*time.Time{earliest, oldest} {
+				if t != nil && t.Before(marks[q]) {
+					marks[q] = *t
+				}
+			}
 		}
 		queues, err := queuesIn(ctx, tx, s.runningQueues())
 		if err != nil {
@@ -442,13 +432,16 @@ func (s *Store) AttemptFindUnsent(ctx context.Context, types correlator.Types, g
 			}
 			args := pgx.StrictNamedArgs{"job_type": names, "send_bound": secs, "grace": grace,
 				"limit": limit, "queue": q, "least_bound": least, "since": since}
-			var rows pgx.Rows
-			var err error
 			if s.dist {
-				rows, err = unsentOnCitus(ctx, tx, args)
-			} else {
-				rows, err = tx.Query(ctx, findUnsentSQL, args)
+				due, earliest, err := unsentOnCitus(ctx, tx, args)
+				if err != nil {
+					return err
+				}
+				out = append(out, due...)
+				mark(q, now.Add(-time.Duration(least*float64(time.Second))-grace), earliest)
+				continue
 			}
+			rows, err := tx.Query(ctx, findUnsentSQL, args)
 			if err != nil {
 				return err
 			}
@@ -466,12 +459,7 @@ func (s *Store) AttemptFindUnsent(ctx context.Context, types correlator.Types, g
 			// later one.
 			if _, err := pgx.ForEachRow(rows, []any{&queue, &id, &att, &jobType, &u.DispatchedAt, &claim}, func() error {
 				if id == nil { // the last row: the range's end, the earliest claim not yet due
-					marks[q] = u.DispatchedAt
-					for _, t := range []*time.Time{claim, oldest} {
-						if t != nil && t.Before(marks[q]) {
-							marks[q] = *t
-						}
-					}
+					mark(q, u.DispatchedAt, claim)
 					return nil
 				}
 				u.Queue, u.JobID, u.Attempt, u.JobType, u.Claim = *queue, *id, *att, *jobType, *claim
@@ -507,15 +495,12 @@ func (s *Store) JobExpire(ctx context.Context, limit int) (int, error) {
 			break
 		}
 		var n int
-		stmt, args := expireSQL, []any{limit - total, q}
+		args := []any{limit - total, q}
 		if s.events.On() {
 			types, topics, attempts := s.events.args()
-			stmt, args = expireEventsSQL, append(args, types, topics, attempts)
+			args = append(args, types, topics, attempts)
 		}
-		if s.dist {
-			stmt = map[string]string{expireSQL: expireCitusSQL, expireEventsSQL: expireEventsCitusSQL}[stmt]
-		}
-		err := s.pool.QueryRow(ctx, stmt, args...).Scan(&n)
+		err := s.pool.QueryRow(ctx, expireForms.pick(s.events.On(), s.dist), args...).Scan(&n)
 		if err == nil && n > 0 && s.dist {
 			err = notifyCitus(ctx, s.pool, s.events.On(), q)
 		}
@@ -546,9 +531,9 @@ var expireSQL = `
 // with the routes in $3, $4 and $5.
 var expireEventsSQL = withEvents(expireSQL, "$3", "$4", "$5")
 
-// expireCitusSQL and expireEventsCitusSQL are the statements on Citus:
-// their notice goes in a statement of its own (notifyCitus), after them.
-var expireCitusSQL, expireEventsCitusSQL = expireForCitus(expireSQL), expireForCitus(expireEventsSQL)
+// expireForms are expireSQL's texts. On Citus the notice goes in a
+// statement of its own (notifyCitus), after it.
+var expireForms = formsOf(expireSQL, expireEventsSQL, expireForCitus)
 
 func expireForCitus(stmt string) string {
 	return mustReplace(stmt, "SELECT pg_notify('"+channelJobReady+"', $2) WHERE EXISTS (SELECT 1 FROM done)", "SELECT 1")
