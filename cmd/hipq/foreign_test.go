@@ -53,19 +53,20 @@ func foreignRoundTrip(t *testing.T, start func(e *env)) {
 	}, "jobs answered by the responder")
 }
 
-// Issue 16: a stock kafkajs 2.2.4 consumer with no extra codec reads
-// hipq's requests (written uncompressed by default), and its replies,
-// which copy the hipq-* headers, finalize the jobs.
-func TestNodeResponder(t *testing.T) {
-	t.Parallel()
+// nodeExample copies examples/example (its main file and package.json)
+// into a directory of the test's and installs its dependencies there with
+// npm; it skips t, naming what (the Node responder, the Node caller), where
+// node or npm is missing or npm cannot install.
+func nodeExample(t *testing.T, example, main, what string) string {
+	t.Helper()
 	for _, tool := range []string{"node", "npm"} {
 		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("%s is not installed: the Node responder (examples/responder-node) is not tried", tool)
+			t.Skipf("%s is not installed: the Node %s (examples/%s) is not tried", tool, what, example)
 		}
 	}
 	dir := t.TempDir()
-	for _, f := range []string{"responder.js", "package.json"} {
-		b, err := os.ReadFile(filepath.Join("..", "..", "examples", "responder-node", f))
+	for _, f := range []string{main, "package.json"} {
+		b, err := os.ReadFile(filepath.Join("..", "..", "examples", example, f))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -78,8 +79,17 @@ func TestNodeResponder(t *testing.T) {
 	install := exec.CommandContext(ctx, "npm", "install", "--no-audit", "--no-fund", "--loglevel=error")
 	install.Dir = dir
 	if out, err := install.CombinedOutput(); err != nil {
-		t.Skipf("npm could not install kafkajs 2.2.4 (no registry here?), so the Node responder is not tried: %v\n%s", err, out)
+		t.Skipf("npm could not install kafkajs 2.2.4 (no registry here?), so the Node %s is not tried: %v\n%s", what, err, out)
 	}
+	return dir
+}
+
+// Issue 16: a stock kafkajs 2.2.4 consumer with no extra codec reads
+// hipq's requests (written uncompressed by default), and its replies,
+// which copy the hipq-* headers, finalize the jobs.
+func TestNodeResponder(t *testing.T) {
+	t.Parallel()
+	dir := nodeExample(t, "responder-node", "responder.js", "responder")
 	foreignRoundTrip(t, func(e *env) { runResponder(t, e, dir, "node", "responder.js") })
 }
 
@@ -110,28 +120,9 @@ func TestPythonResponder(t *testing.T) {
 // extra codec.
 func TestNodeCaller(t *testing.T) {
 	t.Parallel()
-	for _, tool := range []string{"node", "npm"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("%s is not installed: the Node caller (examples/caller-node) is not tried", tool)
-		}
-	}
-	dir := t.TempDir()
-	for _, f := range []string{"caller.js", "package.json"} {
-		b, err := os.ReadFile(filepath.Join("..", "..", "examples", "caller-node", f))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(dir, f), b, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	dir := nodeExample(t, "caller-node", "caller.js", "caller")
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	install := exec.CommandContext(ctx, "npm", "install", "--no-audit", "--no-fund", "--loglevel=error")
-	install.Dir = dir
-	if out, err := install.CombinedOutput(); err != nil {
-		t.Skipf("npm could not install kafkajs 2.2.4 (no registry here?), so the Node caller is not tried: %v\n%s", err, out)
-	}
 	e := newEnv(t, eventsTopics...)
 	e.start(e.config(eventsConfig()))
 	e.respond(ctx, "requests", "replies", func(string, int) (string, bool) { return "succeeded", true })
