@@ -1,4 +1,4 @@
--- hipq's schema at version 22, with its repeatable migrations applied, as
+-- hipq's schema at version 25, with its repeatable migrations applied, as
 -- PostgreSQL's catalogs describe it. Written by `make schema`; TestSchemaSnapshot
 -- (store) fails when the migrated schema differs. Do not edit.
 
@@ -30,6 +30,12 @@ CREATE TABLE hipq_attempt (
 ALTER TABLE hipq_attempt SET (fillfactor=60);
 ALTER TABLE hipq_attempt ADD CONSTRAINT hipq_attempt_outcome_check CHECK (outcome = ANY (ARRAY['succeeded'::text, 'failed'::text, 'timed_out'::text, 'dispatch_error'::text, 'cancelled'::text]));
 ALTER TABLE hipq_attempt ADD CONSTRAINT hipq_attempt_pkey PRIMARY KEY (job_id, attempt);
+
+CREATE TABLE hipq_claim_lock (
+    queue text NOT NULL,
+    claimed_at timestamp with time zone NOT NULL
+);
+ALTER TABLE hipq_claim_lock ADD CONSTRAINT hipq_claim_lock_pkey PRIMARY KEY (queue);
 
 CREATE TABLE hipq_dead_letter (
     id bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
@@ -145,6 +151,13 @@ CREATE INDEX hipq_job_expiring ON hipq_job USING btree (expires_at) WHERE ((stat
 CREATE INDEX hipq_job_final ON hipq_job USING btree (update_time) WHERE (state = 'final'::text);
 CREATE INDEX hipq_job_final_key ON hipq_job USING btree (job_type, job_key, id) WHERE (state = 'final'::text);
 CREATE INDEX hipq_job_running_timeout ON hipq_job USING btree (queue, timeout_seconds, started_at) WHERE (state = 'running'::text);
+
+CREATE TABLE hipq_lock (
+    name text NOT NULL,
+    holder text NOT NULL,
+    until timestamp with time zone NOT NULL
+);
+ALTER TABLE hipq_lock ADD CONSTRAINT hipq_lock_pkey PRIMARY KEY (name);
 
 CREATE TABLE hipq_offset (
     consumer_group text NOT NULL,

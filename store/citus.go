@@ -22,6 +22,11 @@ const (
 const (
 	citusDistributed = "distributed"
 	citusReference   = "reference"
+	// citusLocal: a table of the coordinator's, known to Citus's metadata
+	// (citus_add_local_table_to_metadata), so that an instance connected
+	// to a worker reads and writes it too: Citus routes its statements to
+	// the coordinator. A plain local table exists on the coordinator only.
+	citusLocal = "local"
 )
 
 // citusTable is how one table is laid out on a Citus cluster.
@@ -39,10 +44,10 @@ type citusTable struct {
 // distributed by queue and co-located with hipq_job, so that a statement
 // naming one queue runs on one worker; hipq_queue and hipq_schedule, tiny
 // and read by every claim and schedule, are copied to every node. Every
-// other table stays local to the coordinator: hipq_early_reply and
-// hipq_rate_count have no queue column, and the rest are not per queue
-// (offsets, the intake outbox, dead letters, sessions, operations, the
-// migrations' records).
+// other table is the coordinator's, in Citus's metadata so that instances
+// on any node reach it: hipq_early_reply and hipq_rate_count have no queue
+// column, and the rest are not per queue (offsets, the intake outbox, dead
+// letters, sessions, operations, the migrations' records).
 var citusLayout = []citusTable{
 	{name: "hipq_job", kind: citusDistributed, keys: []string{
 		"ALTER TABLE hipq_job DROP CONSTRAINT hipq_job_pkey, ADD CONSTRAINT hipq_job_pkey PRIMARY KEY (queue, id)",
@@ -62,8 +67,26 @@ var citusLayout = []citusTable{
 	{name: "hipq_event", kind: citusDistributed, keys: []string{
 		"ALTER TABLE hipq_event DROP CONSTRAINT hipq_event_pkey, ADD CONSTRAINT hipq_event_pkey PRIMARY KEY (queue, id)",
 	}},
+	{name: "hipq_claim_lock", kind: citusDistributed},
 	{name: "hipq_queue", kind: citusReference},
 	{name: "hipq_schedule", kind: citusReference},
+	{name: "hipq_offset", kind: citusLocal},
+	{name: "hipq_intake", kind: citusLocal},
+	{name: "hipq_dead_letter", kind: citusLocal},
+	{name: "hipq_early_reply", kind: citusLocal},
+	{name: "hipq_rate_count", kind: citusLocal},
+	{name: "hipq_ui_session", kind: citusLocal},
+	{name: "hipq_operation", kind: citusLocal},
+	{name: "hipq_lock", kind: citusLocal},
+	{name: "hipq_schema_migration", kind: citusLocal},
+	{name: "hipq_schema_repeatable", kind: citusLocal},
+}
+
+// citusIndexes are indexes of the layout on Citus only, made at every
+// migrate there: the relay's read of a key's pending events
+// (eventReadCitus).
+var citusIndexes = []string{
+	"CREATE INDEX IF NOT EXISTS hipq_event_key ON hipq_event (topic, job_key)",
 }
 
 // citusDistributedBy is the distribution column of citusLayout's
@@ -140,7 +163,7 @@ func distribute(ctx context.Context, conn *pgx.Conn, moveRows bool) error {
 		if err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM "+pgx.Identifier{t.name}.Sanitize()+")").Scan(&rows); err != nil {
 			return fmt.Errorf("citus: %s: %w", t.name, err)
 		}
-		if rows && !moveRows {
+		if rows && !moveRows && t.kind != citusLocal { // (a local table's rows stay where they are)
 			return fmt.Errorf("citus: %s holds rows of a schema laid out on one PostgreSQL: stop every hipq, then run hipq migrate --distribute to move them onto the cluster", t.name)
 		}
 		err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
@@ -150,9 +173,15 @@ func distribute(ctx context.Context, conn *pgx.Conn, moveRows bool) error {
 				}
 			}
 			var err error
-			if t.kind == citusReference {
+			switch t.kind {
+			case citusReference:
 				_, err = tx.Exec(ctx, "SELECT create_reference_table($1::regclass)", t.name)
-			} else {
+			case citusLocal:
+				// (The rows stay where they are: the table is the
+				// coordinator's shard of itself.)
+				_, err = tx.Exec(ctx, "SELECT citus_add_local_table_to_metadata($1::regclass)", t.name)
+				return err
+			default:
 				_, err = tx.Exec(ctx, "SELECT create_distributed_table($1::regclass, $2, colocate_with => $3)",
 					t.name, citusDistributedBy, colocateWith(t.name))
 			}
@@ -165,6 +194,11 @@ func distribute(ctx context.Context, conn *pgx.Conn, moveRows bool) error {
 		})
 		if err != nil {
 			return fmt.Errorf("citus: lay out %s as a %s table: %w", t.name, t.kind, err)
+		}
+	}
+	for _, ix := range citusIndexes {
+		if _, err := conn.Exec(ctx, ix); err != nil {
+			return fmt.Errorf("citus: %s: %w", ix, err)
 		}
 	}
 	return nil

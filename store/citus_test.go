@@ -2,15 +2,18 @@ package store_test
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/hipq/hipq/correlator"
+	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/hipq/hipq/correlator"
 	"github.com/hipq/hipq/internal/citustest"
 	"github.com/hipq/hipq/internal/pgtest"
+	"github.com/hipq/hipq/internal/testutil"
 	"github.com/hipq/hipq/store"
 )
 
@@ -30,13 +33,18 @@ func TestMigrateLaysOutCitus(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	want := map[string]string{ // table: distribution column, or "reference"
+	want := map[string]string{ // table: distribution column, "reference", or "local" (the coordinator's, in the metadata)
 		"hipq_job": "queue", "hipq_attempt": "queue", "hipq_rate_unit": "queue", "hipq_rate_giveback": "queue",
-		"hipq_activity": "queue", "hipq_event": "queue",
+		"hipq_activity": "queue", "hipq_event": "queue", "hipq_claim_lock": "queue",
 		"hipq_queue": "reference", "hipq_schedule": "reference",
 	}
+	local := []string{"hipq_offset", "hipq_intake", "hipq_dead_letter", "hipq_early_reply", "hipq_rate_count",
+		"hipq_ui_session", "hipq_operation", "hipq_lock", "hipq_schema_migration", "hipq_schema_repeatable"}
+	for _, t := range local {
+		want[t] = "local"
+	}
 	rows, err := st.Pool().Query(ctx, `
-		SELECT c.relname, p.partmethod, coalesce(column_to_column_name(p.logicalrelid, p.partkey), ''),
+		SELECT c.relname, p.partmethod::text || p.repmodel::text, coalesce(column_to_column_name(p.logicalrelid, p.partkey), ''),
 		       p.colocationid = (SELECT colocationid FROM pg_dist_partition WHERE logicalrelid = 'hipq_job'::regclass)
 		FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 		LEFT JOIN pg_dist_partition p ON p.logicalrelid = c.oid
@@ -56,16 +64,18 @@ func TestMigrateLaysOutCitus(t *testing.T) {
 		seen[table] = true
 		w, ok := want[table]
 		switch {
-		case !ok && method != nil:
-			t.Errorf("%s: a Citus table (partmethod %s), want it local", table, *method)
 		case !ok:
+			t.Errorf("%s: not in the layout", table)
 		case method == nil:
-			t.Errorf("%s: local, want %s", table, w)
-		case w == "reference" && *method != "n":
-			t.Errorf("%s: partmethod %s, want a reference table (n)", table, *method)
-		case w != "reference" && (*method != "h" || column != w):
-			t.Errorf("%s: partmethod %s by %q, want hash by %s", table, *method, column, w)
-		case w != "reference" && !*colocated:
+			t.Errorf("%s: not in Citus's metadata, want %s", table, w)
+		case w == "reference" && *method != "nt":
+			t.Errorf("%s: partmethod and repmodel %s, want a reference table (nt)", table, *method)
+		case w == "local" && *method != "ns":
+			t.Errorf("%s: partmethod and repmodel %s, want a local table of the coordinator's in the metadata (ns)", table, *method)
+		case w == "reference" || w == "local":
+		case *method != "hs" || column != w:
+			t.Errorf("%s: partmethod and repmodel %s by %q, want hash by %s", table, *method, column, w)
+		case !*colocated:
 			t.Errorf("%s: not co-located with hipq_job", table)
 		}
 	}
@@ -77,15 +87,9 @@ func TestMigrateLaysOutCitus(t *testing.T) {
 			t.Errorf("%s: no such table", table)
 		}
 	}
-	// Citus's own view agrees, and the local tables are there.
+	// Citus's own view agrees.
 	if n := count(t, st, "SELECT count(*) FROM citus_tables WHERE table_name::text LIKE 'hipq\\_%'"); n != len(want) {
 		t.Errorf("citus_tables lists %d hipq tables, want %d", n, len(want))
-	}
-	for _, local := range []string{"hipq_offset", "hipq_intake", "hipq_dead_letter", "hipq_early_reply", "hipq_rate_count",
-		"hipq_ui_session", "hipq_operation", "hipq_schema_migration", "hipq_schema_repeatable"} {
-		if !seen[local] {
-			t.Errorf("%s: no such table", local)
-		}
 	}
 	// The unique keys include the distribution column.
 	for index, cols := range map[string]string{
@@ -183,7 +187,15 @@ func TestMigrateDistributeMovesASingleNodeSchema(t *testing.T) {
 	if _, err := st.MigrateDistribute(ctx); !errors.Is(err, store.ErrHipqRunning) {
 		t.Fatalf("--distribute beside another hipq: %v, want ErrHipqRunning", err)
 	}
+	var otherPID uint32
+	if err := other.Pool().AcquireFunc(ctx, func(c *pgxpool.Conn) error { otherPID = c.Conn().PgConn().PID(); return nil }); err != nil {
+		t.Fatal(err)
+	}
 	other.Close()
+	// (A closed connection's server process ends a moment later.)
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		return count(t, st, fmt.Sprintf("SELECT count(*) FROM pg_stat_activity WHERE pid = %d", otherPID)) == 0
+	}, "the other hipq's session to end")
 	if _, err := st.MigrateDistribute(ctx); err != nil {
 		t.Fatal(err)
 	}

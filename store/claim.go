@@ -713,13 +713,24 @@ const rateGivebackSQL = `DELETE FROM hipq_rate_giveback g
 // hipq takes, so a rolling upgrade never runs two claimers at once).
 const claimLockSQL = `SELECT pg_advisory_xact_lock(hashtextextended('hipq_claim/' || current_schema() || '/' || @queue, 0))`
 
+// claimRowLockSQL is the queue's claim lock on Citus, taken after
+// claimLockSQL: an advisory lock is held on the node that took it only, so
+// claimers connected to different nodes lock the queue's row of
+// hipq_claim_lock too, which lies on the queue's shard (on the worker the
+// claim runs on: no node more takes part). The row is made by the first
+// claim; a second one that finds it being made waits for that claim's end,
+// as it would for its lock.
+const claimRowLockSQL = `INSERT INTO hipq_claim_lock AS l (queue, claimed_at) VALUES (@queue, now())
+	ON CONFLICT (queue) DO UPDATE SET claimed_at = excluded.claimed_at`
+
 // queueUsage queues, on b, what a claim of a queue with limits (in.Throttle)
 // reads first: the queue's claim lock, then, under it, PostgreSQL's clock
 // (in.Now) and whether the queue is paused, its rate units settled and the
 // rate windows that count, and its running jobs' usage (in.Usage). What it
 // read holds until the transaction ends: every claim of the queue, the
-// dispatcher's or the intake's, takes the lock first.
-func queueUsage(b *pgx.Batch, queue string, in *correlator.ClaimInput, paused *bool) {
+// dispatcher's or the intake's, takes the lock first. On Citus (dist) the
+// lock is a row lock as well (claimRowLockSQL).
+func queueUsage(b *pgx.Batch, dist bool, queue string, in *correlator.ClaimInput, paused *bool) {
 	t := &in.Throttle
 	keys, secs := make([]string, len(t.Rates)), make([]float64, len(t.Rates))
 	period := map[string]time.Duration{}
@@ -731,6 +742,9 @@ func queueUsage(b *pgx.Batch, queue string, in *correlator.ClaimInput, paused *b
 		sharePath = t.Shares.Path
 	}
 	b.Queue(claimLockSQL, pgx.NamedArgs{"queue": queue})
+	if dist {
+		b.Queue(claimRowLockSQL, pgx.NamedArgs{"queue": queue})
+	}
 	b.Queue(`SELECT now(), EXISTS (SELECT 1 FROM hipq_queue q WHERE q.name = $1 AND q.paused)`, queue).QueryRow(func(r pgx.Row) error {
 		return r.Scan(&in.Now, paused)
 	})
@@ -799,7 +813,7 @@ func (s *Store) claimBounded(ctx context.Context, p JobClaimParams) (Claim, erro
 	b := &pgx.Batch{}
 	b.Queue("BEGIN ISOLATION LEVEL READ COMMITTED") // (what it reads under the lock is read after the lock)
 	b.Queue(claimSettings)
-	queueUsage(b, p.Queue, &in, &paused)
+	queueUsage(b, s.dist, p.Queue, &in, &paused)
 	if err := conn.SendBatch(ctx, b).Close(); err != nil {
 		return Claim{}, err
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -179,19 +180,75 @@ func (s *Store) EventTopics(ctx context.Context) ([]string, error) {
 	return out, nil
 }
 
+// eventReadColumns are what EventRead reads of an event, in scanEvents'
+// order.
+const eventReadColumns = `id, queue, topic, job_id, job_type, job_key, attempt, outcome, coalesce(trace_parent, ''), headers, value, created_at`
+
 // EventRead returns up to limit of topic's pending events, in id order:
-// for each job key, the order its events were committed in.
+// for each job key, the order its events were committed in. On Citus ids
+// are not in that order when instances on several nodes wrote them (each
+// node's sequence hands out a range of its own): there each event read in
+// id order stands for its key's first pending event (eventReadCitus).
 func (s *Store) EventRead(ctx context.Context, topic string, limit int) ([]Event, error) {
-	rows, err := s.pool.Query(ctx, `
-		SELECT id, queue, topic, job_id, job_type, job_key, attempt, outcome, coalesce(trace_parent, ''), headers, value, created_at
-		FROM hipq_event WHERE topic = $1 ORDER BY id LIMIT $2`, topic, limit)
+	if s.dist {
+		return s.eventReadCitus(ctx, topic, limit)
+	}
+	rows, err := s.pool.Query(ctx, `SELECT `+eventReadColumns+` FROM hipq_event WHERE topic = $1 ORDER BY id LIMIT $2`, topic, limit)
 	if err != nil {
 		return nil, fmt.Errorf("read events of %s: %w", topic, err)
 	}
+	return scanEvents(rows, topic)
+}
+
+// eventReadCitus is EventRead on Citus. It reads up to limit events in id
+// order, then puts in place of each its key's first pending event in the
+// order the key's events happened: its jobs by creation (a key's next job
+// is made only once the last one is final), and each job's events by
+// attempt (one event per attempt and topic, written under the job's row
+// lock). So a key's event never leaves before one that happened earlier,
+// whichever node numbered them; the relay takes each key's first event
+// once and reads the rest at its next look.
+func (s *Store) eventReadCitus(ctx context.Context, topic string, limit int) ([]Event, error) {
+	rows, err := s.pool.Query(ctx, `SELECT job_key FROM hipq_event WHERE topic = $1 ORDER BY id LIMIT $2`, topic, limit)
+	if err != nil {
+		return nil, fmt.Errorf("read events of %s: %w", topic, err)
+	}
+	keys, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil || len(keys) == 0 {
+		if err != nil {
+			err = fmt.Errorf("read events of %s: %w", topic, err)
+		}
+		return nil, err
+	}
+	rows, err = s.pool.Query(ctx, `SELECT DISTINCT ON (job_key) `+eventReadColumns+`
+		FROM hipq_event WHERE topic = $1 AND job_key = ANY($2)
+		ORDER BY job_key, (value->>'created_at')::timestamptz, job_id, attempt, id`, topic, slices.Compact(slices.Sorted(slices.Values(keys))))
+	if err != nil {
+		return nil, fmt.Errorf("read events of %s: %w", topic, err)
+	}
+	firsts, err := scanEvents(rows, topic)
+	if err != nil {
+		return nil, err
+	}
+	first := make(map[string]Event, len(firsts))
+	for _, e := range firsts {
+		first[e.JobKey] = e
+	}
+	out := make([]Event, 0, len(keys))
+	for _, k := range keys {
+		if e, ok := first[k]; ok { // (a key whose events were deleted between the reads has none)
+			out = append(out, e)
+		}
+	}
+	return out, nil
+}
+
+// scanEvents reads the events rows holds (eventReadColumns).
+func scanEvents(rows pgx.Rows, topic string) ([]Event, error) {
 	var out []Event
 	var e Event
 	var headers, value []byte // (bytes: pgx copies them, where a json.RawMessage is decoded and encoded again)
-	_, err = pgx.ForEachRow(rows, []any{&e.ID, &e.Queue, &e.Topic, &e.JobID, &e.JobType, &e.JobKey, &e.Attempt, &e.Outcome,
+	_, err := pgx.ForEachRow(rows, []any{&e.ID, &e.Queue, &e.Topic, &e.JobID, &e.JobType, &e.JobKey, &e.Attempt, &e.Outcome,
 		&e.TraceParent, &headers, &value, &e.CreatedAt}, func() error {
 		ev := e
 		ev.Value = append(json.RawMessage(nil), value...)
@@ -285,13 +342,36 @@ func (l *Lease) Release() { l.release() }
 // EventRelayLock tries to take the relay's lock. When ok, the lease must
 // be released.
 func (s *Store) EventRelayLock(ctx context.Context) (*Lease, bool, error) {
-	return s.sessionLock(ctx, relayLockKey, "relay lock")
+	return s.sessionLock(ctx, relayLockKey, "relay", "relay lock")
 }
 
 // sessionLock tries to take the session advisory lock key (SQL) on a
 // connection of its own, held until the lease is released; what names the
-// lock in errors.
-func (s *Store) sessionLock(ctx context.Context, key, what string) (*Lease, bool, error) {
+// lock in errors. On Citus, where that lock holds on the node it was taken
+// on only, it also takes the lease named lease of hipq_lock (leaseLock),
+// which every node sees; the advisory lock still excludes the instances
+// that take only it.
+func (s *Store) sessionLock(ctx context.Context, key, lease, what string) (*Lease, bool, error) {
+	l, ok, err := s.advisoryLock(ctx, key, what)
+	if !ok || !s.dist {
+		return l, ok, err
+	}
+	cl, ok, err := s.leaseLock(ctx, lease, what)
+	if !ok {
+		l.Release()
+		return nil, false, err
+	}
+	return &Lease{
+		alive: func(ctx context.Context) error { return errors.Join(l.Alive(ctx), cl.Alive(ctx)) },
+		release: func() {
+			cl.Release()
+			l.Release()
+		},
+	}, true, nil
+}
+
+// advisoryLock is sessionLock's advisory lock.
+func (s *Store) advisoryLock(ctx context.Context, key, what string) (*Lease, bool, error) {
 	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
 		return nil, false, fmt.Errorf("%s: %w", what, err)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/hipq/hipq/schemas"
 )
@@ -228,6 +229,31 @@ func (s *Store) MigrateDistribute(ctx context.Context) ([]Migration, error) {
 	return s.migrate(ctx, true)
 }
 
+// migratedOnWorker is Migrate on a worker of a Citus cluster, which runs
+// no DDL of hipq's (Citus takes a schema's changes from the coordinator):
+// nil when the schema is already the one this binary needs, else an error
+// saying to migrate against the coordinator.
+func (s *Store) migratedOnWorker(ctx context.Context, conn *pgxpool.Conn, moveRows bool) error {
+	var current int
+	err := conn.QueryRow(ctx, `SELECT CASE WHEN to_regclass('hipq_schema_migration') IS NULL THEN 0
+		ELSE (SELECT coalesce(max(version), 0) FROM hipq_schema_migration) END`).Scan(&current)
+	if err != nil {
+		return fmt.Errorf("migrate: read version: %w", err)
+	}
+	latest := LatestVersion()
+	switch {
+	case current > latest:
+		return &ErrSchemaTooNew{Database: current, Binary: latest}
+	case current < latest || moveRows:
+		return fmt.Errorf("migrate: %w (schema version %d, this hipq needs %d)", ErrWorkerNode, current, latest)
+	}
+	return nil
+}
+
+// ErrWorkerNode is returned by Migrate on a worker of a Citus cluster
+// whose schema is behind this binary's.
+var ErrWorkerNode = errors.New("database.url names a worker of the Citus cluster, where hipq's schema cannot be changed (Citus takes DDL from the coordinator): run hipq migrate with the coordinator's URL, then start hipq on any node")
+
 // ErrHipqRunning is returned by MigrateDistribute while other hipq
 // sessions are connected to the database.
 var ErrHipqRunning = errors.New("other hipq sessions are connected to this database: stop every hipq before moving its rows onto the cluster")
@@ -281,6 +307,15 @@ func (s *Store) migrate(ctx context.Context, moveRows bool) (applied []Migration
 	}
 	if moveRows && !citus {
 		return nil, fmt.Errorf("migrate --distribute: %w", ErrNoCitus)
+	}
+	if citus {
+		var coordinator bool
+		if err := conn.QueryRow(ctx, "SELECT citus_is_coordinator()").Scan(&coordinator); err != nil {
+			return nil, fmt.Errorf("migrate: %w", err)
+		}
+		if !coordinator {
+			return nil, s.migratedOnWorker(ctx, conn, moveRows)
+		}
 	}
 	if moveRows {
 		// Only other processes' sessions count: this pool's idle
@@ -390,7 +425,7 @@ func (s *Store) migrate(ctx context.Context, moveRows bool) (applied []Migration
 					return err
 				}
 				_, err := tx.Exec(ctx, `INSERT INTO hipq_schema_repeatable (name, checksum) VALUES ($1, $2)
-					ON CONFLICT (name) DO UPDATE SET checksum = EXCLUDED.checksum, applied_at = now()`, r.Name, r.Checksum())
+					ON CONFLICT (name) DO UPDATE SET checksum = EXCLUDED.checksum, applied_at = EXCLUDED.applied_at`, r.Name, r.Checksum())
 				return err
 			})
 		})

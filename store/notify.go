@@ -42,8 +42,18 @@ func (s *Store) WaitEvents(ctx context.Context, wake func(), failed func(error))
 }
 
 // listen holds one connection of the pool LISTENing on channel while ctx
-// lasts.
+// lasts; on Citus, one on each other node of the cluster too
+// (listenOtherNodes).
 func (s *Store) listen(ctx context.Context, channel string, wake func(), failed func(error)) {
+	if s.dist {
+		ctx, cancel := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			s.listenOtherNodes(ctx, channel, wake, failed)
+		}()
+		defer func() { cancel(); <-done }()
+	}
 	for ctx.Err() == nil {
 		err := func() error {
 			conn, err := s.pool.Acquire(ctx)

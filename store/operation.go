@@ -396,7 +396,7 @@ func (s *Store) OperationStep(ctx context.Context, id int64, w OperationWork) (O
 			cursor_id = greatest(cursor_id, @last), matched = matched + @matched, done = done + @done, skipped = skipped + @skipped,
 			state = CASE WHEN @end THEN 'done' ELSE state END,
 			owner = CASE WHEN @end THEN NULL ELSE owner END,
-			lease_until = CASE WHEN @end THEN NULL ELSE now() + @lease END,
+			lease_until = now() + CASE WHEN @end THEN NULL ELSE @lease::interval END, -- (now() outside the CASE: Citus evaluates it there only)
 			updated_at = now()
 			WHERE id = @id RETURNING `+operationColumns,
 			pgx.StrictNamedArgs{"id": id, "last": st.last, "matched": st.matched, "done": st.done, "skipped": st.matched - st.done,

@@ -37,11 +37,16 @@ func scanJob(row pgx.Row) (*correlator.Job, error) {
 func (s *Store) JobGet(ctx context.Context, jobType, jobKey string) (*correlator.Job, error) {
 	// Each branch reads its partial index: the unique one of non-final
 	// jobs, the final versions' newest first; of the two rows at most, the
-	// non-final one.
+	// non-final one. On Citus the newest is the last made: ids drawn on
+	// different nodes are not in that order.
+	newest := "id DESC"
+	if s.dist {
+		newest = "created_at DESC, id DESC"
+	}
 	j, err := scanJob(s.pool.QueryRow(ctx, `SELECT * FROM (
 		(SELECT `+jobColumns+` FROM hipq_job WHERE job_type = $1 AND job_key = $2 AND state <> 'final')
 		UNION ALL
-		(SELECT `+jobColumns+` FROM hipq_job WHERE job_type = $1 AND job_key = $2 AND state = 'final' ORDER BY id DESC LIMIT 1)
+		(SELECT `+jobColumns+` FROM hipq_job WHERE job_type = $1 AND job_key = $2 AND state = 'final' ORDER BY `+newest+` LIMIT 1)
 		) j ORDER BY state = 'final' LIMIT 1`, jobType, jobKey))
 	if err != nil && !errors.Is(err, correlator.ErrNotFound) {
 		return nil, fmt.Errorf("get job %s/%s: %w", jobType, jobKey, err)

@@ -26,7 +26,7 @@ const sweeperLockKey = `hashtextextended('hipq_sweeper/' || current_schema(), 0)
 // SweeperLock tries to take the sweeper's session lock. When ok, release
 // must be called.
 func (s *Store) SweeperLock(ctx context.Context) (release func(), ok bool, err error) {
-	l, ok, err := s.sessionLock(ctx, sweeperLockKey, "sweeper lock")
+	l, ok, err := s.sessionLock(ctx, sweeperLockKey, "sweeper", "sweeper lock")
 	if !ok {
 		return nil, false, err
 	}
