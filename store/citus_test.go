@@ -230,3 +230,59 @@ func TestMigrateDistributeMovesASingleNodeSchema(t *testing.T) {
 		t.Fatalf("inserted %d (%v), want the new job of the final key alone", n, err)
 	}
 }
+
+// On Citus the claim lock of a queue with limits holds across nodes: a
+// claim through a worker waits while a claim's transaction on the
+// coordinator holds the queue's lock (an advisory lock alone is the
+// node's: it would not wait), and claims once that one ends.
+func TestClaimLockHoldsAcrossNodes(t *testing.T) {
+	coordinator := pgtest.URL(t)
+	worker := pgtest.WorkerURL(t, coordinator)
+	onWorker, err := store.Open(ctx, store.Config{URL: worker, MaxConns: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer onWorker.Close()
+	st, err := store.Open(ctx, store.Config{URL: coordinator, MaxConns: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	insert(t, st, job("a"), job("b"))
+
+	// A claim of the queue on the coordinator, its lock held: the claim's
+	// own first statements, in a transaction left open.
+	holder, err := st.Pool().Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Rollback(ctx) //nolint:errcheck // ended below
+	if err := store.TakeClaimLockForTest(ctx, holder, "default"); err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan store.Claim, 1)
+	go func() {
+		c, err := onWorker.JobClaim(ctx, store.JobClaimParams{Queue: "default", Limit: 10, Instance: "w",
+			Throttle: correlator.Throttle{Limit: 1}})
+		if err != nil {
+			t.Error(err)
+		}
+		got <- c
+	}()
+	// The worker's claim waits for a lock the coordinator's transaction
+	// holds, as Citus's cluster-wide view of lock waits shows.
+	testutil.Eventually(t, 30*time.Second, func() bool {
+		return count(t, st, `SELECT count(*) FROM citus_lock_waits`) > 0
+	}, "the worker's claim to wait for the coordinator's lock")
+	select {
+	case c := <-got:
+		t.Fatalf("the worker's claim took %d jobs while the coordinator's claim held the queue's lock", len(c.Jobs))
+	default:
+	}
+	if err := holder.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if c := <-got; len(c.Jobs) != 1 {
+		t.Fatalf("the worker's claim took %d jobs, want 1 (the throttle's limit)", len(c.Jobs))
+	}
+}

@@ -65,6 +65,23 @@ type OutboxResult struct {
 	More bool
 }
 
+// scanOutboxRows reads the rows OutboxApply takes.
+func scanOutboxRows(rows pgx.Rows) ([]OutboxRow, error) {
+	var got []OutboxRow
+	var r OutboxRow
+	var headers *string
+	var headersSize *int
+	_, err := pgx.ForEachRow(rows, []any{&r.ID, &r.Value, &r.ValueSize, &headers, &headersSize, &r.CreatedAt}, func() error {
+		if headers != nil {
+			r.Headers, r.HeadersSize = []byte(*headers), *headersSize
+		}
+		got = append(got, r)
+		r = OutboxRow{}
+		return nil
+	})
+	return got, err
+}
+
 // OutboxApply takes rows of hipq_intake and applies what decide makes of
 // them, all in one transaction: it locks the rows (t.IDs' when given, else
 // the oldest), skipping any row another transaction holds (a drainer
@@ -114,25 +131,27 @@ func (s *Store) OutboxApply(ctx context.Context, t OutboxTake, decide OutboxDeci
 		if len(taken) == 0 {
 			return nil
 		}
-		got := make([]OutboxRow, 0, len(taken))
-		var r OutboxRow
-		var headers *string
-		var headersSize *int
-		rows, err = tx.Query(ctx, `
-			DELETE FROM hipq_intake WHERE id = ANY($1)
-			RETURNING id, substring(convert_to(value, 'UTF8') FROM 1 FOR $2), octet_length(value),
-			          left(headers::text, $3), octet_length(headers::text), created_at`, taken, t.MaxValue, t.MaxHeaders)
-		if err != nil {
-			return fmt.Errorf("take outbox rows: %w", err)
-		}
-		if _, err := pgx.ForEachRow(rows, []any{&r.ID, &r.Value, &r.ValueSize, &headers, &headersSize, &r.CreatedAt}, func() error {
-			if headers != nil {
-				r.Headers, r.HeadersSize = []byte(*headers), *headersSize
+		var got []OutboxRow
+		const takenColumns = `id, substring(convert_to(value, 'UTF8') FROM 1 FOR $2), octet_length(value),
+			          left(headers::text, $3), octet_length(headers::text), created_at`
+		if distributedTx(tx) {
+			// On Citus (hipq_intake in its metadata) RETURNING takes no
+			// function that is not immutable, as convert_to is: the rows,
+			// locked above, are read, then deleted.
+			rows, err = tx.Query(ctx, `SELECT `+takenColumns+` FROM hipq_intake WHERE id = ANY($1) ORDER BY id`, taken, t.MaxValue, t.MaxHeaders)
+			if err == nil {
+				got, err = scanOutboxRows(rows)
 			}
-			got = append(got, r)
-			r = OutboxRow{}
-			return nil
-		}); err != nil {
+			if err == nil {
+				_, err = tx.Exec(ctx, `DELETE FROM hipq_intake WHERE id = ANY($1)`, taken)
+			}
+		} else {
+			rows, err = tx.Query(ctx, `DELETE FROM hipq_intake WHERE id = ANY($1) RETURNING `+takenColumns, taken, t.MaxValue, t.MaxHeaders)
+			if err == nil {
+				got, err = scanOutboxRows(rows)
+			}
+		}
+		if err != nil {
 			return fmt.Errorf("take outbox rows: %w", err)
 		}
 		slices.SortFunc(got, func(a, b OutboxRow) int { return cmp.Compare(a.ID, b.ID) })

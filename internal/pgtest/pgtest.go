@@ -69,6 +69,25 @@ var errNoDocker = errors.New("no Docker engine is reachable")
 // (HIPQ_TEST_CITUS=1, make test-citus).
 func OnCitus() bool { return citustest.Enabled() }
 
+// WorkerURL returns the URL of the database url names (one of URL's, on
+// the Citus cluster) on the cluster's first worker node, or skips t when
+// the tests do not run on Citus.
+func WorkerURL(t testing.TB, url string) string {
+	t.Helper()
+	if !OnCitus() {
+		t.Skip("needs a Citus cluster: make test-citus runs it")
+	}
+	cfg, err := pgx.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ws := citustest.WorkerURLs(cfg.Database)
+	if len(ws) == 0 {
+		t.Fatal("the Citus cluster has no worker")
+	}
+	return ws[0]
+}
+
 // SkipOnCitus skips t when the tests run on Citus, for the reason why:
 // what t holds is not hipq's behaviour there.
 func SkipOnCitus(t testing.TB, why string) {
