@@ -92,6 +92,7 @@ type benchOpts struct {
 	expired, dbProfile, asJSON                   bool
 	throttle, rateLimit                          int
 	citusWorkers                                 int
+	citusOnWorker                                bool
 	shares, events                               bool
 	intake                                       string
 	outboxBatch                                  int
@@ -113,6 +114,7 @@ func parseBench(args []string) (*benchOpts, error) {
 	fs.BoolVar(&o.expired, "expired", false, "with --final-rows: make them older than retention, so the sweeper prunes them during the run (its rate is printed)")
 	fs.BoolVar(&o.dbProfile, "db-profile", false, "print where PostgreSQL's time went, per statement family (pg_stat_statements); with --citus-workers, per node")
 	fs.IntVar(&o.citusWorkers, "citus-workers", 0, "run on a throwaway local Citus cluster of a coordinator and this many workers (Citus installed beside PostgreSQL)")
+	fs.BoolVar(&o.citusOnWorker, "citus-on-worker", false, "with --citus-workers: connect the hipq instances to the worker that holds the bench's queue, not to the coordinator")
 	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the first hipq instance to this file")
 	fs.StringVar(&o.memProfile, "memprofile", "", "write a heap profile of the first hipq instance, at its heap's peak, to this file")
 	fs.IntVar(&o.throttle, "throttle-limit", 0, "give the queue this throttle_limit (0 = unlimited), to measure what limits cost")
@@ -159,6 +161,8 @@ func parseBench(args []string) (*benchOpts, error) {
 		return bad("--rate-limit %d must not be negative", o.rateLimit)
 	case o.citusWorkers < 0 || o.citusWorkers > 16:
 		return bad("--citus-workers: %d is not between 0 and 16", o.citusWorkers)
+	case o.citusOnWorker && o.citusWorkers == 0:
+		return bad("--citus-on-worker needs --citus-workers")
 	}
 	if o.rate > 0 {
 		o.n = max(int(o.rate*o.duration.Seconds()), 1)
@@ -279,7 +283,14 @@ func cmdBench(args []string, stdout io.Writer) error {
 		return err
 	}
 	go resp.run(runCtx)
-	insts, err := startInstances(ctx, sb, conf, schema, o)
+	instanceURL := sb.dbURL
+	if o.citusOnWorker {
+		if instanceURL, err = queueNodeURL(ctx, st, sb.nodes(), "default"); err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "  hipq instances connected to the worker that holds the queue\n")
+	}
+	insts, err := startInstances(ctx, sb, instanceURL, conf, schema, o)
 	defer stopInstances(insts) // those that started, if not all did
 	if err != nil {
 		return err

@@ -36,7 +36,7 @@ type exitedInstance struct {
 // startInstances starts o.instances hipq processes (hipq run) on the bench's
 // config, each with an API on a free loopback port for its /metrics, and
 // waits until each is ready.
-func startInstances(ctx context.Context, sb *sandbox, conf, schema string, o *benchOpts) ([]*instance, error) {
+func startInstances(ctx context.Context, sb *sandbox, dbURL, conf, schema string, o *benchOpts) ([]*instance, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, fmt.Errorf("find hipq's binary: %w", err)
@@ -64,7 +64,7 @@ func startInstances(ctx context.Context, sb *sandbox, conf, schema string, o *be
 			return out, err
 		}
 		cmd := exec.CommandContext(ctx, exe, "run", "--config", path)
-		cmd.Env = append(os.Environ(), "DB="+sb.dbURL)
+		cmd.Env = append(os.Environ(), "DB="+dbURL)
 		if testing.Testing() { // a test binary runs hipq's main when asked so
 			cmd.Args = []string{exe}
 			cmd.Env = append(cmd.Env, "HIPQ_TEST_MAIN=run --config "+path)

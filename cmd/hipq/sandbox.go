@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -16,6 +17,7 @@ import (
 	"github.com/hipq/hipq/correlator"
 	"github.com/hipq/hipq/internal/localcitus"
 	"github.com/hipq/hipq/internal/localpg"
+	"github.com/hipq/hipq/store"
 )
 
 // sandbox is the zero-setup environment of demo and bench: an embedded
@@ -137,6 +139,22 @@ func (sb *sandbox) nodes() []sandboxNode {
 		out = append(out, sandboxNode{fmt.Sprintf("worker %d", i+1), u})
 	}
 	return out
+}
+
+// queueNodeURL returns the URL, among nodes, of the node that holds
+// queue's shard of hipq_job.
+func queueNodeURL(ctx context.Context, st *store.Store, nodes []sandboxNode, queue string) (string, error) {
+	var port int
+	if err := st.Pool().QueryRow(ctx, `SELECT nodeport FROM citus_shards
+		WHERE shardid = get_shard_id_for_distribution_column('hipq_job', $1)`, queue).Scan(&port); err != nil {
+		return "", fmt.Errorf("find the worker of queue %s: %w", queue, err)
+	}
+	for _, n := range nodes {
+		if c, err := pgx.ParseConfig(n.url); err == nil && int(c.Port) == port {
+			return n.url, nil
+		}
+	}
+	return "", fmt.Errorf("queue %s's shard is on port %d, which is none of the cluster's nodes", queue, port)
 }
 
 // sandboxConfig is the config of demo and bench, parsed like any file.
