@@ -83,9 +83,10 @@ var citusLayout = []citusTable{
 }
 
 // citusIndexes are indexes of the layout on Citus only, made at every
-// migrate there: the relay's read of a key's pending events
-// (eventReadCitus).
+// migrate there: the relay's reads of a topic's pending events in the
+// order they were written, and of a key's (eventReadCitus).
 var citusIndexes = []string{
+	"CREATE INDEX IF NOT EXISTS hipq_event_written ON hipq_event (topic, created_at, id)",
 	"CREATE INDEX IF NOT EXISTS hipq_event_key ON hipq_event (topic, job_key)",
 }
 

@@ -248,7 +248,12 @@ func TestClaimLockHoldsAcrossNodes(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	insert(t, st, job("a"), job("b"))
+	insert(t, st, job("a"), job("b"), job("c"))
+	// A first claim makes the queue's lock row: the one held below exists.
+	if c, err := st.JobClaim(ctx, store.JobClaimParams{Queue: "default", Limit: 1, Instance: "c",
+		Throttle: correlator.Throttle{Limit: 3}}); err != nil || len(c.Jobs) != 1 {
+		t.Fatalf("first claim: %d jobs, %v", len(c.Jobs), err)
+	}
 
 	// A claim of the queue on the coordinator, its lock held: the claim's
 	// own first statements, in a transaction left open.
@@ -263,7 +268,7 @@ func TestClaimLockHoldsAcrossNodes(t *testing.T) {
 	got := make(chan store.Claim, 1)
 	go func() {
 		c, err := onWorker.JobClaim(ctx, store.JobClaimParams{Queue: "default", Limit: 10, Instance: "w",
-			Throttle: correlator.Throttle{Limit: 1}})
+			Throttle: correlator.Throttle{Limit: 2}})
 		if err != nil {
 			t.Error(err)
 		}
@@ -283,6 +288,6 @@ func TestClaimLockHoldsAcrossNodes(t *testing.T) {
 		t.Fatal(err)
 	}
 	if c := <-got; len(c.Jobs) != 1 {
-		t.Fatalf("the worker's claim took %d jobs, want 1 (the throttle's limit)", len(c.Jobs))
+		t.Fatalf("the worker's claim took %d jobs, want 1 (the throttle's limit of 2, one running)", len(c.Jobs))
 	}
 }

@@ -200,16 +200,20 @@ func (s *Store) EventRead(ctx context.Context, topic string, limit int) ([]Event
 	return scanEvents(rows, topic)
 }
 
-// eventReadCitus is EventRead on Citus. It reads up to limit events in id
-// order, then puts in place of each its key's first pending event in the
-// order the key's events happened: its jobs by creation (a key's next job
-// is made only once the last one is final), and each job's events by
-// attempt (one event per attempt and topic, written under the job's row
-// lock). So a key's event never leaves before one that happened earlier,
-// whichever node numbered them; the relay takes each key's first event
-// once and reads the rest at its next look.
+// eventReadCitus is EventRead on Citus. It reads up to limit events in the
+// order they were written (their transactions' start, then id: ids alone
+// would read the coordinator's first, a worker's range lying above it),
+// then puts in place of each its key's first pending event in the order
+// the key's events happened: each job's events by attempt (one event per
+// attempt and topic, written under the job's row lock), and a key's jobs
+// by when their first pending event ended an attempt (a key's next job is
+// made once the last one is final, and its attempts end after its
+// requests left: after that final event). So a key's event never leaves
+// before one that happened earlier, whichever node numbered them; the
+// relay takes each key's first event once and reads the rest at its next
+// look.
 func (s *Store) eventReadCitus(ctx context.Context, topic string, limit int) ([]Event, error) {
-	rows, err := s.pool.Query(ctx, `SELECT job_key FROM hipq_event WHERE topic = $1 ORDER BY id LIMIT $2`, topic, limit)
+	rows, err := s.pool.Query(ctx, `SELECT job_key FROM hipq_event WHERE topic = $1 ORDER BY created_at, id LIMIT $2`, topic, limit)
 	if err != nil {
 		return nil, fmt.Errorf("read events of %s: %w", topic, err)
 	}
@@ -220,9 +224,10 @@ func (s *Store) eventReadCitus(ctx context.Context, topic string, limit int) ([]
 		}
 		return nil, err
 	}
-	rows, err = s.pool.Query(ctx, `SELECT DISTINCT ON (job_key) `+eventReadColumns+`
-		FROM hipq_event WHERE topic = $1 AND job_key = ANY($2)
-		ORDER BY job_key, (value->>'created_at')::timestamptz, job_id, attempt, id`, topic, slices.Compact(slices.Sorted(slices.Values(keys))))
+	rows, err = s.pool.Query(ctx, `SELECT DISTINCT ON (job_key) `+eventReadColumns+` FROM (
+		  SELECT *, min((value->>'finished_at')::timestamptz) OVER (PARTITION BY queue, job_id) AS job_ended
+		  FROM hipq_event WHERE topic = $1 AND job_key = ANY($2)) e
+		ORDER BY job_key, job_ended, job_id, attempt, id`, topic, slices.Compact(slices.Sorted(slices.Values(keys))))
 	if err != nil {
 		return nil, fmt.Errorf("read events of %s: %w", topic, err)
 	}

@@ -309,8 +309,10 @@ func (s *Store) migrate(ctx context.Context, moveRows bool) (applied []Migration
 		return nil, fmt.Errorf("migrate --distribute: %w", ErrNoCitus)
 	}
 	if citus {
+		// (Group 0 is the coordinator's, nodes added or not yet, where
+		// citus_is_coordinator() says false until some are.)
 		var coordinator bool
-		if err := conn.QueryRow(ctx, "SELECT citus_is_coordinator()").Scan(&coordinator); err != nil {
+		if err := conn.QueryRow(ctx, "SELECT groupid = 0 FROM pg_dist_local_group").Scan(&coordinator); err != nil {
 			return nil, fmt.Errorf("migrate: %w", err)
 		}
 		if !coordinator {

@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -60,14 +61,28 @@ func (s *Store) otherNodes(ctx context.Context) ([]node, error) {
 // host and port.
 func (s *Store) connectNode(ctx context.Context, n node) (*pgx.Conn, error) {
 	cc := s.pool.Config().ConnConfig.Copy()
-	cc.Host, cc.Port, cc.Fallbacks = n.host, n.port, nil
-	if cc.TLSConfig != nil {
-		cc.TLSConfig = cc.TLSConfig.Clone()
-		cc.TLSConfig.ServerName = n.host
+	cc.Host, cc.Port = n.host, n.port
+	cc.TLSConfig = tlsFor(cc.TLSConfig, n.host)
+	// (The fallbacks are sslmode's other tries, prefer's plain one say,
+	// and the URL's other hosts: each tries n.)
+	for i, f := range cc.Fallbacks {
+		fb := *f
+		fb.Host, fb.Port, fb.TLSConfig = n.host, n.port, tlsFor(f.TLSConfig, n.host)
+		cc.Fallbacks[i] = &fb
 	}
 	cctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
 	return pgx.ConnectConfig(cctx, cc)
+}
+
+// tlsFor is c for a connection to host (nil: no TLS).
+func tlsFor(c *tls.Config, host string) *tls.Config {
+	if c == nil {
+		return nil
+	}
+	c = c.Clone()
+	c.ServerName = host
+	return c
 }
 
 // nodesRefresh is how often a store on Citus reads the cluster's nodes
@@ -187,19 +202,62 @@ func (s *Store) leaseLock(ctx context.Context, name, what string) (*Lease, bool,
 	if err != nil {
 		return nil, false, fmt.Errorf("%s: %w", what, err)
 	}
+	renew := func(ctx context.Context) error {
+		tag, err := s.pool.Exec(ctx, `UPDATE hipq_lock SET until = now() + make_interval(secs => $3)
+			WHERE name = $1 AND holder = $2`, name, holder, ttl)
+		switch {
+		case err != nil:
+			return fmt.Errorf("%s: renew the lease: %w", what, err)
+		case tag.RowsAffected() == 0:
+			return fmt.Errorf("%s: the lease passed to another instance", what)
+		}
+		return nil
+	}
+	// The lease is renewed every third of its time, whatever its holder
+	// does meanwhile (a long sweep, a relay waiting on a broker), and
+	// Alive reports what the renewals found: an error once one failed, or
+	// when none succeeded for two thirds of the lease's time (the holder
+	// should stop before another instance may take it).
+	var mu sync.Mutex
+	var lost error
+	renewed := time.Now()
+	rctx, stop := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(leaseTTL / 3)
+		defer t.Stop()
+		for {
+			select {
+			case <-rctx.Done():
+				return
+			case <-t.C:
+			}
+			err := renew(rctx)
+			mu.Lock()
+			if err == nil {
+				renewed = time.Now()
+			} else if lost == nil && rctx.Err() == nil {
+				lost = err
+			}
+			mu.Unlock()
+		}
+	}()
 	return &Lease{
-		alive: func(ctx context.Context) error {
-			tag, err := s.pool.Exec(ctx, `UPDATE hipq_lock SET until = now() + make_interval(secs => $3)
-				WHERE name = $1 AND holder = $2`, name, holder, ttl)
-			switch {
-			case err != nil:
-				return fmt.Errorf("%s: renew the lease: %w", what, err)
-			case tag.RowsAffected() == 0:
-				return fmt.Errorf("%s: the lease passed to another instance", what)
+		alive: func(context.Context) error {
+			mu.Lock()
+			defer mu.Unlock()
+			if lost != nil {
+				return lost
+			}
+			if since := time.Since(renewed); since > 2*leaseTTL/3 {
+				return fmt.Errorf("%s: the lease was not renewed for %v", what, since.Round(time.Second))
 			}
 			return nil
 		},
 		release: func() {
+			stop()
+			<-done
 			rctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
 			// (A failure leaves the lease to pass by itself.)
