@@ -405,9 +405,15 @@ func (s *Store) AttemptFindUnsent(ctx context.Context, types correlator.Types, g
 		// after, so no mark may pass its start. (PostgreSQL reads the
 		// activity once per transaction, at its first look.)
 		// (And the transaction's now(), the same in each of its statements.)
+		// On Citus, the whole cluster's: a claim through another node is
+		// a transaction there, which this node's view does not show.
+		activity := "pg_stat_activity"
+		if s.dist {
+			activity = "citus_stat_activity"
+		}
 		var oldest *time.Time
 		var now time.Time
-		if err := tx.QueryRow(ctx, `SELECT (SELECT min(xact_start) FROM pg_stat_activity
+		if err := tx.QueryRow(ctx, `SELECT (SELECT min(xact_start) FROM `+activity+`
 			WHERE datname = current_database() AND pid <> pg_backend_pid()), now()`).Scan(&oldest, &now); err != nil {
 			return err
 		}
