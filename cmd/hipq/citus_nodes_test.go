@@ -88,7 +88,7 @@ func TestInstancesOnCoordinatorAndWorkerShareTheWork(t *testing.T) {
 	var keys []string
 	add := func(typ, key string) {
 		keys = append(keys, key)
-		recs = append(recs, &kgo.Record{Topic: e.kafka.Topic("jobs"),
+		recs = append(recs, &kgo.Record{Topic: e.kafka.Topic("jobs"), Partition: int32(len(keys) % 2),
 			Value: fmt.Appendf(nil, `{"job_type":%q,"job_key":%q,"job_data":{"key":%q}}`, typ, key, key)})
 	}
 	for i := range 60 {
@@ -103,8 +103,16 @@ func TestInstancesOnCoordinatorAndWorkerShareTheWork(t *testing.T) {
 	for i := range 30 {
 		add("slow", fmt.Sprintf("slow-%02d", i))
 	}
-	e.kafka.Produce(recs...)
 	n := len(recs)
+	// Malformed records, on both partitions of the intake topic: each a
+	// dead letter, kept in the coordinator's table from whichever node
+	// its consumer is connected to.
+	for p := range int32(2) {
+		for i := range 2 {
+			recs = append(recs, &kgo.Record{Topic: e.kafka.Topic("jobs"), Partition: p, Value: fmt.Appendf(nil, `{"not a job": %d}`, i)})
+		}
+	}
+	e.produceTo(recs...)
 	testutil.Eventually(t, 90*time.Second, func() (bool, string) {
 		done := e.countJobs(a, "state = 'final'")
 		return done == n, fmt.Sprintf("%d of %d final", done, n)
@@ -112,6 +120,10 @@ func TestInstancesOnCoordinatorAndWorkerShareTheWork(t *testing.T) {
 	cancel()
 	sampler.Wait()
 
+	testutil.Eventually(t, 30*time.Second, func() (bool, string) {
+		got := scalarInt(t, db, "SELECT count(*) FROM hipq_dead_letter")
+		return got == 4, fmt.Sprintf("%d dead letters", got)
+	}, "the 4 malformed records to be dead letters")
 	if got := e.countJobs(a, "true"); got != n {
 		t.Errorf("%d jobs for %d records", got, n)
 	}
