@@ -1,4 +1,4 @@
--- hipq's schema at version 22, with its repeatable migrations applied, as
+-- hipq's schema at version 24, with its repeatable migrations applied, as
 -- PostgreSQL's catalogs describe it. Written by `make schema`; TestSchemaSnapshot
 -- (store) fails when the migrated schema differs. Do not edit.
 
@@ -68,7 +68,8 @@ CREATE TABLE hipq_early_reply (
     record_value bytea,
     received_at timestamp with time zone DEFAULT now() NOT NULL,
     expires_at timestamp with time zone NOT NULL,
-    retry_at timestamp with time zone
+    retry_at timestamp with time zone,
+    queue text
 );
 ALTER TABLE hipq_early_reply ADD CONSTRAINT hipq_early_reply_pkey PRIMARY KEY (id);
 CREATE INDEX hipq_early_reply_job_id ON hipq_early_reply USING btree (job_id) WHERE (job_id IS NOT NULL);

@@ -32,7 +32,7 @@ func TestMigrateLaysOutCitus(t *testing.T) {
 	}
 	want := map[string]string{ // table: distribution column, or "reference"
 		"hipq_job": "queue", "hipq_attempt": "queue", "hipq_rate_unit": "queue", "hipq_rate_giveback": "queue",
-		"hipq_activity": "queue", "hipq_event": "queue",
+		"hipq_activity": "queue", "hipq_event": "queue", "hipq_early_reply": "queue",
 		"hipq_queue": "reference", "hipq_schedule": "reference",
 	}
 	rows, err := st.Pool().Query(ctx, `
@@ -81,7 +81,7 @@ func TestMigrateLaysOutCitus(t *testing.T) {
 	if n := count(t, st, "SELECT count(*) FROM citus_tables WHERE table_name::text LIKE 'hipq\\_%'"); n != len(want) {
 		t.Errorf("citus_tables lists %d hipq tables, want %d", n, len(want))
 	}
-	for _, local := range []string{"hipq_offset", "hipq_intake", "hipq_dead_letter", "hipq_early_reply", "hipq_rate_count",
+	for _, local := range []string{"hipq_offset", "hipq_intake", "hipq_dead_letter", "hipq_rate_count",
 		"hipq_ui_session", "hipq_operation", "hipq_schema_migration", "hipq_schema_repeatable"} {
 		if !seen[local] {
 			t.Errorf("%s: no such table", local)
@@ -91,6 +91,7 @@ func TestMigrateLaysOutCitus(t *testing.T) {
 	for index, cols := range map[string]string{
 		"hipq_job_pkey": "queue, id", "hipq_job_active_key": "queue, job_type, job_key",
 		"hipq_attempt_pkey": "queue, job_id, attempt", "hipq_rate_unit_pkey": "queue, id", "hipq_event_pkey": "queue, id",
+		"hipq_early_reply_pkey": "queue, id",
 	} {
 		var got string
 		if err := st.Pool().QueryRow(ctx, `SELECT string_agg(a.attname, ', ' ORDER BY k.i)
@@ -131,7 +132,10 @@ func TestOpenRefusesAnUnknownCitusMode(t *testing.T) {
 // cluster's layout by hipq migrate --distribute (MigrateDistribute) while
 // no hipq runs, and then every job ends as it would have: a plain migrate
 // refuses to move rows, and --distribute refuses while another hipq is
-// connected.
+// connected. Its early replies move too, each to its queue's shard, and
+// still match their jobs once these are sent: one kept with its queue, one
+// kept before replies had one (its queue is its type's in the config);
+// one of a type the config does not name is dead-lettered, not lost.
 func TestMigrateDistributeMovesASingleNodeSchema(t *testing.T) {
 	url := citustest.URL(t)
 	single, err := store.Open(ctx, store.Config{URL: url, MaxConns: 4, Citus: store.CitusOff})
@@ -148,6 +152,17 @@ func TestMigrateDistributeMovesASingleNodeSchema(t *testing.T) {
 	applyReplies(t, single.WithEvents(store.EventsOf(eventTypes())), reply("done", 1, true))
 	insert(t, single, job("waiting"), job("later", at(-time.Hour)))
 	if err := single.QueueSetPaused(ctx, "other", true); err != nil { // (a reference table's row)
+		t.Fatal(err)
+	}
+	// Early replies: two of jobs that do not exist yet, one as a hipq
+	// before schema version 24 kept it (no queue), and one of a type no
+	// longer configured, kept so too.
+	applyReplies(t, single, reply("early", 0, true), reply("early-old", 0, true))
+	if _, err := single.Pool().Exec(ctx, `UPDATE hipq_early_reply SET queue = NULL WHERE job_key = 'early-old'`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := single.Pool().Exec(ctx, `INSERT INTO hipq_early_reply (job_type, job_key, success, retryable, reply, topic, record_value, expires_at)
+		VALUES ('gone', 'g', true, true, '{}', 'replies', 'reply g', now() + interval '1 hour')`); err != nil {
 		t.Fatal(err)
 	}
 	// A rate unit from before units had a queue: no key of the cluster
@@ -180,11 +195,11 @@ func TestMigrateDistributeMovesASingleNodeSchema(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := st.MigrateDistribute(ctx); !errors.Is(err, store.ErrHipqRunning) {
+	if _, err := st.MigrateDistribute(ctx, typeInfo); !errors.Is(err, store.ErrHipqRunning) {
 		t.Fatalf("--distribute beside another hipq: %v, want ErrHipqRunning", err)
 	}
 	other.Close()
-	if _, err := st.MigrateDistribute(ctx); err != nil {
+	if _, err := st.MigrateDistribute(ctx, typeInfo); err != nil {
 		t.Fatal(err)
 	}
 	if !st.Distributed() {
@@ -196,7 +211,9 @@ func TestMigrateDistributeMovesASingleNodeSchema(t *testing.T) {
 		t.Fatalf("hipq_job's shards are on %d workers (%v), want %d", shards, err, citustest.Workers)
 	}
 	for q, want := range map[string]int{"SELECT count(*) FROM hipq_job": 4, "SELECT count(*) FROM hipq_attempt": 2,
-		"SELECT count(*) FROM hipq_event": 1, "SELECT count(*) FROM hipq_queue WHERE paused": 1} {
+		"SELECT count(*) FROM hipq_event": 1, "SELECT count(*) FROM hipq_queue WHERE paused": 1,
+		"SELECT count(*) FROM hipq_early_reply WHERE queue = 'default'":                                             2,
+		"SELECT count(*) FROM hipq_dead_letter WHERE reason LIKE 'unknown_job_type:%' AND record_value = 'reply g'": 1} {
 		if n := count(t, st, q); n != want {
 			t.Fatalf("%s: %d on the cluster, want %d as on one PostgreSQL", q, n, want)
 		}
@@ -216,5 +233,28 @@ func TestMigrateDistributeMovesASingleNodeSchema(t *testing.T) {
 	// a new job, a waiting one's does not.
 	if n, err := st.JobsInsert(ctx, []*correlator.Job{job("done"), job("later")}); err != nil || n != 1 {
 		t.Fatalf("inserted %d (%v), want the new job of the final key alone", n, err)
+	}
+	// The early replies' jobs come and are sent: both replies apply, from
+	// their queue's shard.
+	insert(t, st, job("early"), job("early-old"))
+	c = claimSent(t, st, 10)
+	var refs []store.AttemptRef
+	for _, j := range c {
+		if j.JobKey == "early" || j.JobKey == "early-old" {
+			refs = append(refs, j.Ref())
+		}
+	}
+	if len(refs) != 2 {
+		t.Fatalf("claimed %v, want the early replies' jobs among them", c)
+	}
+	res, err := st.EarlyReplyApply(ctx, refs, typeInfo)
+	if err != nil || len(res.Applied) != 2 {
+		t.Fatalf("early replies applied after the move: %+v (%v), want 2", res, err)
+	}
+	for _, k := range []string{"early", "early-old"} {
+		wantState(t, get(t, st, k), correlator.StateFinal, correlator.OutcomeSucceeded, 1)
+	}
+	if n := count(t, st, "SELECT count(*) FROM hipq_early_reply"); n != 0 {
+		t.Fatalf("%d early replies left once applied", n)
 	}
 }
