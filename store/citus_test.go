@@ -207,8 +207,8 @@ func TestMigrateDistributeMovesASingleNodeSchema(t *testing.T) {
 	}
 	var shards int
 	if err := st.Pool().QueryRow(ctx, `SELECT count(DISTINCT nodeport) FROM pg_dist_shard_placement p JOIN pg_dist_shard s USING (shardid)
-		WHERE s.logicalrelid = 'hipq_job'::regclass`).Scan(&shards); err != nil || shards != citustest.Workers {
-		t.Fatalf("hipq_job's shards are on %d workers (%v), want %d", shards, err, citustest.Workers)
+		WHERE s.logicalrelid = 'hipq_job'::regclass`).Scan(&shards); err != nil || shards != citustest.Workers() {
+		t.Fatalf("hipq_job's shards are on %d workers (%v), want %d", shards, err, citustest.Workers())
 	}
 	for q, want := range map[string]int{"SELECT count(*) FROM hipq_job": 4, "SELECT count(*) FROM hipq_attempt": 2,
 		"SELECT count(*) FROM hipq_event": 1, "SELECT count(*) FROM hipq_queue WHERE paused": 1,
