@@ -11,6 +11,7 @@ import (
 
 	"github.com/hipq/hipq/internal/citustest"
 	"github.com/hipq/hipq/internal/pgtest"
+	"github.com/hipq/hipq/internal/testutil"
 	"github.com/hipq/hipq/store"
 )
 
@@ -195,10 +196,19 @@ func TestMigrateDistributeMovesASingleNodeSchema(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	var otherPID int
+	if err := other.Pool().QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&otherPID); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := st.MigrateDistribute(ctx, typeInfo); !errors.Is(err, store.ErrHipqRunning) {
 		t.Fatalf("--distribute beside another hipq: %v, want ErrHipqRunning", err)
 	}
 	other.Close()
+	// (Its server process leaves after the pool closed, not before Close
+	// returns.)
+	testutil.Eventually(t, 30*time.Second, func() bool {
+		return count(t, st, "SELECT count(*) FROM pg_stat_activity WHERE pid = $1", otherPID) == 0
+	}, "the other hipq's session (pid %d) ends", otherPID)
 	if _, err := st.MigrateDistribute(ctx, typeInfo); err != nil {
 		t.Fatal(err)
 	}
