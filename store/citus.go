@@ -151,7 +151,7 @@ func distribute(ctx context.Context, conn *pgx.Conn, moveRows bool, types correl
 			return fmt.Errorf("citus: %s: %w", t.name, err)
 		}
 		if rows && !moveRows {
-			return fmt.Errorf("citus: %s holds rows of a schema laid out on one PostgreSQL: stop every hipq, then run hipq migrate --distribute to move them onto the cluster", t.name)
+			return fmt.Errorf("citus: %s is not laid out for the cluster yet and holds rows: stop every hipq, then run hipq migrate --distribute to move them onto the cluster", t.name)
 		}
 		err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
 			for _, k := range t.keys {
