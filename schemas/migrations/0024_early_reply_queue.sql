@@ -19,8 +19,16 @@
 -- config: it gives each such reply its type's queue, and dead-letters
 -- (unknown_job_type) those whose type the config does not name, as the
 -- sweep would, before the table is distributed. No reply is deleted here.
+--
+-- Safe to run again: the fill runs only while some reply has no queue
+-- (never on Citus once the table is distributed, where queue is the
+-- distribution column, which Citus refuses to set in any UPDATE).
 ALTER TABLE hipq_early_reply ADD COLUMN IF NOT EXISTS queue text;
-UPDATE hipq_early_reply e SET queue = j.queue FROM hipq_job j
-WHERE e.queue IS NULL AND e.job_id IS NOT NULL AND j.id = e.job_id;
-UPDATE hipq_early_reply e SET queue = j.queue FROM hipq_job j
-WHERE e.queue IS NULL AND j.job_type = e.job_type AND j.job_key = e.job_key AND j.state <> 'final';
+DO $$ BEGIN
+    IF EXISTS (SELECT 1 FROM hipq_early_reply WHERE queue IS NULL) THEN
+        UPDATE hipq_early_reply e SET queue = j.queue FROM hipq_job j
+        WHERE e.queue IS NULL AND e.job_id IS NOT NULL AND j.id = e.job_id;
+        UPDATE hipq_early_reply e SET queue = j.queue FROM hipq_job j
+        WHERE e.queue IS NULL AND j.job_type = e.job_type AND j.job_key = e.job_key AND j.state <> 'final';
+    END IF;
+END $$;
