@@ -14,6 +14,11 @@ test: vet fmt-check lint postgres-check
 # one per package, from the PostgreSQL binaries the tests use, with Citus
 # installed beside them). Without Citus they skip, saying so. Tests that do
 # not hold on Citus skip there, each saying why (pgtest.SkipOnCitus).
+# HIPQ_TEST_CITUS_URL=<coordinator URL> runs them on a cluster that runs
+# already instead (a coordinator and its workers of one's own): its user
+# must be allowed to create databases, and every node must be reachable at
+# the host and port the coordinator's pg_dist_node gives. Each test's
+# database is made on every node and dropped when its package's tests end.
 CITUS_PACKAGES := ./store ./sweeper ./consumer ./dispatcher ./api ./internal/activity ./cmd/hipq
 test-citus: postgres-check
 	HIPQ_TEST_CITUS=1 $(GO) test -p 1 -count=1 -timeout 25m $(CITUS_PACKAGES)

@@ -74,7 +74,8 @@ CREATE TABLE hipq_early_reply (
     record_value bytea,
     received_at timestamp with time zone DEFAULT now() NOT NULL,
     expires_at timestamp with time zone NOT NULL,
-    retry_at timestamp with time zone
+    retry_at timestamp with time zone,
+    queue text
 );
 ALTER TABLE hipq_early_reply ADD CONSTRAINT hipq_early_reply_pkey PRIMARY KEY (id);
 CREATE INDEX hipq_early_reply_job_id ON hipq_early_reply USING btree (job_id) WHERE (job_id IS NOT NULL);

@@ -7,6 +7,8 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/hipq/hipq/correlator"
 )
 
 // Values of Config.Citus.
@@ -45,7 +47,7 @@ type citusTable struct {
 // naming one queue runs on one worker; hipq_queue and hipq_schedule, tiny
 // and read by every claim and schedule, are copied to every node. Every
 // other table is the coordinator's, in Citus's metadata so that instances
-// on any node reach it: hipq_early_reply and hipq_rate_count have no queue
+// on any node reach it: hipq_rate_count has no queue
 // column, and the rest are not per queue (offsets, the intake outbox, dead
 // letters, sessions, operations, the migrations' records).
 var citusLayout = []citusTable{
@@ -67,13 +69,17 @@ var citusLayout = []citusTable{
 	{name: "hipq_event", kind: citusDistributed, keys: []string{
 		"ALTER TABLE hipq_event DROP CONSTRAINT hipq_event_pkey, ADD CONSTRAINT hipq_event_pkey PRIMARY KEY (queue, id)",
 	}},
+	{name: "hipq_early_reply", kind: citusDistributed, keys: []string{
+		// (queue is nullable in the single-node schema: see
+		// earlyReplyQueues.)
+		"ALTER TABLE hipq_early_reply DROP CONSTRAINT hipq_early_reply_pkey, ADD CONSTRAINT hipq_early_reply_pkey PRIMARY KEY (queue, id)",
+	}},
 	{name: "hipq_claim_lock", kind: citusDistributed},
 	{name: "hipq_queue", kind: citusReference},
 	{name: "hipq_schedule", kind: citusReference},
 	{name: "hipq_offset", kind: citusLocal},
 	{name: "hipq_intake", kind: citusLocal},
 	{name: "hipq_dead_letter", kind: citusLocal},
-	{name: "hipq_early_reply", kind: citusLocal},
 	{name: "hipq_rate_count", kind: citusLocal},
 	{name: "hipq_ui_session", kind: citusLocal},
 	{name: "hipq_operation", kind: citusLocal},
@@ -131,8 +137,9 @@ const citusEnableTriggers = "SET citus.enable_unsafe_triggers = on"
 // table with rows is distributed only when moveRows says to (hipq migrate
 // --distribute): Citus then copies its rows into the shards, and its local
 // copy is emptied in the same transaction; otherwise distribute refuses
-// it, saying how to move it.
-func distribute(ctx context.Context, conn *pgx.Conn, moveRows bool) error {
+// it, saying how to move it. types are the config's job types, which give
+// early replies kept without a queue theirs (earlyReplyQueues).
+func distribute(ctx context.Context, conn *pgx.Conn, moveRows bool, types correlator.Types) error {
 	// hipq_event's trigger would notify from the workers, where nobody
 	// listens and whose part of a transaction that also wrote elsewhere
 	// (the coordinator's offsets, say) commits in two phases, which
@@ -151,6 +158,9 @@ func distribute(ctx context.Context, conn *pgx.Conn, moveRows bool) error {
 		if _, err := conn.Exec(ctx, "DELETE FROM hipq_rate_unit WHERE queue IS NULL"); err != nil {
 			return fmt.Errorf("citus: rate units without a queue: %w", err)
 		}
+		if err := earlyReplyQueues(ctx, conn, types); err != nil {
+			return fmt.Errorf("citus: early replies without a queue: %w", err)
+		}
 	}
 	for _, t := range citusLayout {
 		var known bool
@@ -165,7 +175,7 @@ func distribute(ctx context.Context, conn *pgx.Conn, moveRows bool) error {
 			return fmt.Errorf("citus: %s: %w", t.name, err)
 		}
 		if rows && !moveRows && t.kind != citusLocal { // (a local table's rows stay where they are)
-			return fmt.Errorf("citus: %s holds rows of a schema laid out on one PostgreSQL: stop every hipq, then run hipq migrate --distribute to move them onto the cluster", t.name)
+			return fmt.Errorf("citus: %s is not laid out for the cluster yet and holds rows: stop every hipq, then run hipq migrate --distribute to move them onto the cluster", t.name)
 		}
 		err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
 			for _, k := range t.keys {
@@ -203,6 +213,44 @@ func distribute(ctx context.Context, conn *pgx.Conn, moveRows bool) error {
 		}
 	}
 	return nil
+}
+
+// earlyReplyQueues gives the early replies that have no queue yet (kept
+// before replies had one, whose job did not exist then: schema version
+// 24) the queue their type has in types, before hipq_early_reply moves
+// onto the cluster, whose key (queue, id) takes no null. A reply whose type
+// types does not name could never match here: it is dead-lettered
+// (unknown_job_type), as the sweep would do, never deleted unseen. A table
+// already distributed has a queue on every row, and is left alone.
+func earlyReplyQueues(ctx context.Context, conn *pgx.Conn, types correlator.Types) error {
+	var local bool
+	if err := conn.QueryRow(ctx, `SELECT NOT EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = 'hipq_early_reply'::regclass)`).Scan(&local); err != nil || !local {
+		return err
+	}
+	names := types.Names()
+	queues := make([]string, len(names))
+	for i, n := range names {
+		queues[i] = types.Get(n).Queue
+	}
+	return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `UPDATE hipq_early_reply e SET queue = t.queue FROM unnest($1::text[], $2::text[]) AS t(job_type, queue)
+			WHERE e.queue IS NULL AND e.job_type = t.job_type`, names, queues); err != nil {
+			return err
+		}
+		unknown, _, err := earlyLoad(ctx, tx, nil, "", earlyColumns+`WHERE e.queue IS NULL ORDER BY e.id FOR UPDATE`)
+		if err != nil || len(unknown) == 0 {
+			return err
+		}
+		dls := make([]DeadLetter, len(unknown))
+		for i, in := range unknown {
+			why := &correlator.InputError{Code: correlator.CodeUnknownJobType, Detail: fmt.Sprintf("job type %q is not configured", in.Reply.JobType)}
+			dls[i] = DeadLetter{Kind: in.Kind, Source: in.Source, Reason: why.Error()}
+		}
+		if err := deadLettersInsert(ctx, tx, dls); err != nil {
+			return err
+		}
+		return earlyDelete(ctx, tx, unknown)
+	})
 }
 
 // colocateWith is the colocate_with of create_distributed_table: the first

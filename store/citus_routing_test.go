@@ -112,7 +112,7 @@ func TestEveryWriteRoutesToOneShard(t *testing.T) {
 					t.Errorf("only %d statements wrote or locked queue %s's shards, want at least 5: %v", written[q], q, written)
 				}
 			}
-			want := []string{"hipq_job", "hipq_attempt", "hipq_activity"}
+			want := []string{"hipq_job", "hipq_attempt", "hipq_activity", "hipq_early_reply"}
 			if events {
 				want = append(want, "hipq_event")
 			}
@@ -135,6 +135,8 @@ func TestEveryWriteRoutesToOneShard(t *testing.T) {
 			"UPDATE hipq_job SET update_time = now() WHERE queue IN ('a', 'b') AND id = ANY($1)",
 			// Two queues' attempts.
 			"DELETE FROM hipq_attempt WHERE queue IN ('b', 'c') AND job_id = ANY($1)",
+			// Early replies by id alone (the single-node delete): every shard.
+			"DELETE FROM hipq_early_reply WHERE id = ANY($1)",
 		} {
 			if _, err := st.pool.Exec(ctx, stmt, []int64{1, 2, 3}); err != nil {
 				t.Fatalf("%s: %v", stmt, err)
@@ -148,8 +150,8 @@ func TestEveryWriteRoutesToOneShard(t *testing.T) {
 				t.Logf("flagged, as it must be: %s: %s", oneLine(s.sql), r.bad)
 			}
 		}
-		if flagged != 3 {
-			t.Fatalf("%d of the 3 writes of several queues flagged: %+v", flagged, got)
+		if flagged != 4 {
+			t.Fatalf("%d of the 4 writes of several queues flagged: %+v", flagged, got)
 		}
 		// And one queue's write passes.
 		if _, err := st.pool.Exec(ctx, "UPDATE hipq_job SET update_time = now() WHERE queue = 'c' AND id = ANY($1)", []int64{1}); err != nil {

@@ -2,13 +2,11 @@ package store_test
 
 import (
 	"errors"
-	"fmt"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/hipq/hipq/correlator"
 	"github.com/hipq/hipq/internal/citustest"
@@ -35,10 +33,10 @@ func TestMigrateLaysOutCitus(t *testing.T) {
 	}
 	want := map[string]string{ // table: distribution column, "reference", or "local" (the coordinator's, in the metadata)
 		"hipq_job": "queue", "hipq_attempt": "queue", "hipq_rate_unit": "queue", "hipq_rate_giveback": "queue",
-		"hipq_activity": "queue", "hipq_event": "queue", "hipq_claim_lock": "queue",
+		"hipq_activity": "queue", "hipq_event": "queue", "hipq_claim_lock": "queue", "hipq_early_reply": "queue",
 		"hipq_queue": "reference", "hipq_schedule": "reference",
 	}
-	local := []string{"hipq_offset", "hipq_intake", "hipq_dead_letter", "hipq_early_reply", "hipq_rate_count",
+	local := []string{"hipq_offset", "hipq_intake", "hipq_dead_letter", "hipq_rate_count",
 		"hipq_ui_session", "hipq_operation", "hipq_lock", "hipq_schema_migration", "hipq_schema_repeatable"}
 	for _, t := range local {
 		want[t] = "local"
@@ -95,6 +93,7 @@ func TestMigrateLaysOutCitus(t *testing.T) {
 	for index, cols := range map[string]string{
 		"hipq_job_pkey": "queue, id", "hipq_job_active_key": "queue, job_type, job_key",
 		"hipq_attempt_pkey": "queue, job_id, attempt", "hipq_rate_unit_pkey": "queue, id", "hipq_event_pkey": "queue, id",
+		"hipq_early_reply_pkey": "queue, id",
 	} {
 		var got string
 		if err := st.Pool().QueryRow(ctx, `SELECT string_agg(a.attname, ', ' ORDER BY k.i)
@@ -135,7 +134,10 @@ func TestOpenRefusesAnUnknownCitusMode(t *testing.T) {
 // cluster's layout by hipq migrate --distribute (MigrateDistribute) while
 // no hipq runs, and then every job ends as it would have: a plain migrate
 // refuses to move rows, and --distribute refuses while another hipq is
-// connected.
+// connected. Its early replies move too, each to its queue's shard, and
+// still match their jobs once these are sent: one kept with its queue, one
+// kept before replies had one (its queue is its type's in the config);
+// one of a type the config does not name is dead-lettered, not lost.
 func TestMigrateDistributeMovesASingleNodeSchema(t *testing.T) {
 	url := citustest.URL(t)
 	single, err := store.Open(ctx, store.Config{URL: url, MaxConns: 4, Citus: store.CitusOff})
@@ -152,6 +154,17 @@ func TestMigrateDistributeMovesASingleNodeSchema(t *testing.T) {
 	applyReplies(t, single.WithEvents(store.EventsOf(eventTypes())), reply("done", 1, true))
 	insert(t, single, job("waiting"), job("later", at(-time.Hour)))
 	if err := single.QueueSetPaused(ctx, "other", true); err != nil { // (a reference table's row)
+		t.Fatal(err)
+	}
+	// Early replies: two of jobs that do not exist yet, one as a hipq
+	// before schema version 24 kept it (no queue), and one of a type no
+	// longer configured, kept so too.
+	applyReplies(t, single, reply("early", 0, true), reply("early-old", 0, true))
+	if _, err := single.Pool().Exec(ctx, `UPDATE hipq_early_reply SET queue = NULL WHERE job_key = 'early-old'`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := single.Pool().Exec(ctx, `INSERT INTO hipq_early_reply (job_type, job_key, success, retryable, reply, topic, record_value, expires_at)
+		VALUES ('gone', 'g', true, true, '{}', 'replies', 'reply g', now() + interval '1 hour')`); err != nil {
 		t.Fatal(err)
 	}
 	// A rate unit from before units had a queue: no key of the cluster
@@ -184,19 +197,20 @@ func TestMigrateDistributeMovesASingleNodeSchema(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := st.MigrateDistribute(ctx); !errors.Is(err, store.ErrHipqRunning) {
-		t.Fatalf("--distribute beside another hipq: %v, want ErrHipqRunning", err)
-	}
-	var otherPID uint32
-	if err := other.Pool().AcquireFunc(ctx, func(c *pgxpool.Conn) error { otherPID = c.Conn().PgConn().PID(); return nil }); err != nil {
+	var otherPID int
+	if err := other.Pool().QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&otherPID); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := st.MigrateDistribute(ctx, typeInfo); !errors.Is(err, store.ErrHipqRunning) {
+		t.Fatalf("--distribute beside another hipq: %v, want ErrHipqRunning", err)
+	}
 	other.Close()
-	// (A closed connection's server process ends a moment later.)
-	testutil.Eventually(t, 10*time.Second, func() bool {
-		return count(t, st, fmt.Sprintf("SELECT count(*) FROM pg_stat_activity WHERE pid = %d", otherPID)) == 0
-	}, "the other hipq's session to end")
-	if _, err := st.MigrateDistribute(ctx); err != nil {
+	// (Its server process leaves after the pool closed, not before Close
+	// returns.)
+	testutil.Eventually(t, 30*time.Second, func() bool {
+		return count(t, st, "SELECT count(*) FROM pg_stat_activity WHERE pid = $1", otherPID) == 0
+	}, "the other hipq's session (pid %d) ends", otherPID)
+	if _, err := st.MigrateDistribute(ctx, typeInfo); err != nil {
 		t.Fatal(err)
 	}
 	if !st.Distributed() {
@@ -204,11 +218,13 @@ func TestMigrateDistributeMovesASingleNodeSchema(t *testing.T) {
 	}
 	var shards int
 	if err := st.Pool().QueryRow(ctx, `SELECT count(DISTINCT nodeport) FROM pg_dist_shard_placement p JOIN pg_dist_shard s USING (shardid)
-		WHERE s.logicalrelid = 'hipq_job'::regclass`).Scan(&shards); err != nil || shards != citustest.Workers {
-		t.Fatalf("hipq_job's shards are on %d workers (%v), want %d", shards, err, citustest.Workers)
+		WHERE s.logicalrelid = 'hipq_job'::regclass`).Scan(&shards); err != nil || shards != citustest.Workers() {
+		t.Fatalf("hipq_job's shards are on %d workers (%v), want %d", shards, err, citustest.Workers())
 	}
 	for q, want := range map[string]int{"SELECT count(*) FROM hipq_job": 4, "SELECT count(*) FROM hipq_attempt": 2,
-		"SELECT count(*) FROM hipq_event": 1, "SELECT count(*) FROM hipq_queue WHERE paused": 1} {
+		"SELECT count(*) FROM hipq_event": 1, "SELECT count(*) FROM hipq_queue WHERE paused": 1,
+		"SELECT count(*) FROM hipq_early_reply WHERE queue = 'default'":                                             2,
+		"SELECT count(*) FROM hipq_dead_letter WHERE reason LIKE 'unknown_job_type:%' AND record_value = 'reply g'": 1} {
 		if n := count(t, st, q); n != want {
 			t.Fatalf("%s: %d on the cluster, want %d as on one PostgreSQL", q, n, want)
 		}
@@ -228,6 +244,29 @@ func TestMigrateDistributeMovesASingleNodeSchema(t *testing.T) {
 	// a new job, a waiting one's does not.
 	if n, err := st.JobsInsert(ctx, []*correlator.Job{job("done"), job("later")}); err != nil || n != 1 {
 		t.Fatalf("inserted %d (%v), want the new job of the final key alone", n, err)
+	}
+	// The early replies' jobs come and are sent: both replies apply, from
+	// their queue's shard.
+	insert(t, st, job("early"), job("early-old"))
+	c = claimSent(t, st, 10)
+	var refs []store.AttemptRef
+	for _, j := range c {
+		if j.JobKey == "early" || j.JobKey == "early-old" {
+			refs = append(refs, j.Ref())
+		}
+	}
+	if len(refs) != 2 {
+		t.Fatalf("claimed %v, want the early replies' jobs among them", c)
+	}
+	res, err := st.EarlyReplyApply(ctx, refs, typeInfo)
+	if err != nil || len(res.Applied) != 2 {
+		t.Fatalf("early replies applied after the move: %+v (%v), want 2", res, err)
+	}
+	for _, k := range []string{"early", "early-old"} {
+		wantState(t, get(t, st, k), correlator.StateFinal, correlator.OutcomeSucceeded, 1)
+	}
+	if n := count(t, st, "SELECT count(*) FROM hipq_early_reply"); n != 0 {
+		t.Fatalf("%d early replies left once applied", n)
 	}
 }
 

@@ -141,8 +141,8 @@ func TestEveryEndWritesItsEvent(t *testing.T) {
 		t.Fatalf("rescue ended %v, %v", done, err)
 	}
 	// An early reply kept, then applied by the sweep.
-	if _, err := st.Pool().Exec(ctx, `INSERT INTO hipq_early_reply (job_type, job_key, attempt, success, retryable, reply, topic, expires_at)
-		VALUES ('t', 'early', 1, true, true, '{"status": "succeeded"}', 'replies', now() + interval '1 minute')`); err != nil {
+	if _, err := st.Pool().Exec(ctx, `INSERT INTO hipq_early_reply (queue, job_type, job_key, attempt, success, retryable, reply, topic, expires_at)
+		VALUES ('default', 't', 'early', 1, true, true, '{"status": "succeeded"}', 'replies', now() + interval '1 minute')`); err != nil {
 		t.Fatal(err)
 	}
 	if _, _, err := st.EarlyReplySweep(ctx, 0, 100, tys); err != nil {

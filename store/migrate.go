@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/hipq/hipq/correlator"
 	"github.com/hipq/hipq/schemas"
 )
 
@@ -216,7 +217,7 @@ func (e *ErrSchemaTooNew) Error() string {
 // may change what a function reads. A run cut short in between still
 // applies them at the next start.
 func (s *Store) Migrate(ctx context.Context) (applied []Migration, err error) {
-	return s.migrate(ctx, false)
+	return s.migrate(ctx, false, nil)
 }
 
 // MigrateDistribute is Migrate that, on Citus, also moves the rows of a
@@ -225,8 +226,11 @@ func (s *Store) Migrate(ctx context.Context) (applied []Migration, err error) {
 // distributed (or made a reference table) with its rows, which Citus
 // copies into its shards, and its local copy emptied. No other hipq may be
 // connected meanwhile: it refuses, naming how many are, when one is.
-func (s *Store) MigrateDistribute(ctx context.Context) ([]Migration, error) {
-	return s.migrate(ctx, true)
+// types are the config's job types: an early reply kept without a queue
+// (before replies had one, its job unknown then) takes its type's, and
+// one of a type they do not name is dead-lettered, as the sweep would do.
+func (s *Store) MigrateDistribute(ctx context.Context, types correlator.Types) ([]Migration, error) {
+	return s.migrate(ctx, true, types)
 }
 
 // migratedOnWorker is Migrate on a worker of a Citus cluster, which runs
@@ -258,7 +262,7 @@ var ErrWorkerNode = errors.New("database.url names a worker of the Citus cluster
 // sessions are connected to the database.
 var ErrHipqRunning = errors.New("other hipq sessions are connected to this database: stop every hipq before moving its rows onto the cluster")
 
-func (s *Store) migrate(ctx context.Context, moveRows bool) (applied []Migration, err error) {
+func (s *Store) migrate(ctx context.Context, moveRows bool, types correlator.Types) (applied []Migration, err error) {
 	ms, err := Migrations()
 	if err != nil {
 		return nil, err
@@ -437,7 +441,7 @@ func (s *Store) migrate(ctx context.Context, moveRows bool) (applied []Migration
 		applied = append(applied, r)
 	}
 	if citus {
-		if err := distribute(ctx, conn.Conn(), moveRows); err != nil {
+		if err := distribute(ctx, conn.Conn(), moveRows, types); err != nil {
 			return applied, fmt.Errorf("migrate: %w", err)
 		}
 		s.dist = true

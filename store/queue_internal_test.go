@@ -355,10 +355,10 @@ func queueLife(t *testing.T, st, plain *Store) {
 	idOnly := ReplyIn{Reply: &correlator.Reply{JobID: &b[0].ID, Success: true}, Kind: SourceReply}
 	rr, err := st.ReplyApply(ctx, ReplyBatch{Group: "g", EarlyTTL: time.Hour, Replies: []ReplyIn{
 		byKey("ta", "a0", true), progress, idOnly, byKey("tb", "b1", false), byKey("ta", "a4", true), byKey("tb", "b3", true),
-		byKey("ta", "later", true),
+		byKey("ta", "later", true), byKey("tb", "never-b", true), byKey("tc", "never-c", true),
 	}}, types)
 	must("replies applied", len(rr.Applied), 4, err)
-	must("replies kept", rr.Counts()[correlator.Early], 1, nil)
+	must("replies kept", rr.Counts()[correlator.Early], 3, nil)
 	must("progress", rr.Counts()[correlator.Progressed], 1, nil)
 	must("duplicates", rr.Counts()[correlator.Duplicate], 1, nil)
 	// The kept reply's job comes, is claimed and sent: the reply applies.
@@ -375,9 +375,15 @@ func queueLife(t *testing.T, st, plain *Store) {
 	}
 	er, err := st.DeliveryRecord(ctx, Delivery{Sent: sent}, types)
 	must("early reply applied", len(er.Early.Applied), 1, err)
-	if _, _, err := st.EarlyReplySweep(ctx, 0, 100, types); err != nil {
+	// The sweep keeps the two of queues b and c whose jobs never come,
+	// then dead-letters them past their TTL.
+	sw, _, err := st.EarlyReplySweep(ctx, 0, 100, types)
+	must("early replies swept and kept", sw.Counts()[correlator.Early], 2, err)
+	if _, err := plain.pool.Exec(ctx, "UPDATE hipq_early_reply SET expires_at = now() - interval '1s'"); err != nil {
 		t.Fatal(err)
 	}
+	sw, _, err = st.EarlyReplySweep(ctx, 0, 100, types)
+	must("early replies dead-lettered", len(sw.DeadLetters), 2, err)
 	done, err := st.JobResolveMany(ctx, []Resolve{{Queue: "c", JobID: c[0].ID, Attempt: c[0].Attempt, Sent: true,
 		Res: correlator.Resolution{State: correlator.StateFinal, Outcome: correlator.OutcomeSucceeded, Attempt: correlator.AttemptSucceeded}}})
 	must("resolve", len(done), 1, err)

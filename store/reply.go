@@ -22,7 +22,10 @@ type ReplyIn struct {
 	Kind    string // SourceReply or SourceCallback
 	Source  Source
 	earlyID int64 // set when it was kept in hipq_early_reply
-	expires time.Time
+	// earlyQueue is the queue its row in hipq_early_reply is kept under
+	// (set when it is kept, or was read from there).
+	earlyQueue string
+	expires    time.Time
 }
 
 // ReplyBatch is everything one poll of the response consumer commits at
@@ -200,7 +203,7 @@ func applyReplies(ctx context.Context, tx pgx.Tx, ev *Events, ins []ReplyIn, typ
 	resolves := make([]Resolve, 0, len(ins))
 	res.Applied = make([]AppliedReply, 0, len(ins)) // (most replies apply)
 	var early []ReplyIn
-	var drop []int64 // early rows used up
+	var drop []ReplyIn // early rows used up
 	var news []progressNews
 	for i, d := range correlator.DecideReplies(batch, targets, types, now, earlyTTL) {
 		in := ins[i]
@@ -220,11 +223,11 @@ func applyReplies(ctx context.Context, tx pgx.Tx, ev *Events, ins []ReplyIn, typ
 		case d.Verdict == correlator.DeadLetter:
 			res.DeadLetters = append(res.DeadLetters, DeadLetter{Kind: in.Kind, Source: in.Source, Reason: d.Reason.Error()})
 		case !d.KeepUntil.IsZero():
-			in.expires = d.KeepUntil
+			in.expires, in.earlyQueue = d.KeepUntil, earlyQueueOf(in, d.Target, types)
 			early = append(early, in)
 		}
 		if d.Drop {
-			drop = append(drop, in.earlyID)
+			drop = append(drop, in)
 		}
 	}
 	done, err := jobResolveMany(ctx, tx, ev, resolves)

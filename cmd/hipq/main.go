@@ -271,7 +271,7 @@ func cmdMigrate(args []string, stdout io.Writer) error {
 	if sub == "up" {
 		migrate := st.Migrate
 		if *moveRows {
-			migrate = st.MigrateDistribute
+			migrate = func(ctx context.Context) ([]store.Migration, error) { return st.MigrateDistribute(ctx, cfg.Domain()) }
 		}
 		applied, err := migrate(ctx)
 		if err != nil {

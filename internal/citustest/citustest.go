@@ -1,13 +1,18 @@
 // Package citustest gives tests a database on a real Citus cluster: a
-// coordinator and Workers workers started by localcitus, once per test
-// binary at the first test that asks. Each test gets a database of its
-// own, created on every node with the extension and the workers added to
-// the coordinator's metadata, so each is a Citus cluster of its own; it is
-// not migrated.
+// coordinator and PrivateWorkers workers started by localcitus, once per
+// test binary at the first test that asks, or, with HIPQ_TEST_CITUS_URL
+// set, the running cluster whose coordinator that URL names (its user may
+// create databases, and this process reaches every node at the host and
+// port the coordinator's pg_dist_node gives). Each test gets a database of
+// its own, created on every node with the extension and the workers added
+// to the coordinator's metadata, so each is a Citus cluster of its own; it
+// is not migrated. A private cluster goes, databases and all, when the
+// binary's tests end; on the cluster of HIPQ_TEST_CITUS_URL the databases
+// made are dropped then, on every node.
 //
-// Tests skip, saying why, on a machine where Citus is not installed beside
-// PostgreSQL (no citus.control in its extension directory) or does not
-// load into it.
+// Without HIPQ_TEST_CITUS_URL, tests skip, saying why, on a machine where
+// Citus is not installed beside PostgreSQL (no citus.control in its
+// extension directory) or does not load into it.
 package citustest
 
 import (
@@ -29,8 +34,22 @@ import (
 // store), ask here.
 func Enabled() bool { return os.Getenv("HIPQ_TEST_CITUS") == "1" }
 
-// Workers is the number of worker nodes beside the coordinator.
-const Workers = 2
+// PrivateWorkers is the number of worker nodes beside the coordinator of
+// the cluster a test binary starts.
+const PrivateWorkers = 2
+
+// Workers is the number of worker nodes beside the coordinator of the
+// cluster the tests run on (once a test asked for it).
+func Workers() int {
+	if cluster == nil {
+		return 0
+	}
+	return cluster.Workers()
+}
+
+// urlEnv names the coordinator of a running cluster to use rather than
+// start one.
+const urlEnv = "HIPQ_TEST_CITUS_URL"
 
 var (
 	once     sync.Once
@@ -48,7 +67,13 @@ func Installed() (bool, string) { return localcitus.Installed() }
 func setup() {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	c, err := localcitus.Start(ctx, Workers, localcitus.Options{})
+	if u := os.Getenv(urlEnv); u != "" {
+		if cluster, setupErr = localcitus.Attach(ctx, u); setupErr != nil {
+			setupErr = fmt.Errorf("%s: %w", urlEnv, setupErr)
+		}
+		return
+	}
+	c, err := localcitus.Start(ctx, PrivateWorkers, localcitus.Options{})
 	switch {
 	case errors.Is(err, localcitus.ErrNoCitus):
 		// The machine's setup, not hipq's code: the tests skip.
@@ -60,7 +85,8 @@ func setup() {
 	}
 }
 
-// Stop stops the cluster, if a test started it. pgtest.Main calls it.
+// Stop stops the cluster, if a test started it, or drops the databases
+// made on the cluster of HIPQ_TEST_CITUS_URL. pgtest.Main calls it.
 func Stop() {
 	if cluster != nil {
 		cluster.Stop()

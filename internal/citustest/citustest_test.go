@@ -30,8 +30,8 @@ func TestClusterHasItsWorkers(t *testing.T) {
 	if err := conn.QueryRow(ctx, "SELECT count(*) FROM citus_get_active_worker_nodes()").Scan(&workers); err != nil {
 		t.Fatal(err)
 	}
-	if workers != citustest.Workers {
-		t.Fatalf("active workers: got %d, want %d", workers, citustest.Workers)
+	if workers != citustest.Workers() {
+		t.Fatalf("active workers: got %d, want %d", workers, citustest.Workers())
 	}
 	if _, err := conn.Exec(ctx, "CREATE TABLE d (k text PRIMARY KEY); SELECT create_distributed_table('d', 'k')"); err != nil {
 		t.Fatal(err)
@@ -41,7 +41,7 @@ func TestClusterHasItsWorkers(t *testing.T) {
 		JOIN pg_dist_shard s USING (shardid) WHERE s.logicalrelid = 'd'::regclass`).Scan(&nodes); err != nil {
 		t.Fatal(err)
 	}
-	if nodes != citustest.Workers {
-		t.Fatalf("the shards of a distributed table are on %d nodes, want %d", nodes, citustest.Workers)
+	if nodes != citustest.Workers() {
+		t.Fatalf("the shards of a distributed table are on %d nodes, want %d", nodes, citustest.Workers())
 	}
 }
