@@ -1,4 +1,4 @@
--- hipq's schema at version 22, with its repeatable migrations applied, as
+-- hipq's schema at version 23, with its repeatable migrations applied, as
 -- PostgreSQL's catalogs describe it. Written by `make schema`; TestSchemaSnapshot
 -- (store) fails when the migrated schema differs. Do not edit.
 
@@ -189,7 +189,8 @@ ALTER TABLE hipq_queue ADD CONSTRAINT hipq_queue_pkey PRIMARY KEY (name);
 CREATE TABLE hipq_rate_count (
     rate text NOT NULL,
     part text NOT NULL,
-    n integer NOT NULL
+    n integer NOT NULL,
+    queue text
 );
 ALTER TABLE hipq_rate_count ADD CONSTRAINT hipq_rate_count_pkey PRIMARY KEY (rate, part);
 

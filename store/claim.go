@@ -591,11 +591,15 @@ func claimWrite(b *pgx.Batch, p JobClaimParams, plan *correlator.ClaimPlan, cand
 }
 
 // rateCountsCTE adds the requests of the rate units a statement writes (its
-// CTE units, returning rate, part and n) to their windows' counts.
+// CTE units, returning queue, rate, part and n) to their windows' counts.
+// A new window's row takes its units' queue (a window's units are all of
+// one queue: a rate belongs to one); the conflict is named by the key's
+// constraint, which is (rate, part) on one PostgreSQL and (queue, rate,
+// part) on Citus, so the text is the same on both.
 const rateCountsCTE = `counts AS (
-	    INSERT INTO hipq_rate_count (rate, part, n)
-	    SELECT units.rate, units.part, sum(units.n) FROM units GROUP BY 1, 2
-	    ON CONFLICT (rate, part) DO UPDATE SET n = hipq_rate_count.n + EXCLUDED.n
+	    INSERT INTO hipq_rate_count (queue, rate, part, n)
+	    SELECT min(units.queue), units.rate, units.part, sum(units.n) FROM units GROUP BY 2, 3
+	    ON CONFLICT ON CONSTRAINT hipq_rate_count_pkey DO UPDATE SET n = hipq_rate_count.n + EXCLUDED.n
 	)`
 
 // claimWriteSQL is claimWrite's statement.
@@ -618,7 +622,7 @@ const claimWriteSQL = `/* claim write */ WITH pick AS (
 	    FROM unnest(@unit_rates::text[], @unit_parts::text[], @unit_jobs::bigint[]) AS u(rate, part, id)
 	    JOIN moved m ON m.id = u.id
 	    GROUP BY u.rate, u.part
-	    RETURNING rate, part, n
+	    RETURNING queue, rate, part, n
 	), ` + rateCountsCTE + `
 	SELECT m.* FROM moved m`
 

@@ -431,3 +431,50 @@ func TestRateLegacyUnitsNeverGrow(t *testing.T) {
 	}
 	countsAgree(t, st)
 }
+
+// Version 23 gives each window's count the queue of its rate (laid out by
+// queue on Citus): a queue's rate's from its key, a type's from its
+// window's units, or its rate's; units from before version 17 get theirs
+// first, from their key or their jobs. A window nothing tells the queue of
+// keeps none, and its count.
+func TestMigrationGivesRateCountsTheirQueue(t *testing.T) {
+	t.Parallel()
+	const schema = "hipq_from22"
+	st, err := store.Open(ctx, store.Config{URL: pgtest.URL(t), Schema: schema, Citus: store.CitusOff})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	migrateAsRelease(t, st.Pool(), schema, 22)
+	var id int64
+	if err := st.Pool().QueryRow(ctx, `INSERT INTO hipq_job (queue, job_type, job_key, state) VALUES ('qt', 'tt', 'k', 'running')
+		RETURNING id`).Scan(&id); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Pool().Exec(ctx, `
+		INSERT INTO hipq_rate_unit (queue, rate, part, job_ids, attempts, n) VALUES
+		    (NULL, 'q:my#q#0', '', '{0}', '{1}', 1),
+		    (NULL, 't:tt#0', '', ARRAY[$1::bigint], '{1}', 1),
+		    (NULL, 't:gone#0', '', '{0}', '{1}', 1),
+		    ('old', 't:x#0', 'p', '{0}', '{1}', 1),
+		    ('qx', 't:x#0', 'p', '{0}', '{1}', 1)`, id); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Pool().Exec(ctx, `INSERT INTO hipq_rate_count (rate, part, n) VALUES
+		    ('q:my#q#0', '', 1), ('t:tt#0', '', 1), ('t:gone#0', '', 1), ('t:x#0', 'p', 2), ('t:x#0', 'other', 1),
+		    ('t:none#0', '', 1)`); err != nil {
+		t.Fatal(err)
+	}
+	if applied, err := st.Migrate(ctx); err != nil || len(applied) == 0 || applied[0].Version != 23 {
+		t.Fatalf("upgrade from 22: applied %v, %v", applied, err)
+	}
+	want := "q:my#q#0  my#q 1, t:gone#0  - 1, t:none#0  - 1, t:tt#0  qt 1, t:x#0 other qx 1, t:x#0 p qx 2"
+	var got string
+	if err := st.Pool().QueryRow(ctx, `SELECT string_agg(format('%s %s %s %s', rate, part, coalesce(queue, '-'), n), ', ' ORDER BY rate, part)
+		FROM hipq_rate_count`).Scan(&got); err != nil || got != want {
+		t.Fatalf("counts after the upgrade:\n%s (%v)\nwant\n%s", got, err, want)
+	}
+	if n := count(t, st, "SELECT count(*) FROM hipq_rate_unit WHERE queue IS NULL AND rate <> 't:gone#0'"); n != 0 {
+		t.Errorf("%d units from before version 17 left without the queue their key or job tells", n)
+	}
+}
