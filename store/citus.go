@@ -33,16 +33,20 @@ type citusTable struct {
 	// requires of a distributed table. They run only on Citus: a
 	// single-node schema keeps its keys.
 	keys []string
+	// derive, when set, fills the table from others once it is
+	// distributed: its rows are derived from theirs, so its own are
+	// deleted first and laid out anew, without a copy (and without hipq
+	// migrate --distribute).
+	derive string
 }
 
 // citusLayout is the schema's layout on Citus. The per-queue tables are
 // distributed by queue and co-located with hipq_job, so that a statement
 // naming one queue runs on one worker; hipq_queue and hipq_schedule, tiny
 // and read by every claim and schedule, are copied to every node. Every
-// other table stays local to the coordinator: hipq_early_reply and
-// hipq_rate_count have no queue column, and the rest are not per queue
-// (offsets, the intake outbox, dead letters, sessions, operations, the
-// migrations' records).
+// other table stays local to the coordinator: hipq_early_reply has no
+// queue column, and the rest are not per queue (offsets, the intake
+// outbox, dead letters, sessions, operations, the migrations' records).
 var citusLayout = []citusTable{
 	{name: "hipq_job", kind: citusDistributed, keys: []string{
 		"ALTER TABLE hipq_job DROP CONSTRAINT hipq_job_pkey, ADD CONSTRAINT hipq_job_pkey PRIMARY KEY (queue, id)",
@@ -57,6 +61,15 @@ var citusLayout = []citusTable{
 		// makes it NOT NULL, as a distribution column must be.)
 		"ALTER TABLE hipq_rate_unit DROP CONSTRAINT hipq_rate_unit_pkey, ADD CONSTRAINT hipq_rate_unit_pkey PRIMARY KEY (queue, id)",
 	}},
+	{name: "hipq_rate_count", kind: citusDistributed, keys: []string{
+		// (Its rows are the sums of the units', which derive makes again
+		// by queue: a window's units are of one queue on the cluster,
+		// while on one PostgreSQL a job type's window follows the type
+		// when it changes queue.)
+		"DELETE FROM hipq_rate_count",
+		"ALTER TABLE hipq_rate_count DROP CONSTRAINT hipq_rate_count_pkey, ADD CONSTRAINT hipq_rate_count_pkey PRIMARY KEY (queue, rate, part)",
+	}, derive: `INSERT INTO hipq_rate_count (queue, rate, part, n)
+		SELECT queue, rate, part, sum(n) FROM hipq_rate_unit GROUP BY 1, 2, 3 HAVING sum(n) > 0`},
 	{name: "hipq_rate_giveback", kind: citusDistributed},
 	{name: "hipq_activity", kind: citusDistributed},
 	{name: "hipq_event", kind: citusDistributed, keys: []string{
@@ -121,9 +134,13 @@ func distribute(ctx context.Context, conn *pgx.Conn, moveRows bool) error {
 		return fmt.Errorf("citus: drop hipq_event's trigger: %w", err)
 	}
 	if moveRows {
-		// Rate units written before they had a queue (schema version 17)
-		// cannot take the cluster's key, (queue, id); they count only
-		// against rate limits, which hipq does not run on Citus.
+		// Rate units without a queue cannot take the cluster's key,
+		// (queue, id), nor be found by a claim there, which reads its own
+		// queue's: they go, and with them the counts they held
+		// (hipq_rate_count is derived from the units that stay). Version
+		// 23 gave one to every unit but those written before version 17
+		// for a job type's rate whose jobs are all gone (pruned, final
+		// for longer than the retention); their requests are that old.
 		if _, err := conn.Exec(ctx, "DELETE FROM hipq_rate_unit WHERE queue IS NULL"); err != nil {
 			return fmt.Errorf("citus: rate units without a queue: %w", err)
 		}
@@ -139,6 +156,9 @@ func distribute(ctx context.Context, conn *pgx.Conn, moveRows bool) error {
 		var rows bool
 		if err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM "+pgx.Identifier{t.name}.Sanitize()+")").Scan(&rows); err != nil {
 			return fmt.Errorf("citus: %s: %w", t.name, err)
+		}
+		if t.derive != "" {
+			rows = false // (deleted, then derived)
 		}
 		if rows && !moveRows {
 			return fmt.Errorf("citus: %s holds rows of a schema laid out on one PostgreSQL: stop every hipq, then run hipq migrate --distribute to move them onto the cluster", t.name)
@@ -160,6 +180,9 @@ func distribute(ctx context.Context, conn *pgx.Conn, moveRows bool) error {
 				// (Citus copied the rows into the shards; the coordinator's
 				// own copy would only take room.)
 				_, err = tx.Exec(ctx, "SELECT truncate_local_data_after_distributing_table($1::regclass)", t.name)
+			}
+			if err == nil && t.derive != "" {
+				_, err = tx.Exec(ctx, t.derive)
 			}
 			return err
 		})

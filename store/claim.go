@@ -705,6 +705,59 @@ var rateSettleSQL = [...]string{`WITH t AS (
 // rateZeroSQL deletes the windows whose count fell to 0.
 const rateZeroSQL = `DELETE FROM hipq_rate_count c WHERE c.rate = ANY(@keys::text[]) AND c.n <= 0`
 
+// rateUsageSQL reads the windows that count, each with the moment its
+// oldest timed unit frees.
+const rateUsageSQL = `SELECT c.rate, c.part, c.n,
+			    (SELECT min(u.at) FROM hipq_rate_unit u WHERE u.rate = c.rate AND u.part = c.part AND u.at IS NOT NULL)
+			FROM hipq_rate_count c WHERE c.rate = ANY(@keys::text[]) AND c.n > 0`
+
+// The rate statements' forms on Citus, where hipq_rate_unit and
+// hipq_rate_count are distributed by queue: every read and write of them
+// names the claim's queue, so each statement runs on the queue's shards
+// alone. On one PostgreSQL a rate's units and counts are found by its key
+// alone: a rate belongs to one queue, and a job type moved to another
+// queue keeps counting its windows there. On Citus they are the queue's: a
+// type moved to another queue starts its windows afresh in it. Citus
+// refuses a volatile function in an update of a distributed table, so the
+// settle times its units by statement_timestamp(), the statement's own
+// start: after the claim lock was waited for too (the statement before
+// it in the claim's batch), and only the few microseconds between its
+// start and its snapshot earlier than clock_timestamp().
+var (
+	rateSettleCitusSQL = [...]string{
+		rateUnitsForCitus(mustReplace(mustReplace(mustReplace(mustReplace(mustReplace(mustReplace(rateSettleSQL[0],
+			"WHERE u.rate = ANY(@keys::text[]) AND u.at IS NULL", "WHERE u.queue = @queue AND u.rate = ANY(@keys::text[]) AND u.at IS NULL"),
+			"WHERE u.id = o.id AND", "WHERE u.queue = @queue AND u.id = o.id AND"),
+			"SELECT clock_timestamp() AS now", "SELECT statement_timestamp() AS now"),
+			// (and no function under a CASE or a coalesce of an update,
+			// which Citus refuses too: the open unit's time is read with it)
+			"coalesce(o.at, clock_timestamp())", "coalesce(o.at, o.now)"), "FROM counted_m c\n", "FROM counted_m c, t\n"),
+			"SELECT c.id, c.n, c.flying, c.at,", "SELECT c.id, c.n, c.flying, c.at, t.now,")),
+		// (Citus refuses a stable function of a column, the period's
+		// interval, in a delete: the units past their period are read
+		// first, then deleted by id.)
+		rateUnitsForCitus(mustReplace(rateSettleSQL[1], `WITH gone AS (
+		    DELETE FROM hipq_rate_unit u
+		    USING unnest(@keys::text[], @secs::float8[]) AS q(key, secs)
+		    WHERE u.rate = q.key AND u.at <= now() - make_interval(secs => q.secs)`, `WITH past AS (
+		    SELECT u.id FROM hipq_rate_unit u, unnest(@keys::text[], @secs::float8[]) AS q(key, secs)
+		    WHERE u.queue = @queue AND u.rate = q.key AND u.at <= now() - make_interval(secs => q.secs)
+		), gone AS (
+		    DELETE FROM hipq_rate_unit u USING past
+		    WHERE u.queue = @queue AND u.id = past.id`)),
+	}
+	rateZeroCitusSQL  = mustReplace(rateZeroSQL, "WHERE c.rate = ANY", "WHERE c.queue = @queue AND c.rate = ANY")
+	rateUsageCitusSQL = mustReplace(mustReplace(rateUsageSQL,
+		"WHERE u.rate = c.rate", "WHERE u.queue = @queue AND u.rate = c.rate"),
+		"WHERE c.rate = ANY", "WHERE c.queue = @queue AND c.rate = ANY")
+)
+
+// rateUnitsForCitus makes a settle statement's update of the counts name
+// the queue.
+func rateUnitsForCitus(stmt string) string {
+	return mustReplace(stmt, "WHERE c.rate = g.rate AND", "WHERE c.queue = @queue AND c.rate = g.rate AND")
+}
+
 // rateGivebackSQL deletes the give-backs no unit waits for (their units
 // were settled, or belong to a rate no longer configured).
 const rateGivebackSQL = `DELETE FROM hipq_rate_giveback g
@@ -723,7 +776,7 @@ const claimLockSQL = `SELECT pg_advisory_xact_lock(hashtextextended('hipq_claim/
 // rate windows that count, and its running jobs' usage (in.Usage). What it
 // read holds until the transaction ends: every claim of the queue, the
 // dispatcher's or the intake's, takes the lock first.
-func queueUsage(b *pgx.Batch, queue string, in *correlator.ClaimInput, paused *bool) {
+func queueUsage(b *pgx.Batch, queue string, in *correlator.ClaimInput, paused *bool, dist bool) {
 	t := &in.Throttle
 	keys, secs := make([]string, len(t.Rates)), make([]float64, len(t.Rates))
 	period := map[string]time.Duration{}
@@ -740,14 +793,16 @@ func queueUsage(b *pgx.Batch, queue string, in *correlator.ClaimInput, paused *b
 	})
 	if len(t.Rates) > 0 {
 		rargs := pgx.NamedArgs{"queue": queue, "keys": keys, "secs": secs}
-		for _, q := range rateSettleSQL {
+		settle, zero, usage := rateSettleSQL, rateZeroSQL, rateUsageSQL
+		if dist {
+			settle, zero, usage = rateSettleCitusSQL, rateZeroCitusSQL, rateUsageCitusSQL
+		}
+		for _, q := range settle {
 			b.Queue(q, rargs)
-			b.Queue(rateZeroSQL, rargs)
+			b.Queue(zero, rargs)
 		}
 		b.Queue(rateGivebackSQL, rargs)
-		b.Queue(`SELECT c.rate, c.part, c.n,
-			    (SELECT min(u.at) FROM hipq_rate_unit u WHERE u.rate = c.rate AND u.part = c.part AND u.at IS NOT NULL)
-			FROM hipq_rate_count c WHERE c.rate = ANY(@keys::text[]) AND c.n > 0`, rargs).Query(func(rows pgx.Rows) error {
+		b.Queue(usage, rargs).Query(func(rows pgx.Rows) error {
 			in.Usage.Rates = map[correlator.RateWindow]correlator.RateUsage{}
 			var w correlator.RateWindow
 			var n int
@@ -803,7 +858,7 @@ func (s *Store) claimBounded(ctx context.Context, p JobClaimParams) (Claim, erro
 	b := &pgx.Batch{}
 	b.Queue("BEGIN ISOLATION LEVEL READ COMMITTED") // (what it reads under the lock is read after the lock)
 	b.Queue(claimSettings)
-	queueUsage(b, p.Queue, &in, &paused)
+	queueUsage(b, p.Queue, &in, &paused, s.dist)
 	if err := conn.SendBatch(ctx, b).Close(); err != nil {
 		return Claim{}, err
 	}

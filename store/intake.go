@@ -496,7 +496,7 @@ func intakeLimited(b IntakeBatch) []*intakeLimit {
 // asking to be claimed, read by PostgreSQL as the claim reads them.
 func (l *intakeLimit) read(b *pgx.Batch, jobs []IntakeJob) {
 	l.in.Usage, l.paused = correlator.ClaimUsage{}, false
-	queueUsage(b, l.queue, &l.in, &l.paused)
+	queueUsage(b, l.queue, &l.in, &l.paused, false) // (no claim at intake on Citus)
 	t := &l.in.Throttle
 	l.values = make([]candidateValues, len(l.idx))
 	for k := range l.values {
