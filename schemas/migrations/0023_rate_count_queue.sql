@@ -12,31 +12,34 @@ ALTER TABLE hipq_rate_count ADD COLUMN IF NOT EXISTS queue text;
 
 -- Units from before version 17 get their queue too: a queue's rate's from
 -- its key (the name is all but the last "#k", whatever the name holds),
--- a type's from its jobs' (one claim's, of one queue). (In a block: on
--- Citus, where hipq_rate_unit's key holds its queue, there are none, and
--- the join by job id, which Citus would refuse, is never planned.)
-UPDATE hipq_rate_unit SET queue = substring(rate FROM '^q:(.*)#[0-9]+$')
-WHERE queue IS NULL AND rate LIKE 'q:%';
+-- a type's from its jobs' (one claim's, of one queue). Then each window's
+-- count: a queue's rate's, the queue its key names; a type's, the queue
+-- of the window's latest unit, else of the rate's latest unit. (In blocks
+-- that run only where rows lack a queue: on Citus, where the queue is the
+-- tables' distribution column, in their key, there are none, and these
+-- updates of it, which Citus refuses to plan, are never planned.)
 DO $$ BEGIN
     IF EXISTS (SELECT 1 FROM hipq_rate_unit WHERE queue IS NULL) THEN
+        UPDATE hipq_rate_unit SET queue = substring(rate FROM '^q:(.*)#[0-9]+$')
+        WHERE queue IS NULL AND rate LIKE 'q:%';
         UPDATE hipq_rate_unit u SET queue = j.queue FROM hipq_job j
         WHERE u.queue IS NULL AND j.id = u.job_ids[1];
     END IF;
 END $$;
-
--- A window's count: a queue's rate's, the queue its key names.
-UPDATE hipq_rate_count SET queue = substring(rate FROM '^q:(.*)#[0-9]+$')
-WHERE queue IS NULL AND rate LIKE 'q:%';
--- A type's rate: the queue of the window's latest unit, else of the
--- rate's latest unit.
-UPDATE hipq_rate_count c SET queue = u.queue
-FROM (SELECT DISTINCT ON (rate, part) rate, part, queue FROM hipq_rate_unit
-      WHERE queue IS NOT NULL ORDER BY rate, part, id DESC) u
-WHERE c.queue IS NULL AND u.rate = c.rate AND u.part = c.part;
-UPDATE hipq_rate_count c SET queue = u.queue
-FROM (SELECT DISTINCT ON (rate) rate, queue FROM hipq_rate_unit
-      WHERE queue IS NOT NULL ORDER BY rate, id DESC) u
-WHERE c.queue IS NULL AND u.rate = c.rate;
+DO $$ BEGIN
+    IF EXISTS (SELECT 1 FROM hipq_rate_count WHERE queue IS NULL) THEN
+        UPDATE hipq_rate_count SET queue = substring(rate FROM '^q:(.*)#[0-9]+$')
+        WHERE queue IS NULL AND rate LIKE 'q:%';
+        UPDATE hipq_rate_count c SET queue = u.queue
+        FROM (SELECT DISTINCT ON (rate, part) rate, part, queue FROM hipq_rate_unit
+              WHERE queue IS NOT NULL ORDER BY rate, part, id DESC) u
+        WHERE c.queue IS NULL AND u.rate = c.rate AND u.part = c.part;
+        UPDATE hipq_rate_count c SET queue = u.queue
+        FROM (SELECT DISTINCT ON (rate) rate, queue FROM hipq_rate_unit
+              WHERE queue IS NOT NULL ORDER BY rate, id DESC) u
+        WHERE c.queue IS NULL AND u.rate = c.rate;
+    END IF;
+END $$;
 -- A window left without a queue has no unit with one: its units are from
 -- before version 17 and their jobs are gone, or it has none. It is kept
 -- as it is, and no row is deleted here (the column stays nullable, as
