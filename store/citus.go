@@ -283,6 +283,15 @@ func mustReplace(s, old, new string) string {
 	return strings.Replace(s, old, new, 1)
 }
 
+// replaceEach applies mustReplace to s for each pair of old and new, in
+// order.
+func replaceEach(s string, oldNew ...string) string {
+	for i := 0; i+1 < len(oldNew); i += 2 {
+		s = mustReplace(s, oldNew[i], oldNew[i+1])
+	}
+	return s
+}
+
 // notifyCitus tells the dispatchers of queues that they may claim, and
 // with events the relay that some were written, in a statement of its own:
 // on Citus one that reads no distributed table runs where it was sent, on

@@ -717,26 +717,36 @@ const rateUsageSQL = `SELECT c.rate, c.part, c.n,
 // alone. On one PostgreSQL a rate's units and counts are found by its key
 // alone: a rate belongs to one queue, and a job type moved to another
 // queue keeps counting its windows there. On Citus they are the queue's: a
-// type moved to another queue starts its windows afresh in it. Citus
-// refuses a volatile function in an update of a distributed table, so the
-// settle times its units by statement_timestamp(), the statement's own
-// start: after the claim lock was waited for too (the statement before
-// it in the claim's batch), and only the few microseconds between its
-// start and its snapshot earlier than clock_timestamp().
+// type moved to another queue starts its windows afresh in it.
 var (
-	rateSettleCitusSQL = [...]string{
-		rateUnitsForCitus(mustReplace(mustReplace(mustReplace(mustReplace(mustReplace(mustReplace(rateSettleSQL[0],
-			"WHERE u.rate = ANY(@keys::text[]) AND u.at IS NULL", "WHERE u.queue = @queue AND u.rate = ANY(@keys::text[]) AND u.at IS NULL"),
-			"WHERE u.id = o.id AND", "WHERE u.queue = @queue AND u.id = o.id AND"),
-			"SELECT clock_timestamp() AS now", "SELECT statement_timestamp() AS now"),
-			// (and no function under a CASE or a coalesce of an update,
-			// which Citus refuses too: the open unit's time is read with it)
-			"coalesce(o.at, clock_timestamp())", "coalesce(o.at, o.now)"), "FROM counted_m c\n", "FROM counted_m c, t\n"),
-			"SELECT c.id, c.n, c.flying, c.at,", "SELECT c.id, c.n, c.flying, c.at, t.now,")),
-		// (Citus refuses a stable function of a column, the period's
-		// interval, in a delete: the units past their period are read
-		// first, then deleted by id.)
-		rateUnitsForCitus(mustReplace(rateSettleSQL[1], `WITH gone AS (
+	rateSettleCitusSQL = [...]string{rateSettleForCitus(0), rateSettleForCitus(1)}
+	rateZeroCitusSQL   = mustReplace(rateZeroSQL, "WHERE c.rate = ANY", "WHERE c.queue = @queue AND c.rate = ANY")
+	rateUsageCitusSQL  = replaceEach(rateUsageSQL,
+		"WHERE u.rate = c.rate", "WHERE u.queue = @queue AND u.rate = c.rate",
+		"WHERE c.rate = ANY", "WHERE c.queue = @queue AND c.rate = ANY")
+)
+
+// rateSettleForCitus is rateSettleSQL[i]'s form on Citus, which refuses,
+// in an update or a delete of a distributed table, a volatile function
+// (the settle's clock_timestamp()), a stable one of a column (the prune's
+// now() minus a rate's period) and any but an immutable one under a CASE
+// or a coalesce. So the settle times its units by statement_timestamp(),
+// the start of the statement, read beside the units: after the claim lock
+// was waited for too (the statement before it in the claim's batch). And
+// the prune reads the units past their period first, then deletes them by
+// id.
+func rateSettleForCitus(i int) string {
+	stmt := rateSettleSQL[i]
+	if i == 0 {
+		stmt = replaceEach(stmt,
+			"WHERE u.rate = ANY(@keys::text[]) AND u.at IS NULL", "WHERE u.queue = @queue AND u.rate = ANY(@keys::text[]) AND u.at IS NULL",
+			"WHERE u.id = o.id AND", "WHERE u.queue = @queue AND u.id = o.id AND",
+			"SELECT clock_timestamp() AS now", "SELECT statement_timestamp() AS now",
+			"SELECT c.id, c.n, c.flying, c.at,", "SELECT c.id, c.n, c.flying, c.at, t.now,",
+			"FROM counted_m c\n", "FROM counted_m c, t\n",
+			"coalesce(o.at, clock_timestamp())", "coalesce(o.at, o.now)")
+	} else {
+		stmt = mustReplace(stmt, `WITH gone AS (
 		    DELETE FROM hipq_rate_unit u
 		    USING unnest(@keys::text[], @secs::float8[]) AS q(key, secs)
 		    WHERE u.rate = q.key AND u.at <= now() - make_interval(secs => q.secs)`, `WITH past AS (
@@ -744,17 +754,9 @@ var (
 		    WHERE u.queue = @queue AND u.rate = q.key AND u.at <= now() - make_interval(secs => q.secs)
 		), gone AS (
 		    DELETE FROM hipq_rate_unit u USING past
-		    WHERE u.queue = @queue AND u.id = past.id`)),
+		    WHERE u.queue = @queue AND u.id = past.id`)
 	}
-	rateZeroCitusSQL  = mustReplace(rateZeroSQL, "WHERE c.rate = ANY", "WHERE c.queue = @queue AND c.rate = ANY")
-	rateUsageCitusSQL = mustReplace(mustReplace(rateUsageSQL,
-		"WHERE u.rate = c.rate", "WHERE u.queue = @queue AND u.rate = c.rate"),
-		"WHERE c.rate = ANY", "WHERE c.queue = @queue AND c.rate = ANY")
-)
-
-// rateUnitsForCitus makes a settle statement's update of the counts name
-// the queue.
-func rateUnitsForCitus(stmt string) string {
+	// (Both then count their windows down.)
 	return mustReplace(stmt, "WHERE c.rate = g.rate AND", "WHERE c.queue = @queue AND c.rate = g.rate AND")
 }
 
