@@ -35,7 +35,6 @@ func (s *inDoubt) Send(_ context.Context, jobs []store.Claimed) []dispatcher.Res
 // waits for the window (limit 1 an hour: one request in the hour, not
 // two).
 func TestRateCountsSendsInDoubt(t *testing.T) {
-	pgtest.SkipOnCitus(t, "rate limits are not supported yet (hipq_rate_count is not distributed)")
 	t.Parallel()
 	st := pgtest.New(t)
 	rate, err := correlator.NewRate("q:default#0", 1, time.Hour, "", "")

@@ -203,7 +203,8 @@ ALTER TABLE hipq_queue ADD CONSTRAINT hipq_queue_pkey PRIMARY KEY (name);
 CREATE TABLE hipq_rate_count (
     rate text NOT NULL,
     part text NOT NULL,
-    n integer NOT NULL
+    n integer NOT NULL,
+    queue text
 );
 ALTER TABLE hipq_rate_count ADD CONSTRAINT hipq_rate_count_pkey PRIMARY KEY (rate, part);
 

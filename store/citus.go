@@ -40,6 +40,11 @@ type citusTable struct {
 	// requires of a distributed table. They run only on Citus: a
 	// single-node schema keeps its keys.
 	keys []string
+	// derive, when set, fills the table from others once it is
+	// distributed: its rows are derived from theirs, so its own are
+	// deleted first and laid out anew, without a copy (and without hipq
+	// migrate --distribute).
+	derive string
 }
 
 // citusLayout is the schema's layout on Citus. The per-queue tables are
@@ -47,9 +52,9 @@ type citusTable struct {
 // naming one queue runs on one worker; hipq_queue and hipq_schedule, tiny
 // and read by every claim and schedule, are copied to every node. Every
 // other table is the coordinator's, in Citus's metadata so that instances
-// on any node reach it: hipq_rate_count has no queue
-// column, and the rest are not per queue (offsets, the intake outbox, dead
-// letters, sessions, operations, the migrations' records).
+// on any node reach it: they are not per queue (offsets, the intake
+// outbox, dead letters, sessions, operations, the leases, the migrations'
+// records).
 var citusLayout = []citusTable{
 	{name: "hipq_job", kind: citusDistributed, keys: []string{
 		"ALTER TABLE hipq_job DROP CONSTRAINT hipq_job_pkey, ADD CONSTRAINT hipq_job_pkey PRIMARY KEY (queue, id)",
@@ -64,6 +69,15 @@ var citusLayout = []citusTable{
 		// makes it NOT NULL, as a distribution column must be.)
 		"ALTER TABLE hipq_rate_unit DROP CONSTRAINT hipq_rate_unit_pkey, ADD CONSTRAINT hipq_rate_unit_pkey PRIMARY KEY (queue, id)",
 	}},
+	{name: "hipq_rate_count", kind: citusDistributed, keys: []string{
+		// (Its rows are the sums of the units', which derive makes again
+		// by queue: a window's units are of one queue on the cluster,
+		// while on one PostgreSQL a job type's window follows the type
+		// when it changes queue.)
+		"DELETE FROM hipq_rate_count",
+		"ALTER TABLE hipq_rate_count DROP CONSTRAINT hipq_rate_count_pkey, ADD CONSTRAINT hipq_rate_count_pkey PRIMARY KEY (queue, rate, part)",
+	}, derive: `INSERT INTO hipq_rate_count (queue, rate, part, n)
+		SELECT queue, rate, part, sum(n) FROM hipq_rate_unit GROUP BY 1, 2, 3 HAVING sum(n) > 0`},
 	{name: "hipq_rate_giveback", kind: citusDistributed},
 	{name: "hipq_activity", kind: citusDistributed},
 	{name: "hipq_event", kind: citusDistributed, keys: []string{
@@ -80,7 +94,6 @@ var citusLayout = []citusTable{
 	{name: "hipq_offset", kind: citusLocal},
 	{name: "hipq_intake", kind: citusLocal},
 	{name: "hipq_dead_letter", kind: citusLocal},
-	{name: "hipq_rate_count", kind: citusLocal},
 	{name: "hipq_ui_session", kind: citusLocal},
 	{name: "hipq_operation", kind: citusLocal},
 	{name: "hipq_lock", kind: citusLocal},
@@ -152,9 +165,13 @@ func distribute(ctx context.Context, conn *pgx.Conn, moveRows bool, types correl
 		return fmt.Errorf("citus: drop hipq_event's trigger: %w", err)
 	}
 	if moveRows {
-		// Rate units written before they had a queue (schema version 17)
-		// cannot take the cluster's key, (queue, id); they count only
-		// against rate limits, which hipq does not run on Citus.
+		// Rate units without a queue cannot take the cluster's key,
+		// (queue, id), nor be found by a claim there, which reads its own
+		// queue's: they go, and with them the counts they held
+		// (hipq_rate_count is derived from the units that stay). Version
+		// 23 gave one to every unit but those written before version 17
+		// for a job type's rate whose jobs are all gone (pruned, final
+		// for longer than the retention); their requests are that old.
 		if _, err := conn.Exec(ctx, "DELETE FROM hipq_rate_unit WHERE queue IS NULL"); err != nil {
 			return fmt.Errorf("citus: rate units without a queue: %w", err)
 		}
@@ -173,6 +190,9 @@ func distribute(ctx context.Context, conn *pgx.Conn, moveRows bool, types correl
 		var rows bool
 		if err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM "+pgx.Identifier{t.name}.Sanitize()+")").Scan(&rows); err != nil {
 			return fmt.Errorf("citus: %s: %w", t.name, err)
+		}
+		if t.derive != "" {
+			rows = false // (deleted, then derived)
 		}
 		if rows && !moveRows && t.kind != citusLocal { // (a local table's rows stay where they are)
 			return fmt.Errorf("citus: %s is not laid out for the cluster yet and holds rows: stop every hipq, then run hipq migrate --distribute to move them onto the cluster", t.name)
@@ -200,6 +220,9 @@ func distribute(ctx context.Context, conn *pgx.Conn, moveRows bool, types correl
 				// (Citus copied the rows into the shards; the coordinator's
 				// own copy would only take room.)
 				_, err = tx.Exec(ctx, "SELECT truncate_local_data_after_distributing_table($1::regclass)", t.name)
+			}
+			if err == nil && t.derive != "" {
+				_, err = tx.Exec(ctx, t.derive)
 			}
 			return err
 		})
@@ -341,6 +364,15 @@ func mustReplace(s, old, new string) string {
 		panic(fmt.Sprintf("store: %d occurrences of %q in a statement, want 1", n, old))
 	}
 	return strings.Replace(s, old, new, 1)
+}
+
+// replaceEach applies mustReplace to s for each pair of old and new, in
+// order.
+func replaceEach(s string, oldNew ...string) string {
+	for i := 0; i+1 < len(oldNew); i += 2 {
+		s = mustReplace(s, oldNew[i], oldNew[i+1])
+	}
+	return s
 }
 
 // notifyCitus tells the dispatchers of queues that they may claim, and

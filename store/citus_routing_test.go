@@ -51,8 +51,8 @@ var lifeQueues = []string{"a", "b", "c"}
 //
 // The statements are not listed: they are those of the whole life of jobs
 // in three queues (queueLife, as TestEveryWriteNamesItsQueue runs it, with
-// the intake's inserts; without rates and claims at intake, which hipq
-// does not do on Citus) and of the paths it does not run (citusLife: the
+// the intake's inserts, and a queue with a throttle and a rate; without
+// claims at intake, which hipq does not do on Citus) and of the paths it does not run (citusLife: the
 // API, schedules, the dashboard's activity, the relay of events), with
 // the events of the statements that end jobs and without, so a statement
 // added or changed later is checked too. stillSpans names the statements
@@ -112,7 +112,7 @@ func TestEveryWriteRoutesToOneShard(t *testing.T) {
 					t.Errorf("only %d statements wrote or locked queue %s's shards, want at least 5: %v", written[q], q, written)
 				}
 			}
-			want := []string{"hipq_job", "hipq_attempt", "hipq_activity", "hipq_early_reply"}
+			want := []string{"hipq_job", "hipq_attempt", "hipq_activity", "hipq_early_reply", "hipq_rate_unit", "hipq_rate_count", "hipq_rate_giveback"}
 			if events {
 				want = append(want, "hipq_event")
 			}

@@ -32,11 +32,12 @@ func TestMigrateLaysOutCitus(t *testing.T) {
 		}
 	}
 	want := map[string]string{ // table: distribution column, "reference", or "local" (the coordinator's, in the metadata)
-		"hipq_job": "queue", "hipq_attempt": "queue", "hipq_rate_unit": "queue", "hipq_rate_giveback": "queue",
-		"hipq_activity": "queue", "hipq_event": "queue", "hipq_claim_lock": "queue", "hipq_early_reply": "queue",
+		"hipq_job": "queue", "hipq_attempt": "queue", "hipq_rate_unit": "queue", "hipq_rate_count": "queue",
+		"hipq_rate_giveback": "queue", "hipq_activity": "queue", "hipq_event": "queue", "hipq_claim_lock": "queue",
+		"hipq_early_reply": "queue",
 		"hipq_queue": "reference", "hipq_schedule": "reference",
 	}
-	local := []string{"hipq_offset", "hipq_intake", "hipq_dead_letter", "hipq_rate_count",
+	local := []string{"hipq_offset", "hipq_intake", "hipq_dead_letter",
 		"hipq_ui_session", "hipq_operation", "hipq_lock", "hipq_schema_migration", "hipq_schema_repeatable"}
 	for _, t := range local {
 		want[t] = "local"
@@ -94,6 +95,7 @@ func TestMigrateLaysOutCitus(t *testing.T) {
 		"hipq_job_pkey": "queue, id", "hipq_job_active_key": "queue, job_type, job_key",
 		"hipq_attempt_pkey": "queue, job_id, attempt", "hipq_rate_unit_pkey": "queue, id", "hipq_event_pkey": "queue, id",
 		"hipq_early_reply_pkey": "queue, id",
+		"hipq_rate_count_pkey": "queue, rate, part",
 	} {
 		var got string
 		if err := st.Pool().QueryRow(ctx, `SELECT string_agg(a.attname, ', ' ORDER BY k.i)
@@ -167,10 +169,32 @@ func TestMigrateDistributeMovesASingleNodeSchema(t *testing.T) {
 		VALUES ('gone', 'g', true, true, '{}', 'replies', 'reply g', now() + interval '1 hour')`); err != nil {
 		t.Fatal(err)
 	}
-	// A rate unit from before units had a queue: no key of the cluster
-	// takes it, and no rate runs on Citus.
+	// Rate windows: a queue's, with 2 of its 3 requests taken, and a job
+	// type's whose type moved from queue x to queue y (on one PostgreSQL
+	// its window follows it: one count of 2).
+	rated := func(q, jt string) func(*correlator.Job) {
+		return func(j *correlator.Job) { j.Queue, j.JobType = q, jt }
+	}
+	insert(t, single, job("r1", rated("rated", "t")), job("r2", rated("rated", "t")), job("r3", rated("rated", "t")),
+		job("m1", rated("x", "m")), job("m2", rated("y", "m")))
+	queueRate := correlator.Throttle{Rates: []correlator.Rate{rate(t, "q:rated#0", 3, time.Hour, "", "")}}
+	typeRate := correlator.Throttle{Rates: []correlator.Rate{rate(t, "t:m#0", 5, time.Hour, "m", "")}}
+	for _, c := range []store.JobClaimParams{{Queue: "rated", Throttle: queueRate, Limit: 2}, {Queue: "x", Throttle: typeRate, Limit: 10},
+		{Queue: "y", Throttle: typeRate, Limit: 10}} {
+		c.Instance = "test"
+		if got, err := single.JobClaim(ctx, c); err != nil || len(got.Jobs) == 0 {
+			t.Fatalf("claim of %s: %d jobs (%v)", c.Queue, len(got.Jobs), err)
+		}
+	}
+	if n := count(t, single, "SELECT n FROM hipq_rate_count WHERE queue = 'x' AND rate = 't:m#0'"); n != 2 {
+		t.Fatalf("the moved type's window counts %d on one PostgreSQL, want 2", n)
+	}
+	// A rate unit from before units had a queue whose queue nothing
+	// tells (its job is gone), and its window: no key of the cluster
+	// takes it, nor would a claim there find it.
 	if _, err := single.Pool().Exec(ctx, `INSERT INTO hipq_rate_unit (rate, part, job_ids, attempts, n, at, queue)
-		VALUES ('q:old#0', '', '{1}', '{1}', 1, now(), NULL)`); err != nil {
+		VALUES ('t:old#0', '', '{0}', '{1}', 1, now(), NULL);
+		INSERT INTO hipq_rate_count (rate, part, n) VALUES ('t:old#0', '', 1)`); err != nil {
 		t.Fatal(err)
 	}
 	single.Close()
@@ -221,13 +245,25 @@ func TestMigrateDistributeMovesASingleNodeSchema(t *testing.T) {
 		WHERE s.logicalrelid = 'hipq_job'::regclass`).Scan(&shards); err != nil || shards != citustest.Workers() {
 		t.Fatalf("hipq_job's shards are on %d workers (%v), want %d", shards, err, citustest.Workers())
 	}
-	for q, want := range map[string]int{"SELECT count(*) FROM hipq_job": 4, "SELECT count(*) FROM hipq_attempt": 2,
+	for q, want := range map[string]int{"SELECT count(*) FROM hipq_job": 9, "SELECT count(*) FROM hipq_attempt": 6,
 		"SELECT count(*) FROM hipq_event": 1, "SELECT count(*) FROM hipq_queue WHERE paused": 1,
+		"SELECT count(*) FROM hipq_rate_unit": 3,
 		"SELECT count(*) FROM hipq_early_reply WHERE queue = 'default'":                                             2,
 		"SELECT count(*) FROM hipq_dead_letter WHERE reason LIKE 'unknown_job_type:%' AND record_value = 'reply g'": 1} {
 		if n := count(t, st, q); n != want {
 			t.Fatalf("%s: %d on the cluster, want %d as on one PostgreSQL", q, n, want)
 		}
+	}
+	// The rate windows are laid out by queue, each its units' sum: the
+	// moved type's in both its queues.
+	var windows string
+	if err := st.Pool().QueryRow(ctx, `SELECT string_agg(format('%s %s %s', queue, rate, n), ', ' ORDER BY queue, rate)
+		FROM hipq_rate_count`).Scan(&windows); err != nil || windows != "rated q:rated#0 2, x t:m#0 1, y t:m#0 1" {
+		t.Fatalf("rate windows on the cluster: %q (%v), want each queue's with its units' sum", windows, err)
+	}
+	// Rates go on where they were: queue rated has 1 request left.
+	if c, err := st.JobClaim(ctx, store.JobClaimParams{Queue: "rated", Throttle: queueRate, Limit: 10, Instance: "test"}); err != nil || len(c.Jobs) != 1 {
+		t.Fatalf("claim of rated on the cluster: %d jobs (%v), want the 1 its window has room for", len(c.Jobs), err)
 	}
 	// Every job ends as it would have.
 	applyReplies(t, st, reply("running", 1, true))

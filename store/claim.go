@@ -591,11 +591,15 @@ func claimWrite(b *pgx.Batch, p JobClaimParams, plan *correlator.ClaimPlan, cand
 }
 
 // rateCountsCTE adds the requests of the rate units a statement writes (its
-// CTE units, returning rate, part and n) to their windows' counts.
+// CTE units, returning queue, rate, part and n) to their windows' counts.
+// A new window's row takes its units' queue (a window's units are all of
+// one queue: a rate belongs to one); the conflict is named by the key's
+// constraint, which is (rate, part) on one PostgreSQL and (queue, rate,
+// part) on Citus, so the text is the same on both.
 const rateCountsCTE = `counts AS (
-	    INSERT INTO hipq_rate_count (rate, part, n)
-	    SELECT units.rate, units.part, sum(units.n) FROM units GROUP BY 1, 2
-	    ON CONFLICT (rate, part) DO UPDATE SET n = hipq_rate_count.n + EXCLUDED.n
+	    INSERT INTO hipq_rate_count (queue, rate, part, n)
+	    SELECT min(units.queue), units.rate, units.part, sum(units.n) FROM units GROUP BY 2, 3
+	    ON CONFLICT ON CONSTRAINT hipq_rate_count_pkey DO UPDATE SET n = hipq_rate_count.n + EXCLUDED.n
 	)`
 
 // claimWriteSQL is claimWrite's statement.
@@ -618,7 +622,7 @@ const claimWriteSQL = `/* claim write */ WITH pick AS (
 	    FROM unnest(@unit_rates::text[], @unit_parts::text[], @unit_jobs::bigint[]) AS u(rate, part, id)
 	    JOIN moved m ON m.id = u.id
 	    GROUP BY u.rate, u.part
-	    RETURNING rate, part, n
+	    RETURNING queue, rate, part, n
 	), ` + rateCountsCTE + `
 	SELECT m.* FROM moved m`
 
@@ -701,6 +705,61 @@ var rateSettleSQL = [...]string{`WITH t AS (
 // rateZeroSQL deletes the windows whose count fell to 0.
 const rateZeroSQL = `DELETE FROM hipq_rate_count c WHERE c.rate = ANY(@keys::text[]) AND c.n <= 0`
 
+// rateUsageSQL reads the windows that count, each with the moment its
+// oldest timed unit frees.
+const rateUsageSQL = `SELECT c.rate, c.part, c.n,
+			    (SELECT min(u.at) FROM hipq_rate_unit u WHERE u.rate = c.rate AND u.part = c.part AND u.at IS NOT NULL)
+			FROM hipq_rate_count c WHERE c.rate = ANY(@keys::text[]) AND c.n > 0`
+
+// The rate statements' forms on Citus, where hipq_rate_unit and
+// hipq_rate_count are distributed by queue: every read and write of them
+// names the claim's queue, so each statement runs on the queue's shards
+// alone. On one PostgreSQL a rate's units and counts are found by its key
+// alone: a rate belongs to one queue, and a job type moved to another
+// queue keeps counting its windows there. On Citus they are the queue's: a
+// type moved to another queue starts its windows afresh in it.
+var (
+	rateSettleCitusSQL = [...]string{rateSettleForCitus(0), rateSettleForCitus(1)}
+	rateZeroCitusSQL   = mustReplace(rateZeroSQL, "WHERE c.rate = ANY", "WHERE c.queue = @queue AND c.rate = ANY")
+	rateUsageCitusSQL  = replaceEach(rateUsageSQL,
+		"WHERE u.rate = c.rate", "WHERE u.queue = @queue AND u.rate = c.rate",
+		"WHERE c.rate = ANY", "WHERE c.queue = @queue AND c.rate = ANY")
+)
+
+// rateSettleForCitus is rateSettleSQL[i]'s form on Citus, which refuses,
+// in an update or a delete of a distributed table, a volatile function
+// (the settle's clock_timestamp()), a stable one of a column (the prune's
+// now() minus a rate's period) and any but an immutable one under a CASE
+// or a coalesce. So the settle times its units by statement_timestamp(),
+// the start of the statement, read beside the units: after the claim lock
+// was waited for too (the statement before it in the claim's batch). And
+// the prune reads the units past their period first, then deletes them by
+// id.
+func rateSettleForCitus(i int) string {
+	stmt := rateSettleSQL[i]
+	if i == 0 {
+		stmt = replaceEach(stmt,
+			"WHERE u.rate = ANY(@keys::text[]) AND u.at IS NULL", "WHERE u.queue = @queue AND u.rate = ANY(@keys::text[]) AND u.at IS NULL",
+			"WHERE u.id = o.id AND", "WHERE u.queue = @queue AND u.id = o.id AND",
+			"SELECT clock_timestamp() AS now", "SELECT statement_timestamp() AS now",
+			"SELECT c.id, c.n, c.flying, c.at,", "SELECT c.id, c.n, c.flying, c.at, t.now,",
+			"FROM counted_m c\n", "FROM counted_m c, t\n",
+			"coalesce(o.at, clock_timestamp())", "coalesce(o.at, o.now)")
+	} else {
+		stmt = mustReplace(stmt, `WITH gone AS (
+		    DELETE FROM hipq_rate_unit u
+		    USING unnest(@keys::text[], @secs::float8[]) AS q(key, secs)
+		    WHERE u.rate = q.key AND u.at <= now() - make_interval(secs => q.secs)`, `WITH past AS (
+		    SELECT u.id FROM hipq_rate_unit u, unnest(@keys::text[], @secs::float8[]) AS q(key, secs)
+		    WHERE u.queue = @queue AND u.rate = q.key AND u.at <= now() - make_interval(secs => q.secs)
+		), gone AS (
+		    DELETE FROM hipq_rate_unit u USING past
+		    WHERE u.queue = @queue AND u.id = past.id`)
+	}
+	// (Both then count their windows down.)
+	return mustReplace(stmt, "WHERE c.rate = g.rate AND", "WHERE c.queue = @queue AND c.rate = g.rate AND")
+}
+
 // rateGivebackSQL deletes the give-backs no unit waits for (their units
 // were settled, or belong to a rate no longer configured).
 const rateGivebackSQL = `DELETE FROM hipq_rate_giveback g
@@ -750,14 +809,16 @@ func queueUsage(b *pgx.Batch, dist bool, queue string, in *correlator.ClaimInput
 	})
 	if len(t.Rates) > 0 {
 		rargs := pgx.NamedArgs{"queue": queue, "keys": keys, "secs": secs}
-		for _, q := range rateSettleSQL {
+		settle, zero, usage := rateSettleSQL, rateZeroSQL, rateUsageSQL
+		if dist {
+			settle, zero, usage = rateSettleCitusSQL, rateZeroCitusSQL, rateUsageCitusSQL
+		}
+		for _, q := range settle {
 			b.Queue(q, rargs)
-			b.Queue(rateZeroSQL, rargs)
+			b.Queue(zero, rargs)
 		}
 		b.Queue(rateGivebackSQL, rargs)
-		b.Queue(`SELECT c.rate, c.part, c.n,
-			    (SELECT min(u.at) FROM hipq_rate_unit u WHERE u.rate = c.rate AND u.part = c.part AND u.at IS NOT NULL)
-			FROM hipq_rate_count c WHERE c.rate = ANY(@keys::text[]) AND c.n > 0`, rargs).Query(func(rows pgx.Rows) error {
+		b.Queue(usage, rargs).Query(func(rows pgx.Rows) error {
 			in.Usage.Rates = map[correlator.RateWindow]correlator.RateUsage{}
 			var w correlator.RateWindow
 			var n int

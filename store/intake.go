@@ -335,7 +335,7 @@ func jobsInsert(ctx context.Context, tx pgx.Tx, jobs []IntakeJob, instance strin
 		  JOIN n ON n.ord = u.ord
 		  JOIN ins i ON i.job_type = n.job_type AND i.job_key = n.job_key AND i.state = 'running'
 		  GROUP BY i.queue, u.rate, u.part
-		  RETURNING rate, part, n
+		  RETURNING queue, rate, part, n
 		), `+rateCountsCTE, []any{unitRates, unitParts, unitOrds}
 	}
 	insert := b.Queue(q+`

@@ -262,8 +262,9 @@ func TestEveryWriteNamesItsQueue(t *testing.T) {
 //
 // On Citus (st.dist) the jobs are inserted through st, checked too: there
 // the intake writes one statement per queue of its batch
-// (jobsInsertDistributed). Queue c has its throttle but not its rate:
-// rate limits are not supported on Citus yet.
+// (jobsInsertDistributed). Queue c has a throttle and a rate; once its
+// jobs are done, it is claimed twice more, so its rate units are settled
+// and counted down, and then pruned past their period.
 func queueLife(t *testing.T, st, plain *Store) {
 	t.Helper()
 	ctx := context.Background()
@@ -305,13 +306,11 @@ func queueLife(t *testing.T, st, plain *Store) {
 		}
 	}
 	throttle := correlator.Throttle{Limit: 50}
-	if !st.dist {
-		rate, err := correlator.NewRate("q:c#0", 100, time.Minute, "", "")
-		if err != nil {
-			t.Fatal(err)
-		}
-		throttle.Rates = []correlator.Rate{rate}
+	rate, err := correlator.NewRate("q:c#0", 100, time.Minute, "", "")
+	if err != nil {
+		t.Fatal(err)
 	}
+	throttle.Rates = []correlator.Rate{rate}
 	claims := map[string]Claim{}
 	for q, p := range map[string]JobClaimParams{
 		"a": {Order: correlator.OrderScheduledFirst},
@@ -414,6 +413,37 @@ func queueLife(t *testing.T, st, plain *Store) {
 	must("undo unsent", n, len(refs), err)
 	n, err = st.JobExpire(ctx, 100)
 	must("expired", n, 3, err)
+	// Queue c's rate: its unit settled (the requests undone unsent given
+	// back), then, timed past its period, pruned with its window.
+	rates := func() (units, windows int) {
+		t.Helper()
+		if err := plain.pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM hipq_rate_unit WHERE queue = 'c'),
+			(SELECT count(*) FROM hipq_rate_count WHERE queue = 'c')`).Scan(&units, &windows); err != nil {
+			t.Fatal(err)
+		}
+		return units, windows
+	}
+	if u, w := rates(); u == 0 || w != 1 {
+		t.Fatalf("queue c's rate: %d units, %d windows, want some and 1", u, w)
+	}
+	claimC := func() {
+		t.Helper()
+		if _, err := st.JobClaim(ctx, JobClaimParams{Queue: "c", Limit: 10, Instance: "i", Throttle: throttle}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	claimC()
+	var backs int
+	if err := plain.pool.QueryRow(ctx, "SELECT count(*) FROM hipq_rate_giveback WHERE queue = 'c'").Scan(&backs); err != nil || backs != 0 {
+		t.Fatalf("%d give-backs left after a claim of queue c (%v)", backs, err)
+	}
+	if _, err := plain.pool.Exec(ctx, "UPDATE hipq_rate_unit SET at = now() - interval '2 minutes' WHERE queue = 'c'"); err != nil {
+		t.Fatal(err)
+	}
+	claimC()
+	if u, w := rates(); u != 0 || w != 0 {
+		t.Fatalf("queue c's rate past its period: %d units, %d windows, want none", u, w)
+	}
 	// Bulk actions by filter: a run-now of the jobs waiting (those of
 	// closed windows, deferred to their opening), then a cancel of every
 	// job not final, each in batches of 4, across the three queues.

@@ -159,12 +159,9 @@ func newApp(ctx context.Context, cfg *config.Config, log *zap.Logger, opts appOp
 		// On Citus one non-final job per (type, key) holds within a queue:
 		// a type moved to another queue while it has non-final jobs could
 		// have two. The start refuses, as check-config --database does.
-		err := citusUnsupported(cfg)
-		if err == nil {
-			checkCtx, cancel := bounded()
-			err = checkQueueMoves(checkCtx, cfg, st)
-			cancel()
-		}
+		checkCtx, cancel := bounded()
+		err := checkQueueMoves(checkCtx, cfg, st)
+		cancel()
 		if err != nil {
 			st.Close()
 			return nil, err

@@ -14,7 +14,6 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/hipq/hipq/internal/citustest"
-	"github.com/hipq/hipq/internal/pgtest"
 	"github.com/hipq/hipq/internal/testutil"
 )
 
@@ -80,7 +79,6 @@ job_types:
 // downstream's arrival times holds more than 5, and the jobs still flow
 // (the dispatchers wake when a window frees, not only at their 1 s poll).
 func TestRateLimitAcrossInstances(t *testing.T) {
-	pgtest.SkipOnCitus(t, "rate limits are not supported yet: hipq refuses them at start there (TestCitusRefusesRates)")
 	down, srv := newArrivals(t)
 	e := newEnv(t, "jobs")
 	text := strings.ReplaceAll(rateConfig, "URL", srv.URL)
@@ -113,7 +111,6 @@ func TestRateLimitAcrossInstances(t *testing.T) {
 // Tenant A with 200 jobs and B with 5, each limited 2/s by /tenant: B's
 // jobs are not stuck behind A's backlog; B is done in about 3 s.
 func TestRateLimitPerTenant(t *testing.T) {
-	pgtest.SkipOnCitus(t, "rate limits are not supported yet: hipq refuses them at start there (TestCitusRefusesRates)")
 	down, srv := newArrivals(t)
 	e := newEnv(t, "jobs")
 	e.start(e.config(strings.ReplaceAll(rateConfig, "URL", srv.URL)), "intake", "dispatcher", "sweeper")
@@ -155,15 +152,32 @@ func TestRateLimitPerTenant(t *testing.T) {
 	}
 }
 
-// TestCitusRefusesRates: on a Citus cluster, where rate limits are not
-// supported yet, hipq refuses a config with them at start, naming the
-// queue, rather than fail every claim of its queue.
-func TestCitusRefusesRates(t *testing.T) {
+// TestCitusRunsRates: on a Citus cluster hipq starts with rate limits and
+// keeps them: a queue's jobs are sent within its rate, and its windows are
+// counted on the queue's shard of hipq_rate_count, co-located with its
+// jobs.
+func TestCitusRunsRates(t *testing.T) {
+	down, srv := newArrivals(t)
 	e := newEnv(t, "jobs")
 	e.dbURL = citustest.URL(t)
-	_, err := newApp(context.Background(), e.config(strings.ReplaceAll(rateConfig, "URL", "http://127.0.0.1:1")), zaptest.NewLogger(t), appOptions{})
-	if err == nil || !strings.Contains(err.Error(), "queues.limited.rates: rate limits are not supported on Citus yet") {
-		t.Fatalf("start with rates on Citus: %v, want the refusal naming queues.limited.rates", err)
+	a := e.start(e.config(strings.ReplaceAll(rateConfig, "URL", srv.URL)), "intake", "dispatcher")
+	var jobs []string
+	for i := range 8 {
+		jobs = append(jobs, fmt.Sprintf(`{"job_type":"ping","job_key":"p%d"}`, i))
+	}
+	e.produce("jobs", jobs...)
+	testutil.Eventually(t, 30*time.Second, func() (bool, string) {
+		n := len(down.of("/ping"))
+		return n >= 8, fmt.Sprint(n)
+	}, "8 arrivals")
+	if most := mostInWindow(down.of("/ping"), 2*time.Second); most > 5 {
+		t.Errorf("%d requests arrived within 2 s; the limit is 5 per 2 s", most)
+	}
+	var colocated bool
+	if err := a.st.Pool().QueryRow(context.Background(), `SELECT column_to_column_name(c.logicalrelid, c.partkey) = 'queue'
+		AND c.colocationid = j.colocationid FROM pg_dist_partition c, pg_dist_partition j
+		WHERE c.logicalrelid = 'hipq_rate_count'::regclass AND j.logicalrelid = 'hipq_job'::regclass`).Scan(&colocated); err != nil || !colocated {
+		t.Fatalf("hipq_rate_count distributed by queue with hipq_job: %v (%v)", colocated, err)
 	}
 }
 
