@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-
 	"github.com/hipq/hipq/correlator"
 	"github.com/hipq/hipq/internal/citustest"
 	"github.com/hipq/hipq/internal/pgtest"
@@ -35,7 +34,7 @@ func TestMigrateLaysOutCitus(t *testing.T) {
 		"hipq_job": "queue", "hipq_attempt": "queue", "hipq_rate_unit": "queue", "hipq_rate_count": "queue",
 		"hipq_rate_giveback": "queue", "hipq_activity": "queue", "hipq_event": "queue", "hipq_claim_lock": "queue",
 		"hipq_early_reply": "queue",
-		"hipq_queue": "reference", "hipq_schedule": "reference",
+		"hipq_queue":       "reference", "hipq_schedule": "reference",
 	}
 	local := []string{"hipq_offset", "hipq_intake", "hipq_dead_letter",
 		"hipq_ui_session", "hipq_operation", "hipq_lock", "hipq_schema_migration", "hipq_schema_repeatable"}
@@ -95,7 +94,7 @@ func TestMigrateLaysOutCitus(t *testing.T) {
 		"hipq_job_pkey": "queue, id", "hipq_job_active_key": "queue, job_type, job_key",
 		"hipq_attempt_pkey": "queue, job_id, attempt", "hipq_rate_unit_pkey": "queue, id", "hipq_event_pkey": "queue, id",
 		"hipq_early_reply_pkey": "queue, id",
-		"hipq_rate_count_pkey": "queue, rate, part",
+		"hipq_rate_count_pkey":  "queue, rate, part",
 	} {
 		var got string
 		if err := st.Pool().QueryRow(ctx, `SELECT string_agg(a.attname, ', ' ORDER BY k.i)
@@ -247,7 +246,7 @@ func TestMigrateDistributeMovesASingleNodeSchema(t *testing.T) {
 	}
 	for q, want := range map[string]int{"SELECT count(*) FROM hipq_job": 9, "SELECT count(*) FROM hipq_attempt": 6,
 		"SELECT count(*) FROM hipq_event": 1, "SELECT count(*) FROM hipq_queue WHERE paused": 1,
-		"SELECT count(*) FROM hipq_rate_unit": 3,
+		"SELECT count(*) FROM hipq_rate_unit":                                                                       3,
 		"SELECT count(*) FROM hipq_early_reply WHERE queue = 'default'":                                             2,
 		"SELECT count(*) FROM hipq_dead_letter WHERE reason LIKE 'unknown_job_type:%' AND record_value = 'reply g'": 1} {
 		if n := count(t, st, q); n != want {
