@@ -335,7 +335,7 @@ func TestClaimLockHoldsAcrossNodes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer holder.Rollback(ctx) //nolint:errcheck // ended below
+	defer holder.Rollback(ctx) // (ended below)
 	if err := store.TakeClaimLockForTest(ctx, holder, "default"); err != nil {
 		t.Fatal(err)
 	}

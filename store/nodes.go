@@ -147,7 +147,7 @@ func (s *Store) listenNode(ctx context.Context, n node, channel string, wake fun
 			if err != nil {
 				return err
 			}
-			defer conn.Close(context.WithoutCancel(ctx)) //nolint:errcheck // closing only
+			defer conn.Close(context.WithoutCancel(ctx))
 			if _, err := conn.Exec(ctx, "LISTEN "+channel); err != nil {
 				return err
 			}
