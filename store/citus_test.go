@@ -293,16 +293,7 @@ func TestMigrateDistributeMovesASingleNodeSchema(t *testing.T) {
 	if len(refs) != 2 {
 		t.Fatalf("claimed %v, want the early replies' jobs among them", c)
 	}
-	res, err := st.EarlyReplyApply(ctx, refs, typeInfo)
-	if err != nil || len(res.Applied) != 2 {
-		t.Fatalf("early replies applied after the move: %+v (%v), want 2", res, err)
-	}
-	for _, k := range []string{"early", "early-old"} {
-		wantState(t, get(t, st, k), correlator.StateFinal, correlator.OutcomeSucceeded, 1)
-	}
-	if n := count(t, st, "SELECT count(*) FROM hipq_early_reply"); n != 0 {
-		t.Fatalf("%d early replies left once applied", n)
-	}
+	applyEarlyReplies(t, st, refs, "early", "early-old")
 }
 
 // On Citus the claim lock of a queue with limits holds across nodes: a

@@ -35,11 +35,18 @@ func TestEarlyRepliesKeepTheirJobsQueue(t *testing.T) {
 		}
 		refs = append(refs, c.Jobs[0].Ref())
 	}
+	applyEarlyReplies(t, st, refs, "nojob", "waiting")
+}
+
+// applyEarlyReplies applies the kept replies of the attempts refs (sent
+// jobs): each of keys ends succeeded, and none is left kept.
+func applyEarlyReplies(t *testing.T, st *store.Store, refs []store.AttemptRef, keys ...string) {
+	t.Helper()
 	res, err := st.EarlyReplyApply(ctx, refs, typeInfo)
-	if err != nil || len(res.Applied) != 2 {
-		t.Fatalf("early replies applied: %+v (%v), want 2", res, err)
+	if err != nil || len(res.Applied) != len(keys) {
+		t.Fatalf("early replies applied: %+v (%v), want %d", res, err, len(keys))
 	}
-	for _, k := range []string{"nojob", "waiting"} {
+	for _, k := range keys {
 		wantState(t, get(t, st, k), correlator.StateFinal, correlator.OutcomeSucceeded, 1)
 	}
 	if n := count(t, st, "SELECT count(*) FROM hipq_early_reply"); n != 0 {
