@@ -238,11 +238,17 @@ func (s *Store) MigrateDistribute(ctx context.Context, types correlator.Types) (
 // nil when the schema is already the one this binary needs, else an error
 // saying to migrate against the coordinator.
 func (s *Store) migratedOnWorker(ctx context.Context, conn *pgxpool.Conn, moveRows bool) error {
-	var current int
-	err := conn.QueryRow(ctx, `SELECT CASE WHEN to_regclass('hipq_schema_migration') IS NULL THEN 0
-		ELSE (SELECT coalesce(max(version), 0) FROM hipq_schema_migration) END`).Scan(&current)
-	if err != nil {
+	// (Two statements: one that reads the coordinator's table runs there
+	// whole, to_regclass included, outside this session's search_path.)
+	var exists bool
+	if err := conn.QueryRow(ctx, "SELECT to_regclass('hipq_schema_migration') IS NOT NULL").Scan(&exists); err != nil {
 		return fmt.Errorf("migrate: read version: %w", err)
+	}
+	var current int
+	if exists {
+		if err := conn.QueryRow(ctx, "SELECT coalesce(max(version), 0) FROM hipq_schema_migration").Scan(&current); err != nil {
+			return fmt.Errorf("migrate: read version: %w", err)
+		}
 	}
 	latest := LatestVersion()
 	switch {

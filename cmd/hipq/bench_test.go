@@ -145,6 +145,28 @@ func TestBenchCitus(t *testing.T) {
 	}
 }
 
+// --citus-on-worker: the instances run on the worker that holds the
+// bench's queue, every job still ends, and the queue's worker does the
+// jobs' statements.
+func TestBenchCitusOnWorker(t *testing.T) {
+	t.Parallel()
+	if ok, why := localcitus.Installed(); !ok {
+		t.Skip(why + ": hipq bench --citus-workers needs Citus")
+	}
+	var out strings.Builder
+	if err := cmdBench([]string{"-n", "300", "--citus-workers", "2", "--citus-on-worker", "--db-profile", "--json"}, &out); err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	var res benchResult
+	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &res); err != nil || res.Jobs != 300 || res.JobsPerSec <= 0 {
+		t.Fatalf("%+v %v\n%s", res, err, out.String())
+	}
+	if !strings.Contains(out.String(), "hipq instances connected to the worker that holds the queue") {
+		t.Errorf("the output does not say where the instances run:\n%s", out.String())
+	}
+}
+
 // --citus-workers starts a cluster of its own: with $HIPQ_DATABASE_URL,
 // which names the database to use, it is refused before anything starts,
 // saying both; a count out of range is refused naming the flag.
@@ -154,6 +176,9 @@ func TestBenchCitusRefusals(t *testing.T) {
 	err := cmdBench([]string{"-n", "10", "--citus-workers", "2"}, &out)
 	if err == nil || !strings.Contains(err.Error(), "--citus-workers starts a Citus cluster of its own") || !strings.Contains(err.Error(), "$HIPQ_DATABASE_URL") {
 		t.Fatalf("--citus-workers with $HIPQ_DATABASE_URL: %v", err)
+	}
+	if err := cmdBench([]string{"--citus-on-worker"}, &out); err == nil || !strings.Contains(err.Error(), "--citus-on-worker needs --citus-workers") {
+		t.Errorf("--citus-on-worker alone: %v, want an error naming both flags", err)
 	}
 	for _, bad := range []string{"-1", "17"} {
 		if err := cmdBench([]string{"--citus-workers", bad}, &out); err == nil || !strings.HasPrefix(err.Error(), "--citus-workers: ") {

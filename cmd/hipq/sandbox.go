@@ -146,7 +146,7 @@ func (sb *sandbox) nodes() []sandboxNode {
 func queueNodeURL(ctx context.Context, st *store.Store, nodes []sandboxNode, queue string) (string, error) {
 	var port int
 	if err := st.Pool().QueryRow(ctx, `SELECT nodeport FROM citus_shards
-		WHERE shardid = get_shard_id_for_distribution_column('hipq_job', $1)`, queue).Scan(&port); err != nil {
+		WHERE shardid = get_shard_id_for_distribution_column('hipq_job', $1::text)`, queue).Scan(&port); err != nil {
 		return "", fmt.Errorf("find the worker of queue %s: %w", queue, err)
 	}
 	for _, n := range nodes {
