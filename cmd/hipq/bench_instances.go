@@ -2,9 +2,11 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -13,6 +15,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -26,6 +29,8 @@ type instance struct {
 	config  string // its config file, in a directory of the bench's own
 	done    chan struct{}
 	err     error
+	// portTaken: it said its API's port was in use
+	portTaken atomic.Bool
 }
 
 type exitedInstance struct {
@@ -51,17 +56,17 @@ func startInstances(ctx context.Context, sb *sandbox, dbURL, conf, schema string
 			_ = os.RemoveAll(dir)
 		}
 	}()
-	for i := range o.instances {
+	start := func(i int) (*instance, error) {
 		port, err := freePort()
 		if err != nil {
-			return out, err
+			return nil, err
 		}
 		text := strings.NewReplacer("BROKERS", strings.Join(sb.brokers, ","), "SCHEMA", schema).Replace(conf) +
 			fmt.Sprintf("api: {listen: \"127.0.0.1:%d\", public_url: \"http://127.0.0.1:%d\", callback_secret: %q}\n",
 				port, port, strings.Repeat("b", 32))
 		path := filepath.Join(dir, fmt.Sprintf("hipq-%d.yaml", i+1))
 		if err := os.WriteFile(path, []byte(text), 0o600); err != nil {
-			return out, err
+			return nil, err
 		}
 		cmd := exec.CommandContext(ctx, exe, "run", "--config", path)
 		cmd.Env = append(os.Environ(), "DB="+dbURL)
@@ -75,21 +80,30 @@ func startInstances(ctx context.Context, sb *sandbox, dbURL, conf, schema string
 		if i == 0 && o.memProfile != "" {
 			cmd.Env = append(cmd.Env, "HIPQ_MEMPROFILE="+o.memProfile)
 		}
-		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+		in := &instance{n: i + 1, config: path, metrics: fmt.Sprintf("http://127.0.0.1:%d/metrics", port), done: make(chan struct{})}
+		cmd.Stdout, cmd.Stderr = os.Stderr, &portWatch{w: os.Stderr, taken: &in.portTaken}
 		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM} // a bench killed outright leaves no instance behind
 		cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
 		cmd.WaitDelay = 20 * time.Second
 		if err := cmd.Start(); err != nil {
-			return out, fmt.Errorf("start hipq instance %d: %w", i+1, err)
+			return nil, fmt.Errorf("start hipq instance %d: %w", i+1, err)
 		}
-		in := &instance{n: i + 1, cmd: cmd, config: path, metrics: fmt.Sprintf("http://127.0.0.1:%d/metrics", port), done: make(chan struct{})}
+		in.cmd = cmd
 		go func() { in.err = cmd.Wait(); close(in.done) }()
+		return in, nil
+	}
+	for i := range o.instances {
+		in, err := start(i)
+		if err != nil {
+			return out, err
+		}
 		out = append(out, in)
 	}
-	for _, in := range out {
+	for k := 0; k < len(out); k++ {
+		in := out[k]
 		ready := strings.TrimSuffix(in.metrics, "/metrics") + "/readyz"
 		deadline := time.Now().Add(60 * time.Second)
-		for {
+		for tries := 1; ; {
 			resp, err := http.Get(ready)
 			if err == nil {
 				resp.Body.Close()
@@ -99,6 +113,19 @@ func startInstances(ctx context.Context, sb *sandbox, dbURL, conf, schema string
 			}
 			select {
 			case <-in.done:
+				// The port freePort found free was taken before the
+				// instance listened on it (another process of the
+				// machine's): the instance starts again on another.
+				if in.portTaken.Load() && tries < 3 {
+					tries++
+					next, err := start(in.n - 1)
+					if err != nil {
+						return out, err
+					}
+					out[k], in = next, next
+					ready = strings.TrimSuffix(in.metrics, "/metrics") + "/readyz"
+					continue
+				}
 				return out, fmt.Errorf("hipq instance %d exited at start: %v", in.n, in.err)
 			default:
 			}
@@ -109,6 +136,20 @@ func startInstances(ctx context.Context, sb *sandbox, dbURL, conf, schema string
 		}
 	}
 	return out, nil
+}
+
+// portWatch passes an instance's output on to w, and notes when it says
+// its API's port was taken.
+type portWatch struct {
+	w     io.Writer
+	taken *atomic.Bool
+}
+
+func (p *portWatch) Write(b []byte) (int, error) {
+	if bytes.Contains(b, []byte("address already in use")) {
+		p.taken.Store(true)
+	}
+	return p.w.Write(b)
 }
 
 // stopInstances stops the instances (SIGTERM: they drain), waits, and
