@@ -148,17 +148,7 @@ func (s *Store) listenNode(ctx context.Context, n node, channel string, wake fun
 				return err
 			}
 			defer conn.Close(context.WithoutCancel(ctx))
-			if _, err := conn.Exec(ctx, "LISTEN "+channel); err != nil {
-				return err
-			}
-			backoff = time.Second
-			wake()
-			for {
-				if _, err := conn.WaitForNotification(ctx); err != nil {
-					return err
-				}
-				wake()
-			}
+			return listenOn(ctx, conn, channel, func() { backoff = time.Second; wake() })
 		}()
 		if ctx.Err() != nil {
 			return

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/puddle/v2"
 )
 
@@ -61,17 +62,8 @@ func (s *Store) listen(ctx context.Context, channel string, wake func(), failed 
 				return err
 			}
 			defer conn.Release()
-			if _, err := conn.Exec(ctx, "LISTEN "+channel); err != nil {
-				return err
-			}
 			defer conn.Exec(context.WithoutCancel(ctx), "UNLISTEN *") //nolint:errcheck // only a broken connection fails it, and its LISTEN went with it
-			wake()
-			for {
-				if _, err := conn.Conn().WaitForNotification(ctx); err != nil {
-					return err
-				}
-				wake()
-			}
+			return listenOn(ctx, conn.Conn(), channel, wake)
 		}()
 		if ctx.Err() != nil || errors.Is(err, puddle.ErrClosedPool) {
 			return
@@ -81,5 +73,21 @@ func (s *Store) listen(ctx context.Context, channel string, wake func(), failed 
 		case <-ctx.Done():
 		case <-time.After(time.Second):
 		}
+	}
+}
+
+// listenOn LISTENs on channel on conn and calls wake once listening (a
+// notice sent before is lost, so look then too) and at each notice, until
+// conn or ctx fails.
+func listenOn(ctx context.Context, conn *pgx.Conn, channel string, wake func()) error {
+	if _, err := conn.Exec(ctx, "LISTEN "+channel); err != nil {
+		return err
+	}
+	wake()
+	for {
+		if _, err := conn.WaitForNotification(ctx); err != nil {
+			return err
+		}
+		wake()
 	}
 }

@@ -65,9 +65,9 @@ type OutboxResult struct {
 	More bool
 }
 
-// scanOutboxRows reads the rows OutboxApply takes.
-func scanOutboxRows(rows pgx.Rows) ([]OutboxRow, error) {
-	var got []OutboxRow
+// scanOutboxRows reads the n rows OutboxApply takes.
+func scanOutboxRows(rows pgx.Rows, n int) ([]OutboxRow, error) {
+	got := make([]OutboxRow, 0, n)
 	var r OutboxRow
 	var headers *string
 	var headersSize *int
@@ -140,7 +140,7 @@ func (s *Store) OutboxApply(ctx context.Context, t OutboxTake, decide OutboxDeci
 			// locked above, are read, then deleted.
 			rows, err = tx.Query(ctx, `SELECT `+takenColumns+` FROM hipq_intake WHERE id = ANY($1) ORDER BY id`, taken, t.MaxValue, t.MaxHeaders)
 			if err == nil {
-				got, err = scanOutboxRows(rows)
+				got, err = scanOutboxRows(rows, len(taken))
 			}
 			if err == nil {
 				_, err = tx.Exec(ctx, `DELETE FROM hipq_intake WHERE id = ANY($1)`, taken)
@@ -148,7 +148,7 @@ func (s *Store) OutboxApply(ctx context.Context, t OutboxTake, decide OutboxDeci
 		} else {
 			rows, err = tx.Query(ctx, `DELETE FROM hipq_intake WHERE id = ANY($1) RETURNING `+takenColumns, taken, t.MaxValue, t.MaxHeaders)
 			if err == nil {
-				got, err = scanOutboxRows(rows)
+				got, err = scanOutboxRows(rows, len(taken))
 			}
 		}
 		if err != nil {
