@@ -6,7 +6,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -62,6 +64,15 @@ type RelayConfig struct {
 	CrashPoint string
 }
 
+// listEvery is how often at most the relay looks at every topic for
+// events pending, besides those notices name: every interval, but not
+// more often than once a second.
+func listEvery(interval time.Duration) time.Duration { return max(interval, time.Second) }
+
+// pendingCountEvery is how often at most the relay counts the pending
+// events of each topic (hipq_events_pending).
+const pendingCountEvery = time.Second
+
 // DefaultMaxDrains is RelayConfig.MaxDrains's default.
 const DefaultMaxDrains = 4
 
@@ -105,8 +116,11 @@ type Relay struct {
 	wake chan struct{}
 
 	mu      sync.Mutex
-	outages map[string]*outage // by topic
-	pending map[string]bool    // topics whose pending count is reported
+	outages map[string]*outage            // by topic
+	pending map[string]bool               // topics whose pending count is reported
+	cursors map[string]*store.EventCursor // by topic: where its next read starts
+	named   map[string]bool               // topics notices named, not drained since
+	lookAll bool                          // a notice asked to look at every topic
 
 	peakDrains atomic.Int64 // the most topics drained at once (tests)
 }
@@ -115,17 +129,43 @@ type Relay struct {
 // producer (KafkaProducerOpts).
 func NewRelay(log *zap.Logger, st *store.Store, cl *kgo.Client, cfg RelayConfig) *Relay {
 	return &Relay{log: log.Named("events"), st: st, cl: cl, cfg: cfg.WithDefaults(), wake: make(chan struct{}, 1),
-		outages: map[string]*outage{}, pending: map[string]bool{}}
+		outages: map[string]*outage{}, pending: map[string]bool{}, cursors: map[string]*store.EventCursor{}, named: map[string]bool{}}
 }
 
 // Client is the producer the relay writes with.
 func (r *Relay) Client() *kgo.Client { return r.cl }
 
-func (r *Relay) poke() {
+// poke wakes the relay to drain topics, or to look at every topic when
+// topics is nil.
+func (r *Relay) poke(topics []string) {
+	r.mu.Lock()
+	if topics == nil {
+		r.lookAll = true
+	}
+	for _, t := range topics {
+		r.named[t] = true
+	}
+	r.mu.Unlock()
+	r.nudge()
+}
+
+// nudge wakes the relay to look at the topics named so far.
+func (r *Relay) nudge() {
 	select {
 	case r.wake <- struct{}{}:
 	default:
 	}
+}
+
+// takeNamed returns the topics named since the last call, in name order,
+// and whether every topic should be looked at.
+func (r *Relay) takeNamed() ([]string, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	named, all := slices.Sorted(maps.Keys(r.named)), r.lookAll
+	clear(r.named)
+	r.lookAll = false
+	return named, all
 }
 
 // Run relays events while ctx lasts: as the leader when it holds the
@@ -166,24 +206,42 @@ func (r *Relay) lead(ctx context.Context, lease *store.Lease) {
 	turn := 0
 	tick := time.NewTicker(r.cfg.Interval)
 	defer tick.Stop()
+	var counted, listed time.Time
 	for {
-		topics, err := r.st.EventTopics(ctx)
-		if err != nil && ctx.Err() == nil {
-			r.log.Warn("could not list the topics with events", zap.Error(err))
+		// The topics to drain: those notices named, and every topic with
+		// events pending when a notice asked for it (as the listener
+		// starts), or once a second at most (a notice lost with its
+		// connection): a look at every topic reads hipq_event_topic from
+		// its first entry, the rows deleted since the last vacuum too.
+		topics, all := r.takeNamed()
+		if all || time.Since(listed) >= listEvery(r.cfg.Interval) {
+			pending, err := r.st.EventTopics(ctx)
+			if err != nil && ctx.Err() == nil {
+				r.log.Warn("could not list the topics with events", zap.Error(err))
+			}
+			if err == nil {
+				listed = time.Now()
+				mu.Lock()
+				r.forgetCursors(pending, draining)
+				mu.Unlock()
+				topics = slices.Compact(slices.Sorted(slices.Values(append(topics, pending...))))
+			}
 		}
 		// (Each look starts one topic further, so that with more topics
 		// waiting than drains at once none waits behind the others for long.)
 		turn++
+		var later []string // (busy, or no drain free: drained once one ends, which nudges the relay)
 		for k := range topics {
 			t := topics[(k+turn)%len(topics)]
 			mu.Lock()
 			busy, full := draining[t], len(draining) >= r.cfg.MaxDrains
 			mu.Unlock()
-			if full {
-				break // (a drain that ends pokes the relay: the rest wait for it)
-			}
-			if busy || r.backingOff(t) {
+			if busy || full {
+				later = append(later, t)
 				continue
+			}
+			if r.backingOff(t) {
+				continue // (its backoff names it again once it ends)
 			}
 			mu.Lock()
 			draining[t] = true
@@ -198,8 +256,15 @@ func (r *Relay) lead(ctx context.Context, lease *store.Lease) {
 				mu.Lock()
 				delete(draining, t)
 				mu.Unlock()
-				r.poke() // (more may have come meanwhile)
+				r.nudge() // (for the topics waiting for a drain, or named while this one ran)
 			}()
+		}
+		if len(later) > 0 {
+			r.mu.Lock()
+			for _, t := range later {
+				r.named[t] = true
+			}
+			r.mu.Unlock()
 		}
 		select {
 		case <-ctx.Done():
@@ -212,7 +277,12 @@ func (r *Relay) lead(ctx context.Context, lease *store.Lease) {
 				}
 				return
 			}
-			r.countPending(ctx)
+			// (A count reads the whole table: once a second at most,
+			// however short the interval.)
+			if time.Since(counted) >= pendingCountEvery {
+				r.countPending(ctx)
+				counted = time.Now()
+			}
 		}
 	}
 }
@@ -242,7 +312,8 @@ func (r *Relay) drain(ctx context.Context, topic string) {
 // more may wait, and why some were not sent (the topic refused them: they
 // wait for the next try).
 func (r *Relay) RelayTopic(ctx context.Context, topic string) (int, bool, error) {
-	evs, err := r.st.EventRead(ctx, topic, r.cfg.BatchSize)
+	cur := r.cursor(topic)
+	evs, err := r.st.EventReadFrom(ctx, topic, cur, r.cfg.BatchSize)
 	if err != nil {
 		return 0, false, err
 	}
@@ -306,6 +377,18 @@ func (r *Relay) RelayTopic(ctx context.Context, topic string) (int, bool, error)
 		// Sent, not deleted: they are sent again (consumers drop repeats).
 		return len(sent), false, err
 	}
+	deleted := make(map[int64]bool, len(sent))
+	for _, ref := range sent {
+		deleted[ref.ID] = true
+	}
+	var lowest int64 // (evs are in id order where the cursor is used)
+	for _, e := range evs {
+		if !deleted[e.ID] {
+			lowest = e.ID
+			break
+		}
+	}
+	cur.Passed(lowest)
 	r.cfg.Metrics.Events.WithLabelValues(topic, "sent").Add(float64(len(sent) - omitted))
 	if omitted > 0 {
 		r.cfg.Metrics.Events.WithLabelValues(topic, "result_omitted").Add(float64(omitted))
@@ -315,6 +398,31 @@ func (r *Relay) RelayTopic(ctx context.Context, topic string) (int, bool, error)
 		r.cfg.Metrics.Events.WithLabelValues(topic, "refused").Add(float64(refused))
 	}
 	return len(sent), more && firstErr == nil, firstErr
+}
+
+// cursor is where topic's next read starts.
+func (r *Relay) cursor(topic string) *store.EventCursor {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	c := r.cursors[topic]
+	if c == nil {
+		c = &store.EventCursor{}
+		r.cursors[topic] = c
+	}
+	return c
+}
+
+// forgetCursors drops the cursors of the topics with no events pending
+// (not in listed), other than the configured ones and those draining: a
+// relay that saw many reply_to topics come and go keeps none of theirs.
+func (r *Relay) forgetCursors(listed []string, draining map[string]bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for t := range r.cursors {
+		if !draining[t] && !slices.Contains(listed, t) && !slices.Contains(r.cfg.Topics, t) {
+			delete(r.cursors, t)
+		}
+	}
 }
 
 // EventRecord is the Kafka record of an event (docs/messages.md, "Outcome
@@ -358,7 +466,7 @@ func (r *Relay) refused(topic string, err error) {
 	o.until = time.Now().Add(wait)
 	r.log.Warn("a topic refused events; they wait", zap.String("topic", topic), zap.Duration("for", wait),
 		zap.Duration("refusing_since", time.Since(o.since).Round(time.Millisecond)), zap.Error(err))
-	time.AfterFunc(wait, r.poke)
+	time.AfterFunc(wait, func() { r.poke([]string{topic}) })
 }
 
 func (r *Relay) recovered(topic string) {

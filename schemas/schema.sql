@@ -1,4 +1,4 @@
--- hipq's schema at version 25, with its repeatable migrations applied, as
+-- hipq's schema at version 26, with its repeatable migrations applied, as
 -- PostgreSQL's catalogs describe it. Written by `make schema`; TestSchemaSnapshot
 -- (store) fails when the migrated schema differs. Do not edit.
 
@@ -92,8 +92,13 @@ CREATE TABLE hipq_event (
     outcome text NOT NULL,
     trace_parent text,
     headers jsonb,
-    value jsonb NOT NULL,
-    created_at timestamp with time zone DEFAULT now() NOT NULL
+    value jsonb,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    state text,
+    result jsonb,
+    error text,
+    job_created_at timestamp with time zone,
+    finished_at timestamp with time zone
 );
 ALTER TABLE hipq_event SET (autovacuum_vacuum_insert_scale_factor=0, autovacuum_vacuum_insert_threshold=1000, autovacuum_vacuum_scale_factor=0, autovacuum_vacuum_threshold=1000);
 ALTER TABLE hipq_event ADD CONSTRAINT hipq_event_pkey PRIMARY KEY (id);
@@ -279,9 +284,12 @@ CREATE OR REPLACE FUNCTION hipq_event_notify()
  RETURNS trigger
  LANGUAGE plpgsql
 AS $function$
+DECLARE
+    topics text;
 BEGIN
-    IF EXISTS (SELECT 1 FROM hipq_event_new) THEN
-        PERFORM pg_notify('hipq_event', '');
+    SELECT string_agg(DISTINCT topic, ',' ORDER BY topic) INTO topics FROM hipq_event_new;
+    IF topics IS NOT NULL THEN
+        PERFORM pg_notify('hipq_event', CASE WHEN octet_length(topics) < 7000 THEN topics ELSE '' END);
     END IF;
     RETURN NULL;
 END $function$;

@@ -8,8 +8,10 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 
@@ -89,19 +91,19 @@ const eventColumns = `j.job_key, j.state, j.outcome, j.error, j.result, j.create
 // they are committed.
 func eventsCTE(from, types, topics, attempts string) string {
 	return `ev AS (
-		  INSERT INTO hipq_event (queue, topic, job_id, job_type, job_key, attempt, outcome, trace_parent, headers, value)
+		  INSERT INTO hipq_event (queue, topic, job_id, job_type, job_key, attempt, outcome, trace_parent, headers,
+		                          state, result, error, job_created_at, finished_at)
 		  SELECT d.queue, e.topic, d.id, d.job_type, d.job_key, d.attempt, coalesce(d.outcome, '` + correlator.EventOutcomeRetry + `'),
 		         d.trace_parent, d.correlation,
-		         jsonb_build_object('job_type', d.job_type, 'job_key', d.job_key, 'job_id', d.id, 'attempt', d.attempt,
-		                            'state', d.state, 'outcome', coalesce(d.outcome, '` + correlator.EventOutcomeRetry + `'),
-		                            'result', d.result, 'error', nullif(d.error, '` + correlator.ErrorNone + `'),
-		                            'created_at', d.created_at, 'finished_at', d.update_time)
+		         d.state, d.result, nullif(d.error, '` + correlator.ErrorNone + `'), d.created_at, d.update_time
 		  FROM ` + from + ` d
 		  CROSS JOIN LATERAL (
 		    SELECT r.topic FROM unnest(` + types + `::text[], ` + topics + `::text[], ` + attempts + `::bool[]) AS r(job_type, topic, attempts)
 		    WHERE r.job_type = d.job_type AND (d.state = 'final' OR r.attempts)
-		    UNION
-		    SELECT d.reply_to WHERE d.reply_to IS NOT NULL AND d.state = 'final') e
+		    UNION ALL
+		    SELECT d.reply_to WHERE d.reply_to IS NOT NULL AND d.state = 'final'
+		      AND NOT EXISTS (SELECT FROM unnest(` + types + `::text[], ` + topics + `::text[]) AS r(job_type, topic)
+		                      WHERE r.job_type = d.job_type AND r.topic = d.reply_to)) e
 		  ORDER BY d.id, e.topic
 		)`
 }
@@ -182,7 +184,8 @@ func (s *Store) EventTopics(ctx context.Context) ([]string, error) {
 
 // eventReadColumns are what EventRead reads of an event, in scanEvents'
 // order.
-const eventReadColumns = `id, queue, topic, job_id, job_type, job_key, attempt, outcome, coalesce(trace_parent, ''), headers, value, created_at`
+const eventReadColumns = `id, queue, topic, job_id, job_type, job_key, attempt, outcome, coalesce(trace_parent, ''), headers, value, created_at,
+	coalesce(state, ''), result, error, coalesce(job_created_at, created_at), coalesce(finished_at, created_at)`
 
 // EventRead returns up to limit of topic's pending events, in id order:
 // for each job key, the order its events were committed in. On Citus ids
@@ -190,14 +193,113 @@ const eventReadColumns = `id, queue, topic, job_id, job_type, job_key, attempt, 
 // node's sequence hands out a range of its own): there each event read in
 // id order stands for its key's first pending event (eventReadCitus).
 func (s *Store) EventRead(ctx context.Context, topic string, limit int) ([]Event, error) {
+	return s.EventReadFrom(ctx, topic, nil, limit)
+}
+
+// eventPlanSettings make the relay's reads and deletes of hipq_event go
+// by its indexes, in their order.
+const eventPlanSettings = `SELECT set_config('enable_seqscan', 'off', true), set_config('enable_bitmapscan', 'off', true),
+	set_config('enable_sort', 'off', true)`
+
+// EventCursor is where a relay's reads of one topic start: above the
+// events it relayed, so that a read does not walk the index entries of
+// the rows it deleted (they stay until vacuum, and a read from the
+// topic's first id passes each of them). The zero value reads from the
+// first id.
+//
+// An id is handed out before its transaction commits, so an event may
+// become visible after one of a higher id was read and deleted: a cursor
+// never passes an id that may still be committed. It passes an id only
+// once it is settled, known to be visible to the reads if it ever
+// commits: each read notes the highest id it saw and the snapshot's xmax
+// (the first transaction id not yet handed out), and once a later read's
+// snapshot has an xmin at or above that xmax, every transaction that
+// wrote an id up to the one noted has ended. (Every statement that writes
+// an event has moved its job first, so its transaction has an id before
+// it takes the event's; and ids are handed out in order, CACHE 1.)
+type EventCursor struct {
+	after   int64 // reads start above this id: every event up to it was relayed, or never will be
+	settled int64 // the ids up to this one are visible to the reads, if they ever commit
+	// a pending mark: ids up to upTo are settled once a read's xmin
+	// reaches xmax (none when xmax is 0)
+	upTo, xmax int64
+	last       int64 // the last read's highest id
+	full       bool  // the last read returned its limit: more may wait above last
+	used       bool  // the last read was in id order (not Citus's)
+}
+
+// After is the id above which the cursor's reads start.
+func (c *EventCursor) After() int64 { return c.after }
+
+// Passed moves the cursor after a batch was relayed: lowest is the lowest
+// id the last read returned whose event is still pending (skipped or not
+// acknowledged; 0 when every event it returned was deleted). It passes
+// only settled ids, and none still pending.
+func (c *EventCursor) Passed(lowest int64) {
+	if c == nil || !c.used {
+		return
+	}
+	upTo := c.settled
+	switch {
+	case lowest > 0:
+		upTo = min(upTo, lowest-1)
+	case c.full:
+		upTo = min(upTo, c.last)
+	}
+	c.after = max(c.after, upTo)
+}
+
+// read notes a read in id order that returned events: its snapshot's
+// xmin and xmax, and the highest id it returned.
+func (c *EventCursor) read(xmin, xmax, highest int64, full bool) {
+	c.used, c.full, c.last = true, full, highest
+	if c.xmax != 0 && xmin >= c.xmax {
+		c.settled, c.xmax = max(c.settled, c.upTo), 0
+	}
+	if c.xmax == 0 && highest > c.settled {
+		c.upTo, c.xmax = highest, xmax
+	}
+}
+
+// EventReadFrom is EventRead from the cursor c (nil: from the first id),
+// which it notes the read in; on Citus c is not used (eventReadCitus).
+func (s *Store) EventReadFrom(ctx context.Context, topic string, c *EventCursor, limit int) ([]Event, error) {
 	if s.dist {
 		return s.eventReadCitus(ctx, topic, limit)
 	}
-	rows, err := s.pool.Query(ctx, `SELECT `+eventReadColumns+` FROM hipq_event WHERE topic = $1 ORDER BY id LIMIT $2`, topic, limit)
-	if err != nil {
+	var after int64
+	if c != nil {
+		after = c.after
+	}
+	// The read is an ordered scan of hipq_event_topic from the cursor,
+	// whatever the statistics say: on a table the planner takes for small
+	// it reads the heap, or the index's whole range of the topic, into a
+	// sort, and either walks every row deleted since the last vacuum. The
+	// xmin and xmax noted are those of the snapshot that read the rows (one
+	// statement).
+	var out []Event
+	var xmin, xmax int64
+	b := &pgx.Batch{}
+	b.Queue("BEGIN READ ONLY")
+	b.Queue(eventPlanSettings)
+	b.Queue(`
+		WITH s AS MATERIALIZED (SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint AS xmin,
+		                               pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS xmax)
+		SELECT s.xmin, s.xmax, e.* FROM s CROSS JOIN LATERAL (
+		  SELECT `+eventReadColumns+` FROM hipq_event WHERE topic = $1 AND id > $2 ORDER BY id LIMIT $3) e`,
+		topic, after, limit).Query(func(rows pgx.Rows) error {
+		var err error
+		out, err = scanEventsWith(rows, topic, &xmin, &xmax)
+		return err
+	})
+	b.Queue("COMMIT")
+	if err := s.pool.SendBatch(ctx, b).Close(); err != nil {
 		return nil, fmt.Errorf("read events of %s: %w", topic, err)
 	}
-	return scanEvents(rows, topic)
+	if c != nil && len(out) > 0 { // (a read that found none notes nothing: no batch follows it)
+		c.read(xmin, xmax, out[len(out)-1].ID, len(out) == limit)
+	}
+	return out, nil
 }
 
 // eventReadCitus is EventRead on Citus. It reads up to limit events in the
@@ -225,7 +327,7 @@ func (s *Store) eventReadCitus(ctx context.Context, topic string, limit int) ([]
 		return nil, err
 	}
 	rows, err = s.pool.Query(ctx, `SELECT DISTINCT ON (job_key) `+eventReadColumns+` FROM (
-		  SELECT *, min((value->>'finished_at')::timestamptz) OVER (PARTITION BY queue, job_id) AS job_ended
+		  SELECT *, min(coalesce(finished_at, (value->>'finished_at')::timestamptz)) OVER (PARTITION BY queue, job_id) AS job_ended
 		  FROM hipq_event WHERE topic = $1 AND job_key = ANY($2)) e
 		ORDER BY job_key, job_ended, job_id, attempt, id`, topic, slices.Compact(slices.Sorted(slices.Values(keys))))
 	if err != nil {
@@ -250,13 +352,27 @@ func (s *Store) eventReadCitus(ctx context.Context, topic string, limit int) ([]
 
 // scanEvents reads the events rows holds (eventReadColumns).
 func scanEvents(rows pgx.Rows, topic string) ([]Event, error) {
+	return scanEventsWith(rows, topic)
+}
+
+// scanEventsWith reads the events rows holds (eventReadColumns, after the
+// columns lead are scanned into).
+func scanEventsWith(rows pgx.Rows, topic string, lead ...any) ([]Event, error) {
 	var out []Event
 	var e Event
 	var headers, value []byte // (bytes: pgx copies them, where a json.RawMessage is decoded and encoded again)
-	_, err := pgx.ForEachRow(rows, []any{&e.ID, &e.Queue, &e.Topic, &e.JobID, &e.JobType, &e.JobKey, &e.Attempt, &e.Outcome,
-		&e.TraceParent, &headers, &value, &e.CreatedAt}, func() error {
+	var v eventValue
+	var result []byte
+	_, err := pgx.ForEachRow(rows, append(lead, &e.ID, &e.Queue, &e.Topic, &e.JobID, &e.JobType, &e.JobKey, &e.Attempt, &e.Outcome,
+		&e.TraceParent, &headers, &value, &e.CreatedAt, &v.State, &result, &v.Error, &v.CreatedAt, &v.FinishedAt), func() error {
 		ev := e
-		ev.Value = append(json.RawMessage(nil), value...)
+		if value != nil { // (written by a version before 26, with its value)
+			ev.Value = append(json.RawMessage(nil), value...)
+		} else {
+			v.JobType, v.JobKey, v.JobID, v.Attempt, v.Outcome = e.JobType, e.JobKey, e.JobID, e.Attempt, e.Outcome
+			v.Result = result
+			ev.Value = v.appendJSON(make([]byte, 0, 256+len(v.JobType)+len(v.JobKey)+len(result)))
+		}
 		ev.Headers = nil
 		if headers != nil {
 			ev.Headers = decodeHeaders(headers)
@@ -268,6 +384,108 @@ func scanEvents(rows pgx.Rows, topic string) ([]Event, error) {
 		return nil, fmt.Errorf("read events of %s: %w", topic, err)
 	}
 	return out, nil
+}
+
+// eventValue is an event's value (docs/messages.md, "Outcome events";
+// schemas/json/event.schema.json).
+type eventValue struct {
+	JobType, JobKey       string
+	JobID                 int64
+	Attempt               int
+	State, Outcome        string
+	Result                []byte  // JSON (jsonb's text); nil: null
+	Error                 *string // nil: null
+	CreatedAt, FinishedAt time.Time
+}
+
+// appendJSON appends v as a JSON object, its fields in the order
+// documented, its times in RFC 3339 in UTC. (Written out, not through
+// encoding/json: it is the relay's work for every event, and reflection
+// cost more than the rest of the relay's reading.)
+func (v *eventValue) appendJSON(b []byte) []byte {
+	b = append(b, `{"job_type":`...)
+	b = appendJSONString(b, v.JobType)
+	b = append(b, `,"job_key":`...)
+	b = appendJSONString(b, v.JobKey)
+	b = append(b, `,"job_id":`...)
+	b = strconv.AppendInt(b, v.JobID, 10)
+	b = append(b, `,"attempt":`...)
+	b = strconv.AppendInt(b, int64(v.Attempt), 10)
+	b = append(b, `,"state":`...)
+	b = appendJSONString(b, v.State)
+	b = append(b, `,"outcome":`...)
+	b = appendJSONString(b, v.Outcome)
+	b = append(b, `,"result":`...)
+	if v.Result == nil {
+		b = append(b, "null"...)
+	} else {
+		b = append(b, v.Result...)
+	}
+	b = append(b, `,"error":`...)
+	if v.Error == nil {
+		b = append(b, "null"...)
+	} else {
+		b = appendJSONString(b, *v.Error)
+	}
+	b = append(b, `,"created_at":"`...)
+	b = v.CreatedAt.UTC().AppendFormat(b, time.RFC3339Nano)
+	b = append(b, `","finished_at":"`...)
+	b = v.FinishedAt.UTC().AppendFormat(b, time.RFC3339Nano)
+	return append(b, `"}`...)
+}
+
+// appendJSONString appends s as a JSON string: quotes, backslashes and
+// control characters escaped, as are U+2028 and U+2029 (which JavaScript
+// takes for line ends), and invalid UTF-8 replaced by U+FFFD, as
+// encoding/json writes them (but for its HTML escapes, which JSON does not
+// need).
+func appendJSONString(b []byte, s string) []byte {
+	const hex = "0123456789abcdef"
+	b = append(b, '"')
+	start := 0
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c < utf8.RuneSelf {
+			if c >= 0x20 && c != '"' && c != '\\' {
+				i++
+				continue
+			}
+			b = append(b, s[start:i]...)
+			switch c {
+			case '"', '\\':
+				b = append(b, '\\', c)
+			case '\n':
+				b = append(b, '\\', 'n')
+			case '\r':
+				b = append(b, '\\', 'r')
+			case '\t':
+				b = append(b, '\\', 't')
+			default:
+				b = append(b, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
+			}
+			i++
+			start = i
+			continue
+		}
+		r, size := utf8.DecodeRuneInString(s[i:])
+		if r == utf8.RuneError && size == 1 {
+			b = append(b, s[start:i]...)
+			b = append(b, `\ufffd`...)
+			i += size
+			start = i
+			continue
+		}
+		if r == '\u2028' || r == '\u2029' {
+			b = append(b, s[start:i]...)
+			b = append(b, '\\', 'u', '2', '0', '2', hex[r&0xf])
+			i += size
+			start = i
+			continue
+		}
+		i += size
+	}
+	b = append(b, s[start:]...)
+	return append(b, '"')
 }
 
 // EventRef names one event row: its queue and id.
@@ -292,7 +510,14 @@ func (s *Store) EventDelete(ctx context.Context, refs []EventRef) error {
 	}
 	var err error
 	if !s.dist {
-		_, err = s.pool.Exec(ctx, `DELETE FROM hipq_event WHERE id = ANY($1)`, ids)
+		// (By the primary key's index, whatever the statistics say: see
+		// EventReadFrom.)
+		b := &pgx.Batch{}
+		b.Queue("BEGIN")
+		b.Queue(eventPlanSettings)
+		b.Queue(`DELETE FROM hipq_event WHERE id = ANY($1)`, ids)
+		b.Queue("COMMIT")
+		err = s.pool.SendBatch(ctx, b).Close()
 	} else {
 		byQueue := map[string][]int64{}
 		for _, r := range refs {

@@ -4,12 +4,16 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io/fs"
 	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/hipq/hipq/correlator"
 	"github.com/hipq/hipq/internal/pgtest"
@@ -402,15 +406,18 @@ func TestCancelWakesTheRelay(t *testing.T) {
 	insert(t, st, job("c"))
 	cctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	wakes := make(chan struct{}, 16)
+	wakes := make(chan []string, 16)
 	listening := make(chan struct{})
 	go func() {
 		defer close(listening)
-		st.WaitEvents(cctx, func() { wakes <- struct{}{} }, func(error) {})
+		st.WaitEvents(cctx, func(topics []string) { wakes <- topics }, func(error) {})
 	}()
 	defer func() { cancel(); <-listening }()
 	select {
-	case <-wakes: // (WaitEvents wakes once as it starts listening)
+	case topics := <-wakes: // (WaitEvents wakes once as it starts listening: for every topic)
+		if topics != nil {
+			t.Errorf("the first wake names %v, want every topic (nil)", topics)
+		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("the relay's wait never listened")
 	}
@@ -421,8 +428,144 @@ func TestCancelWakesTheRelay(t *testing.T) {
 		t.Fatalf("%d events, want the cancel's", n)
 	}
 	select {
-	case <-wakes:
+	case topics := <-wakes:
+		// One PostgreSQL's trigger names the topics written to; Citus's
+		// own notice names none (every topic).
+		if want := []string{"ev"}; st.Distributed() && topics != nil || !st.Distributed() && !slices.Equal(topics, want) {
+			t.Errorf("the cancel's notice names %v, want %v", topics, want)
+		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("the cancel's event woke no relay")
+	}
+}
+
+// TestEventNoticeNamesItsTopics: a statement that writes events to
+// several topics names each once in its notice; one whose names would not
+// fit a notice names none (the relay then looks at every topic).
+func TestEventNoticeNamesItsTopics(t *testing.T) {
+	t.Parallel()
+	st := pgtest.New(t)
+	if st.Distributed() {
+		t.Skip("on Citus the statements notify themselves, naming no topic")
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	wakes := make(chan []string, 16)
+	listening := make(chan struct{})
+	go func() {
+		defer close(listening)
+		st.WaitEvents(cctx, func(topics []string) { wakes <- topics }, func(error) {})
+	}()
+	defer func() { cancel(); <-listening }()
+	next := func() []string {
+		t.Helper()
+		select {
+		case topics := <-wakes:
+			return topics
+		case <-time.After(10 * time.Second):
+			t.Fatal("no notice")
+			return nil
+		}
+	}
+	next() // (as it starts listening)
+	write := func(topics ...string) {
+		t.Helper()
+		if _, err := st.Pool().Exec(ctx, `INSERT INTO hipq_event (queue, topic, job_id, job_type, job_key, attempt, outcome, value)
+			SELECT 'default', t, 1, 't', 'k', 1, 'succeeded', '{}' FROM unnest($1::text[]) AS t`, topics); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("b.two", "a.one", "b.two", "a.one")
+	if got := next(); !slices.Equal(got, []string{"a.one", "b.two"}) {
+		t.Errorf("notice names %v, want a.one and b.two", got)
+	}
+	var many []string
+	for i := range 60 {
+		many = append(many, fmt.Sprintf("reply.%03d.%s", i, strings.Repeat("x", 200)))
+	}
+	write(many...)
+	if got := next(); got != nil {
+		t.Errorf("a notice for %d long topic names names %d, want none (every topic)", len(many), len(got))
+	}
+}
+
+// TestEventCursorNeverPassesALateCommit: a relay's reads start after the
+// events it relayed, but never after an event that may still commit: one
+// whose id was taken by a transaction still open when a higher one was
+// read and deleted is read once it commits. Once every transaction that
+// could hold a lower id has ended, the cursor passes the relayed ids (the
+// next read starts above them).
+func TestEventCursorNeverPassesALateCommit(t *testing.T) {
+	t.Parallel()
+	st := pgtest.New(t)
+	if st.Distributed() {
+		t.Skip("on Citus the relay reads by write order, with no cursor")
+	}
+	ins := func(q interface {
+		QueryRow(context.Context, string, ...any) pgx.Row
+	}, key string) int64 {
+		t.Helper()
+		var id int64
+		if err := q.QueryRow(ctx, `INSERT INTO hipq_event (queue, topic, job_id, job_type, job_key, attempt, outcome, value)
+			VALUES ('default', 'ev', 1, 't', $1, 1, 'succeeded', '{}') RETURNING id`, key).Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		return id
+	}
+	relay := func(c *store.EventCursor) []store.Event {
+		t.Helper()
+		evs, err := st.EventReadFrom(ctx, "ev", c, 100)
+		if err != nil {
+			t.Fatal(err)
+		}
+		refs := make([]store.EventRef, len(evs))
+		for i := range evs {
+			refs[i] = evs[i].Ref()
+		}
+		if err := st.EventDelete(ctx, refs); err != nil {
+			t.Fatal(err)
+		}
+		if len(evs) > 0 {
+			c.Passed(0)
+		}
+		return evs
+	}
+	var c store.EventCursor
+	tx, err := st.Pool().Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }() // (committed below)
+	slow := ins(tx, "slow")
+	fast := ins(st.Pool(), "fast")
+	for range 3 { // (reads while the slow one is open: none may pass it)
+		for _, e := range relay(&c) {
+			if e.ID == slow {
+				t.Fatalf("read the event %d of a transaction still open", slow)
+			}
+		}
+		if c.After() >= slow {
+			t.Fatalf("the cursor passed %d to %d while %d may still commit", fast, c.After(), slow)
+		}
+		ins(st.Pool(), "more")
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	evs := relay(&c)
+	if len(evs) == 0 || evs[0].ID != slow {
+		t.Fatalf("after the late commit read %v, want the event %d first", evs, slow)
+	}
+	// Nothing open now: the next reads settle what was relayed.
+	last := ins(st.Pool(), "last")
+	for range 3 {
+		relay(&c)
+		ins(st.Pool(), "next")
+	}
+	if c.After() < last {
+		t.Errorf("the cursor stays at %d, below %d, with every event up to it relayed and no transaction open", c.After(), last)
+	}
+	if evs := relay(&c); len(evs) != 1 || evs[0].JobKey != "next" {
+		t.Errorf("read %v after the cursor moved, want the last event written", evs)
 	}
 }

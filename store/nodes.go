@@ -94,7 +94,7 @@ const nodesRefresh = time.Minute
 // nodes are read again every nodesRefresh. A node that cannot be reached
 // is reported to failed and tried again, later each time (up to 30 s):
 // meanwhile its notices are missed, and the callers' polls stand in.
-func (s *Store) listenOtherNodes(ctx context.Context, channel string, wake func(), failed func(error)) {
+func (s *Store) listenOtherNodes(ctx context.Context, channel string, wake func(payload string), failed func(error)) {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	running := map[node]context.CancelFunc{}
@@ -139,7 +139,7 @@ func (s *Store) listenOtherNodes(ctx context.Context, channel string, wake func(
 }
 
 // listenNode holds a connection to n LISTENing on channel while ctx lasts.
-func (s *Store) listenNode(ctx context.Context, n node, channel string, wake func(), failed func(error)) {
+func (s *Store) listenNode(ctx context.Context, n node, channel string, wake func(payload string), failed func(error)) {
 	backoff := time.Second
 	for ctx.Err() == nil {
 		err := func() error {
@@ -148,7 +148,7 @@ func (s *Store) listenNode(ctx context.Context, n node, channel string, wake fun
 				return err
 			}
 			defer conn.Close(context.WithoutCancel(ctx))
-			return listenOn(ctx, conn, channel, func() { backoff = time.Second; wake() })
+			return listenOn(ctx, conn, channel, func(payload string) { backoff = time.Second; wake(payload) })
 		}()
 		if ctx.Err() != nil {
 			return

@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"errors"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -29,23 +30,33 @@ const (
 // a hint: callers poll too. A lost connection is reported to failed and
 // listened again a second later.
 func (s *Store) WaitJobReady(ctx context.Context, wake func(), failed func(error)) {
-	s.listen(ctx, channelJobReady, wake, failed)
+	s.listen(ctx, channelJobReady, func(string) { wake() }, failed)
 }
 
 // WaitIntake is WaitJobReady for rows committed to the outbox.
 func (s *Store) WaitIntake(ctx context.Context, wake func(), failed func(error)) {
-	s.listen(ctx, channelIntake, wake, failed)
+	s.listen(ctx, channelIntake, func(string) { wake() }, failed)
 }
 
-// WaitEvents is WaitJobReady for outcome events committed.
-func (s *Store) WaitEvents(ctx context.Context, wake func(), failed func(error)) {
-	s.listen(ctx, channelEvent, wake, failed)
+// WaitEvents is WaitJobReady for outcome events committed: wake gets the
+// topics a notice names (those the committed statement wrote events to),
+// or nil when every topic should be looked at (as it starts listening, or
+// for a notice that names none: too many topics to name, or sent by an
+// older version).
+func (s *Store) WaitEvents(ctx context.Context, wake func(topics []string), failed func(error)) {
+	s.listen(ctx, channelEvent, func(payload string) {
+		if payload == "" {
+			wake(nil)
+			return
+		}
+		wake(strings.Split(payload, ","))
+	}, failed)
 }
 
 // listen holds one connection of the pool LISTENing on channel while ctx
 // lasts; on Citus, one on each other node of the cluster too
 // (listenOtherNodes).
-func (s *Store) listen(ctx context.Context, channel string, wake func(), failed func(error)) {
+func (s *Store) listen(ctx context.Context, channel string, wake func(payload string), failed func(error)) {
 	if s.dist {
 		ctx, cancel := context.WithCancel(ctx)
 		done := make(chan struct{})
@@ -77,17 +88,18 @@ func (s *Store) listen(ctx context.Context, channel string, wake func(), failed 
 }
 
 // listenOn LISTENs on channel on conn and calls wake once listening (a
-// notice sent before is lost, so look then too) and at each notice, until
-// conn or ctx fails.
-func listenOn(ctx context.Context, conn *pgx.Conn, channel string, wake func()) error {
+// notice sent before is lost, so look then too: with an empty payload)
+// and at each notice, with its payload, until conn or ctx fails.
+func listenOn(ctx context.Context, conn *pgx.Conn, channel string, wake func(payload string)) error {
 	if _, err := conn.Exec(ctx, "LISTEN "+channel); err != nil {
 		return err
 	}
-	wake()
+	wake("")
 	for {
-		if _, err := conn.WaitForNotification(ctx); err != nil {
+		n, err := conn.WaitForNotification(ctx)
+		if err != nil {
 			return err
 		}
-		wake()
+		wake(n.Payload)
 	}
 }
