@@ -66,6 +66,9 @@ type benchResult struct {
 	// Events: each job's outcome event was written and relayed (--events);
 	// the run ends once every one was acknowledged by the broker.
 	Events bool `json:"events,omitempty"`
+	// EventsTailMs: with Events, how long after the last job ended its
+	// event and every other had reached Kafka (to the scrape's 100 ms).
+	EventsTailMs float64 `json:"events_tail_ms,omitempty"`
 }
 
 // nodeProfile is where one PostgreSQL server's statement time went.
@@ -421,6 +424,7 @@ func cmdBench(args []string, stdout io.Writer) error {
 	res.Seconds = last.Sub(start).Seconds()
 	if o.events {
 		res.Seconds = eventsDone.Sub(start).Seconds() // every event relayed, not only every job final
+		res.EventsTailMs = float64(eventsDone.Sub(last).Microseconds()) / 1000
 	}
 	res.JobsPerSec = float64(o.n) / res.Seconds
 	if o.expired {
@@ -428,6 +432,9 @@ func cmdBench(args []string, stdout io.Writer) error {
 	}
 	fmt.Fprintf(stdout, "  %d jobs in %.2fs: %.0f jobs/s; round trip p50 %.1f ms, p99 %.1f ms, max %.1f ms\n",
 		res.Jobs, res.Seconds, res.JobsPerSec, res.P50ms, res.P99ms, res.MaxMs)
+	if o.events {
+		fmt.Fprintf(stdout, "  every event on Kafka %.0f ms after the last job ended\n", res.EventsTailMs)
+	}
 	fmt.Fprintf(stdout, "  peak RSS %.1f MiB per hipq instance (largest of %d) against a memory limit of %s: %.0f%% of it\n",
 		float64(res.PeakRSSBytes)/(1<<20), o.instances, memlimit.Format(res.MemoryLimitBytes), 100*float64(res.PeakRSSBytes)/float64(max(res.MemoryLimitBytes, 1)))
 	fmt.Fprintf(stdout, "  where jobs waited, p50/p99 ms: produce→stored %.0f/%.0f, stored→claimed %.0f/%.0f, claimed→final %.0f/%.0f; slowest second: the %s (p99 %.1f ms)\n",
