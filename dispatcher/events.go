@@ -319,7 +319,7 @@ func (r *Relay) RelayTopic(ctx context.Context, topic string) (int, bool, error)
 	}
 	more := len(evs) == r.cfg.BatchSize
 	seen := make(map[string]bool, len(evs))
-	batch := evs[:0]
+	batch := make([]store.Event, 0, len(evs)) // (evs stays whole: the cursor moves by what it holds)
 	for _, e := range evs {
 		if seen[e.JobKey] {
 			more = true // (a later event of a key sent in this batch waits for the next)
@@ -373,7 +373,7 @@ func (r *Relay) RelayTopic(ctx context.Context, topic string) (int, bool, error)
 	}
 	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), relayDeleteTimeout)
 	defer cancel()
-	if err := r.st.EventDelete(dctx, sent); err != nil {
+	if err := r.st.EventDeleteFrom(dctx, cur, sent); err != nil {
 		// Sent, not deleted: they are sent again (consumers drop repeats).
 		return len(sent), false, err
 	}

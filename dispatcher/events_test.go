@@ -397,3 +397,44 @@ func TestRelayDrainsABoundedNumberOfTopicsAtOnce(t *testing.T) {
 		t.Fatalf("%d topics drained at once, want at most 2", n)
 	}
 }
+
+// A key's events left pending behind its first (a batch takes one per
+// key) are read again, whatever other keys' events the batch sent after
+// them: the relay's cursor never passes a pending event, and a key's
+// events leave in the order they were written.
+func TestRelayCursorKeepsAKeysLaterEvents(t *testing.T) {
+	t.Parallel()
+	r := newEventRig(t, map[string]string{"t": "ev"}, "ev")
+	write := func(key string, n int) {
+		t.Helper()
+		if _, err := r.st.Pool().Exec(ctx, `INSERT INTO hipq_event (queue, topic, job_id, job_type, job_key, attempt, outcome, value)
+			SELECT 'default', 'ev', 1, 't', $1, a, 'retry', '{}' FROM generate_series(1, $2) AS a`, key, n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rl := r.relay(metrics.New())
+	write("k1", 3)
+	if n, _, err := rl.RelayTopic(ctx, "ev"); err != nil || n != 1 {
+		t.Fatalf("first batch: %d sent, %v; want k1's first", n, err)
+	}
+	write("k2", 1) // (after k1's pending two: the next batch sends k1's second and k2's)
+	for range 4 {
+		if _, _, err := rl.RelayTopic(ctx, "ev"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := scalar(t, r.st, "SELECT count(*) FROM hipq_event"); n != 0 {
+		t.Fatalf("%d events left pending (cursor past them)", n)
+	}
+	rd := r.reader("ev")
+	rd.until("the 4 events", func(recs []*kgo.Record) bool { return len(recs) >= 4 })
+	var k1 []string
+	for _, rec := range rd.recs {
+		if string(rec.Key) == "k1" {
+			k1 = append(k1, header(rec, correlator.HeaderAttempt))
+		}
+	}
+	if !slices.Equal(k1, []string{"1", "2", "3"}) {
+		t.Errorf("k1's events arrived as attempts %v, want 1, 2, 3", k1)
+	}
+}

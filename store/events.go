@@ -211,30 +211,35 @@ const eventPlanSettings = `SELECT set_config('enable_seqscan', 'off', true), set
 // become visible after one of a higher id was read and deleted: a cursor
 // never passes an id that may still be committed. It passes an id only
 // once it is settled, known to be visible to the reads if it ever
-// commits: each read notes the highest id it saw and the snapshot's xmax
-// (the first transaction id not yet handed out), and once a later read's
-// snapshot has an xmin at or above that xmax, every transaction that
-// wrote an id up to the one noted has ended. (Every statement that writes
-// an event has moved its job first, so its transaction has an id before
-// it takes the event's; and ids are handed out in order, CACHE 1.)
+// commits. The delete that follows a read notes the highest id that read
+// saw, with the delete's own transaction id: every transaction holding an
+// id up to the one noted took its transaction id before that id (every
+// statement that writes an event has moved its job first, and ids are
+// handed out in order, CACHE 1), so before the read, so below the
+// delete's. Once a later read's snapshot has an xmin at or above it,
+// every such transaction has ended, and what it committed is visible to
+// that read. (A snapshot's xmax would not do: it is one past the highest
+// transaction id ended, and a transaction still open may hold one at or
+// above it without being in the snapshot's list.)
 type EventCursor struct {
 	after   int64 // reads start above this id: every event up to it was relayed, or never will be
 	settled int64 // the ids up to this one are visible to the reads, if they ever commit
 	// a pending mark: ids up to upTo are settled once a read's xmin
-	// reaches xmax (none when xmax is 0)
-	upTo, xmax int64
-	last       int64 // the last read's highest id
-	full       bool  // the last read returned its limit: more may wait above last
-	used       bool  // the last read was in id order (not Citus's)
+	// reaches xid (none when xid is 0)
+	upTo, xid int64
+	last      int64 // the last read's highest id
+	full      bool  // the last read returned its limit: more may wait above last
+	used      bool  // the last read was in id order (not Citus's)
 }
 
 // After is the id above which the cursor's reads start.
 func (c *EventCursor) After() int64 { return c.after }
 
-// Passed moves the cursor after a batch was relayed: lowest is the lowest
-// id the last read returned whose event is still pending (skipped or not
-// acknowledged; 0 when every event it returned was deleted). It passes
-// only settled ids, and none still pending.
+// Passed moves the cursor after a batch was relayed and deleted
+// (EventDeleteFrom): lowest is the lowest id the last read returned whose
+// event is still pending (skipped or not acknowledged; 0 when every event
+// it returned was deleted). It passes only settled ids, and none still
+// pending.
 func (c *EventCursor) Passed(lowest int64) {
 	if c == nil || !c.used {
 		return
@@ -250,14 +255,19 @@ func (c *EventCursor) Passed(lowest int64) {
 }
 
 // read notes a read in id order that returned events: its snapshot's
-// xmin and xmax, and the highest id it returned.
-func (c *EventCursor) read(xmin, xmax, highest int64, full bool) {
+// xmin, and the highest id it returned.
+func (c *EventCursor) read(xmin, highest int64, full bool) {
 	c.used, c.full, c.last = true, full, highest
-	if c.xmax != 0 && xmin >= c.xmax {
-		c.settled, c.xmax = max(c.settled, c.upTo), 0
+	if c.xid != 0 && xmin >= c.xid {
+		c.settled, c.xid = max(c.settled, c.upTo), 0
 	}
-	if c.xmax == 0 && highest > c.settled {
-		c.upTo, c.xmax = highest, xmax
+}
+
+// deleted notes the delete that followed the last read, by the
+// transaction xid.
+func (c *EventCursor) deleted(xid int64) {
+	if c.used && c.xid == 0 && c.last > c.settled {
+		c.upTo, c.xid = c.last, xid
 	}
 }
 
@@ -275,21 +285,20 @@ func (s *Store) EventReadFrom(ctx context.Context, topic string, c *EventCursor,
 	// whatever the statistics say: on a table the planner takes for small
 	// it reads the heap, or the index's whole range of the topic, into a
 	// sort, and either walks every row deleted since the last vacuum. The
-	// xmin and xmax noted are those of the snapshot that read the rows (one
+	// xmin noted is that of the snapshot that read the rows (one
 	// statement).
 	var out []Event
-	var xmin, xmax int64
+	var xmin int64
 	b := &pgx.Batch{}
 	b.Queue("BEGIN READ ONLY")
 	b.Queue(eventPlanSettings)
 	b.Queue(`
-		WITH s AS MATERIALIZED (SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint AS xmin,
-		                               pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS xmax)
-		SELECT s.xmin, s.xmax, e.* FROM s CROSS JOIN LATERAL (
+		WITH s AS MATERIALIZED (SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint AS xmin)
+		SELECT s.xmin, e.* FROM s CROSS JOIN LATERAL (
 		  SELECT `+eventReadColumns+` FROM hipq_event WHERE topic = $1 AND id > $2 ORDER BY id LIMIT $3) e`,
 		topic, after, limit).Query(func(rows pgx.Rows) error {
 		var err error
-		out, err = scanEventsWith(rows, topic, &xmin, &xmax)
+		out, err = scanEventsWith(rows, topic, &xmin)
 		return err
 	})
 	b.Queue("COMMIT")
@@ -297,7 +306,7 @@ func (s *Store) EventReadFrom(ctx context.Context, topic string, c *EventCursor,
 		return nil, fmt.Errorf("read events of %s: %w", topic, err)
 	}
 	if c != nil && len(out) > 0 { // (a read that found none notes nothing: no batch follows it)
-		c.read(xmin, xmax, out[len(out)-1].ID, len(out) == limit)
+		c.read(xmin, out[len(out)-1].ID, len(out) == limit)
 	}
 	return out, nil
 }
@@ -501,6 +510,12 @@ func (e *Event) Ref() EventRef { return EventRef{Queue: e.Queue, ID: e.ID} }
 // one PostgreSQL they are deleted by id; on Citus one statement per queue
 // names it, so each deletes on its queue's shard only.
 func (s *Store) EventDelete(ctx context.Context, refs []EventRef) error {
+	return s.EventDeleteFrom(ctx, nil, refs)
+}
+
+// EventDeleteFrom is EventDelete of events read from the cursor c, which
+// it notes the delete in (see EventCursor); c may be nil.
+func (s *Store) EventDeleteFrom(ctx context.Context, c *EventCursor, refs []EventRef) error {
 	if len(refs) == 0 {
 		return nil
 	}
@@ -512,12 +527,16 @@ func (s *Store) EventDelete(ctx context.Context, refs []EventRef) error {
 	if !s.dist {
 		// (By the primary key's index, whatever the statistics say: see
 		// EventReadFrom.)
+		var xid int64
 		b := &pgx.Batch{}
 		b.Queue("BEGIN")
 		b.Queue(eventPlanSettings)
 		b.Queue(`DELETE FROM hipq_event WHERE id = ANY($1)`, ids)
+		b.Queue(`SELECT pg_current_xact_id()::text::bigint`).QueryRow(func(r pgx.Row) error { return r.Scan(&xid) })
 		b.Queue("COMMIT")
-		err = s.pool.SendBatch(ctx, b).Close()
+		if err = s.pool.SendBatch(ctx, b).Close(); err == nil && c != nil {
+			c.deleted(xid)
+		}
 	} else {
 		byQueue := map[string][]int64{}
 		for _, r := range refs {
