@@ -429,17 +429,42 @@ func (r *Relay) forgetCursors(listed []string, draining map[string]bool) {
 // events"); without its result (null, and the header
 // HeaderResultOmitted) when omitResult.
 func EventRecord(e *store.Event, omitResult bool) *kgo.Record {
-	headers := make([]kgo.RecordHeader, 0, 7+len(e.Headers))
+	// (The headers' values share one buffer, the key another slice of
+	// it: one allocation for what is the relay's work for every event.)
+	buf := make([]byte, 0, 2*len(e.JobKey)+len(e.JobType)+len(e.Outcome)+len(e.TraceParent)+48)
+	var ends [7]int
+	buf = append(buf, e.JobType...)
+	ends[0] = len(buf)
+	buf = append(buf, e.JobKey...)
+	ends[1] = len(buf)
+	buf = strconv.AppendInt(buf, e.JobID, 10)
+	ends[2] = len(buf)
+	buf = strconv.AppendInt(buf, int64(e.Attempt), 10)
+	ends[3] = len(buf)
+	buf = append(buf, e.Outcome...)
+	ends[4] = len(buf)
+	buf = strconv.AppendInt(buf, e.ID, 10)
+	ends[5] = len(buf)
+	buf = append(buf, e.TraceParent...)
+	ends[6] = len(buf)
+	part := func(i int) []byte {
+		from := 0
+		if i > 0 {
+			from = ends[i-1]
+		}
+		return buf[from:ends[i]:ends[i]]
+	}
+	headers := make([]kgo.RecordHeader, 0, 8+len(e.Headers))
 	headers = append(headers,
-		kgo.RecordHeader{Key: correlator.HeaderJobType, Value: []byte(e.JobType)},
-		kgo.RecordHeader{Key: correlator.HeaderJobKey, Value: []byte(e.JobKey)},
-		kgo.RecordHeader{Key: correlator.HeaderJobID, Value: []byte(strconv.FormatInt(e.JobID, 10))},
-		kgo.RecordHeader{Key: correlator.HeaderAttempt, Value: []byte(strconv.Itoa(e.Attempt))},
-		kgo.RecordHeader{Key: correlator.HeaderOutcome, Value: []byte(e.Outcome)},
-		kgo.RecordHeader{Key: correlator.HeaderEventID, Value: []byte(strconv.FormatInt(e.ID, 10))},
+		kgo.RecordHeader{Key: correlator.HeaderJobType, Value: part(0)},
+		kgo.RecordHeader{Key: correlator.HeaderJobKey, Value: part(1)},
+		kgo.RecordHeader{Key: correlator.HeaderJobID, Value: part(2)},
+		kgo.RecordHeader{Key: correlator.HeaderAttempt, Value: part(3)},
+		kgo.RecordHeader{Key: correlator.HeaderOutcome, Value: part(4)},
+		kgo.RecordHeader{Key: correlator.HeaderEventID, Value: part(5)},
 	)
 	if e.TraceParent != "" {
-		headers = append(headers, kgo.RecordHeader{Key: correlator.HeaderTraceParent, Value: []byte(e.TraceParent)})
+		headers = append(headers, kgo.RecordHeader{Key: correlator.HeaderTraceParent, Value: part(6)})
 	}
 	for _, h := range e.Headers {
 		headers = append(headers, kgo.RecordHeader{Key: h.Key, Value: h.Value})
@@ -449,7 +474,7 @@ func EventRecord(e *store.Event, omitResult bool) *kgo.Record {
 		value = withoutResult(e.Value)
 		headers = append(headers, kgo.RecordHeader{Key: HeaderResultOmitted, Value: []byte("true")})
 	}
-	return &kgo.Record{Topic: e.Topic, Key: []byte(e.JobKey), Value: value, Headers: headers}
+	return &kgo.Record{Topic: e.Topic, Key: part(1), Value: value, Headers: headers}
 }
 
 // refused backs topic off, longer each time in a row.
