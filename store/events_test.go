@@ -404,15 +404,7 @@ func TestRelayAndSweeperLocksArePerSchema(t *testing.T) {
 func TestCancelWakesTheRelay(t *testing.T) {
 	st := pgtest.New(t).WithEvents(store.EventsOf(eventTypes()))
 	insert(t, st, job("c"))
-	cctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	wakes := make(chan []string, 16)
-	listening := make(chan struct{})
-	go func() {
-		defer close(listening)
-		st.WaitEvents(cctx, func(topics []string) { wakes <- topics }, func(error) {})
-	}()
-	defer func() { cancel(); <-listening }()
+	wakes := waitEvents(t, st)
 	select {
 	case topics := <-wakes: // (WaitEvents wakes once as it starts listening: for every topic)
 		if topics != nil {
@@ -448,15 +440,7 @@ func TestEventNoticeNamesItsTopics(t *testing.T) {
 	if st.Distributed() {
 		t.Skip("on Citus the statements notify themselves, naming no topic")
 	}
-	cctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	wakes := make(chan []string, 16)
-	listening := make(chan struct{})
-	go func() {
-		defer close(listening)
-		st.WaitEvents(cctx, func(topics []string) { wakes <- topics }, func(error) {})
-	}()
-	defer func() { cancel(); <-listening }()
+	wakes := waitEvents(t, st)
 	next := func() []string {
 		t.Helper()
 		select {
@@ -501,35 +485,8 @@ func TestEventCursorNeverPassesALateCommit(t *testing.T) {
 	if st.Distributed() {
 		t.Skip("on Citus the relay reads by write order, with no cursor")
 	}
-	ins := func(q interface {
-		QueryRow(context.Context, string, ...any) pgx.Row
-	}, key string) int64 {
-		t.Helper()
-		var id int64
-		if err := q.QueryRow(ctx, `INSERT INTO hipq_event (queue, topic, job_id, job_type, job_key, attempt, outcome, value)
-			VALUES ('default', 'ev', 1, 't', $1, 1, 'succeeded', '{}') RETURNING id`, key).Scan(&id); err != nil {
-			t.Fatal(err)
-		}
-		return id
-	}
-	relay := func(c *store.EventCursor) []store.Event {
-		t.Helper()
-		evs, err := st.EventReadFrom(ctx, "ev", c, 100)
-		if err != nil {
-			t.Fatal(err)
-		}
-		refs := make([]store.EventRef, len(evs))
-		for i := range evs {
-			refs[i] = evs[i].Ref()
-		}
-		if err := st.EventDeleteFrom(ctx, c, refs); err != nil {
-			t.Fatal(err)
-		}
-		if len(evs) > 0 {
-			c.Passed(0)
-		}
-		return evs
-	}
+	ins := func(q rowQuerier, key string) int64 { t.Helper(); return insertEvent(t, q, key) }
+	relay := func(c *store.EventCursor) []store.Event { t.Helper(); return relayFrom(t, st, c) }
 	var c store.EventCursor
 	tx, err := st.Pool().Begin(ctx)
 	if err != nil {
@@ -595,36 +552,9 @@ func TestEventCursorWaitsForOlderTransactions(t *testing.T) {
 		}
 		return tx
 	}
-	ins := func(q interface {
-		QueryRow(context.Context, string, ...any) pgx.Row
-	}, key string) int64 {
-		t.Helper()
-		var id int64
-		if err := q.QueryRow(ctx, `INSERT INTO hipq_event (queue, topic, job_id, job_type, job_key, attempt, outcome, value)
-			VALUES ('default', 'ev', 1, 't', $1, 1, 'succeeded', '{}') RETURNING id`, key).Scan(&id); err != nil {
-			t.Fatal(err)
-		}
-		return id
-	}
+	ins := func(q rowQuerier, key string) int64 { t.Helper(); return insertEvent(t, q, key) }
 	var c store.EventCursor
-	relay := func() []store.Event {
-		t.Helper()
-		evs, err := st.EventReadFrom(ctx, "ev", &c, 100)
-		if err != nil {
-			t.Fatal(err)
-		}
-		refs := make([]store.EventRef, len(evs))
-		for i := range evs {
-			refs[i] = evs[i].Ref()
-		}
-		if err := st.EventDeleteFrom(ctx, &c, refs); err != nil {
-			t.Fatal(err)
-		}
-		if len(evs) > 0 {
-			c.Passed(0)
-		}
-		return evs
-	}
+	relay := func() []store.Event { t.Helper(); return relayFrom(t, st, &c) }
 	first, second := begin(), begin() // (first's transaction id is the lower)
 	held := ins(second, "held")       // the older event id, in the younger transaction...
 	ins(first, "first")               // ...and the younger id in the older one, which ends first
@@ -648,4 +578,56 @@ func TestEventCursorWaitsForOlderTransactions(t *testing.T) {
 	if evs := relay(); len(evs) == 0 || evs[0].ID != held {
 		t.Fatalf("read %v once it committed, want %d first", evs, held)
 	}
+}
+
+// rowQuerier is a pool or a transaction.
+type rowQuerier interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}
+
+// insertEvent writes an event of key on topic ev through q and returns
+// its id.
+func insertEvent(t *testing.T, q rowQuerier, key string) int64 {
+	t.Helper()
+	var id int64
+	if err := q.QueryRow(ctx, `INSERT INTO hipq_event (queue, topic, job_id, job_type, job_key, attempt, outcome, value)
+		VALUES ('default', 'ev', 1, 't', $1, 1, 'succeeded', '{}') RETURNING id`, key).Scan(&id); err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
+
+// relayFrom relays ev's events from the cursor c as the relay does, but
+// for the produce: read, delete every event read, move the cursor.
+func relayFrom(t *testing.T, st *store.Store, c *store.EventCursor) []store.Event {
+	t.Helper()
+	evs, err := st.EventReadFrom(ctx, "ev", c, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	refs := make([]store.EventRef, len(evs))
+	for i := range evs {
+		refs[i] = evs[i].Ref()
+	}
+	if err := st.EventDeleteFrom(ctx, c, refs); err != nil {
+		t.Fatal(err)
+	}
+	if len(evs) > 0 {
+		c.Passed(0)
+	}
+	return evs
+}
+
+// waitEvents listens for st's event notices while the test lasts: each
+// wake's topics arrive on the channel returned.
+func waitEvents(t *testing.T, st *store.Store) <-chan []string {
+	cctx, cancel := context.WithCancel(ctx)
+	wakes := make(chan []string, 16)
+	listening := make(chan struct{})
+	go func() {
+		defer close(listening)
+		st.WaitEvents(cctx, func(topics []string) { wakes <- topics }, func(error) {})
+	}()
+	t.Cleanup(func() { cancel(); <-listening })
+	return wakes
 }
