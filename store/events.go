@@ -201,6 +201,15 @@ func (s *Store) EventRead(ctx context.Context, topic string, limit int) ([]Event
 const eventPlanSettings = `SELECT set_config('enable_seqscan', 'off', true), set_config('enable_bitmapscan', 'off', true),
 	set_config('enable_sort', 'off', true)`
 
+// indexedBatch is a batch that opens a transaction with begin and
+// eventPlanSettings: the caller queues its statements, then COMMIT.
+func indexedBatch(begin string) *pgx.Batch {
+	b := &pgx.Batch{}
+	b.Queue(begin)
+	b.Queue(eventPlanSettings)
+	return b
+}
+
 // EventCursor is where a relay's reads of one topic start: above the
 // events it relayed, so that a read does not walk the index entries of
 // the rows it deleted (they stay until vacuum, and a read from the
@@ -289,9 +298,7 @@ func (s *Store) EventReadFrom(ctx context.Context, topic string, c *EventCursor,
 	// statement).
 	var out []Event
 	var xmin int64
-	b := &pgx.Batch{}
-	b.Queue("BEGIN READ ONLY")
-	b.Queue(eventPlanSettings)
+	b := indexedBatch("BEGIN READ ONLY")
 	b.Queue(`
 		WITH s AS MATERIALIZED (SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint AS xmin)
 		SELECT s.xmin, e.* FROM s CROSS JOIN LATERAL (
@@ -528,9 +535,7 @@ func (s *Store) EventDeleteFrom(ctx context.Context, c *EventCursor, refs []Even
 		// (By the primary key's index, whatever the statistics say: see
 		// EventReadFrom.)
 		var xid int64
-		b := &pgx.Batch{}
-		b.Queue("BEGIN")
-		b.Queue(eventPlanSettings)
+		b := indexedBatch("BEGIN")
 		b.Queue(`DELETE FROM hipq_event WHERE id = ANY($1)`, ids)
 		b.Queue(`SELECT pg_current_xact_id()::text::bigint`).QueryRow(func(r pgx.Row) error { return r.Scan(&xid) })
 		b.Queue("COMMIT")
