@@ -1,6 +1,7 @@
 package store
 
 import (
+	"cmp"
 	"context"
 	"encoding/base64"
 	"encoding/json"
@@ -504,18 +505,32 @@ func appendJSONString(b []byte, s string) []byte {
 	return append(b, '"')
 }
 
-// EventRef names one event row: its queue and id.
+// EventRef names one event row: its queue, topic and id.
 type EventRef struct {
-	Queue string
-	ID    int64
+	Queue, Topic string
+	ID           int64
 }
 
 // Ref names e's row.
-func (e *Event) Ref() EventRef { return EventRef{Queue: e.Queue, ID: e.ID} }
+func (e *Event) Ref() EventRef { return EventRef{Queue: e.Queue, Topic: e.Topic, ID: e.ID} }
 
-// EventDelete deletes relayed events (the broker acknowledged them). On
-// one PostgreSQL they are deleted by id; on Citus one statement per queue
-// names it, so each deletes on its queue's shard only.
+// eventDeleteSQL deletes relayed events of one topic ($1) by id ($2).
+// The topic is named for the plan's sake: with it, each of the table's
+// indexes (the primary key, hipq_event_topic) finds the rows by probes
+// from its first column. By id alone the planner may take
+// hipq_event_topic (its statistics saying the table is small, or none)
+// and scan all of it for every id of the batch, the entries of the rows
+// relayed before, dead until vacuum, included: quadratic, as the relay
+// falls behind.
+const eventDeleteSQL = `DELETE FROM hipq_event WHERE topic = $1 AND id = ANY($2)`
+
+// eventDeleteCitusSQL is eventDeleteSQL on Citus, on the shard of one
+// queue ($1): the primary key there is (queue, id).
+const eventDeleteCitusSQL = `DELETE FROM hipq_event WHERE queue = $1 AND topic = $2 AND id = ANY($3)`
+
+// EventDelete deletes relayed events (the broker acknowledged them): by
+// topic and id (eventDeleteSQL), one statement per topic; on Citus one
+// per queue and topic, so each deletes on its queue's shard only.
 func (s *Store) EventDelete(ctx context.Context, refs []EventRef) error {
 	return s.EventDeleteFrom(ctx, nil, refs)
 }
@@ -526,30 +541,37 @@ func (s *Store) EventDeleteFrom(ctx context.Context, c *EventCursor, refs []Even
 	if len(refs) == 0 {
 		return nil
 	}
-	ids := make([]int64, len(refs))
-	for i, r := range refs {
-		ids[i] = r.ID
-	}
 	var err error
 	if !s.dist {
-		// (By the primary key's index, whatever the statistics say: see
-		// EventReadFrom.)
+		// (By the indexes, whatever the statistics say: see EventReadFrom.
+		// One transaction, whose id the cursor notes.)
+		byTopic := map[string][]int64{}
+		for _, r := range refs {
+			byTopic[r.Topic] = append(byTopic[r.Topic], r.ID)
+		}
 		var xid int64
 		b := indexedBatch("BEGIN")
-		b.Queue(`DELETE FROM hipq_event WHERE id = ANY($1)`, ids)
+		for _, t := range slices.Sorted(maps.Keys(byTopic)) {
+			b.Queue(eventDeleteSQL, t, byTopic[t])
+		}
 		b.Queue(`SELECT pg_current_xact_id()::text::bigint`).QueryRow(func(r pgx.Row) error { return r.Scan(&xid) })
 		b.Queue("COMMIT")
 		if err = s.pool.SendBatch(ctx, b).Close(); err == nil && c != nil {
 			c.deleted(xid)
 		}
 	} else {
-		byQueue := map[string][]int64{}
+		type shard struct{ queue, topic string }
+		byShard := map[shard][]int64{}
 		for _, r := range refs {
-			byQueue[r.Queue] = append(byQueue[r.Queue], r.ID)
+			k := shard{r.Queue, r.Topic}
+			byShard[k] = append(byShard[k], r.ID)
 		}
+		keys := slices.SortedFunc(maps.Keys(byShard), func(a, b shard) int {
+			return cmp.Or(strings.Compare(a.queue, b.queue), strings.Compare(a.topic, b.topic))
+		})
 		var b pgx.Batch
-		for _, q := range slices.Sorted(maps.Keys(byQueue)) {
-			b.Queue(`DELETE FROM hipq_event WHERE queue = $1 AND id = ANY($2)`, q, byQueue[q])
+		for _, k := range keys {
+			b.Queue(eventDeleteCitusSQL, k.queue, k.topic, byShard[k])
 		}
 		err = s.pool.SendBatch(ctx, &b).Close()
 	}
