@@ -66,8 +66,8 @@ type benchResult struct {
 	// Events: each job's outcome event was written and relayed (--events);
 	// the run ends once every one was acknowledged by the broker.
 	Events bool `json:"events,omitempty"`
-	// EventsTailMs: with Events, how long after the last job ended its
-	// event and every other had reached Kafka (to the scrape's 100 ms).
+	// EventsTailMs: with Events, how long after the last job ended (its
+	// update_time) the last event was produced (its record's timestamp).
 	EventsTailMs float64 `json:"events_tail_ms,omitempty"`
 }
 
@@ -394,7 +394,6 @@ func cmdBench(args []string, stdout io.Writer) error {
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
-	eventsDone := time.Now() // (within the scrape interval: the last event's ack is not timed more closely)
 	res := benchResult{Jobs: o.n, Instances: o.instances, Rate: o.rate, Backlog: o.backlog, FinalRows: o.finalRows, Events: o.events,
 		CitusWorkers: o.citusWorkers}
 	for _, in := range insts {
@@ -423,8 +422,21 @@ func cmdBench(args []string, stdout io.Writer) error {
 	last, stages := lat.Last, [3][2]float64{lat.Intake, lat.Claim, lat.Reply}
 	res.Seconds = last.Sub(start).Seconds()
 	if o.events {
-		res.Seconds = eventsDone.Sub(start).Seconds() // every event relayed, not only every job final
-		res.EventsTailMs = float64(eventsDone.Sub(last).Microseconds()) / 1000
+		// Every event relayed, not only every job final: the run ends when
+		// the last event was produced.
+		produced, records, err := lastEventProduced(ctx, sb.brokers, "bench.events")
+		if err != nil {
+			return err
+		}
+		if records < int64(o.n) {
+			return fmt.Errorf("bench.events holds %d records for %d jobs", records, o.n)
+		}
+		end := last
+		if produced.After(end) {
+			end = produced
+		}
+		res.Seconds = end.Sub(start).Seconds()
+		res.EventsTailMs = float64(end.Sub(last).Microseconds()) / 1000
 	}
 	res.JobsPerSec = float64(o.n) / res.Seconds
 	if o.expired {
