@@ -514,23 +514,31 @@ type EventRef struct {
 // Ref names e's row.
 func (e *Event) Ref() EventRef { return EventRef{Queue: e.Queue, Topic: e.Topic, ID: e.ID} }
 
-// eventDeleteSQL deletes relayed events of one topic ($1) by id ($2).
-// The topic is named for the plan's sake: with it, each of the table's
-// indexes (the primary key, hipq_event_topic) finds the rows by probes
-// from its first column. By id alone the planner may take
-// hipq_event_topic (its statistics saying the table is small, or none)
-// and scan all of it for every id of the batch, the entries of the rows
-// relayed before, dead until vacuum, included: quadratic, as the relay
-// falls behind.
-const eventDeleteSQL = `DELETE FROM hipq_event WHERE topic = $1 AND id = ANY($2)`
+// eventDeleteSQL deletes relayed events of one queue ($1) and topic ($2)
+// by id ($3). Each id is looked up on its own, in a subquery the planner
+// cannot flatten (OFFSET 0), by equality on every column of either index
+// of the table (the primary key, hipq_event_topic: on Citus (queue, id)
+// and the topic's), so whichever index the planner takes, the lookup is a
+// probe; the rows found are then deleted by their tuple ids (a TID scan).
+// Rows of hipq_event are never updated, so a version found is the one to
+// delete. A delete by the list itself (id = ANY) lets the planner, on
+// statistics that say the table is empty, as they do once the relay has
+// caught up, take hipq_event_topic and scan it: for every id of the batch
+// (by id alone), or the topic's whole range once, comparing each row with
+// the list (with the topic named). Either walks the rows relayed before,
+// dead until vacuum: a delete costing the table, not the batch, and a
+// relay that falls behind. (The queue is $1, as in markSentSQL.)
+const eventDeleteSQL = `
+	DELETE FROM hipq_event e
+	WHERE e.queue = $1 AND e.ctid = ANY (ARRAY(
+	  SELECT x.ctid FROM unnest($3::bigint[]) AS u(id)
+	  CROSS JOIN LATERAL (SELECT f.ctid FROM hipq_event f
+	                      WHERE f.queue = $1 AND f.topic = $2 AND f.id = u.id
+	                      OFFSET 0) x))`
 
-// eventDeleteCitusSQL is eventDeleteSQL on Citus, on the shard of one
-// queue ($1): the primary key there is (queue, id).
-const eventDeleteCitusSQL = `DELETE FROM hipq_event WHERE queue = $1 AND topic = $2 AND id = ANY($3)`
-
-// EventDelete deletes relayed events (the broker acknowledged them): by
-// topic and id (eventDeleteSQL), one statement per topic; on Citus one
-// per queue and topic, so each deletes on its queue's shard only.
+// EventDelete deletes relayed events (the broker acknowledged them): one
+// statement (eventDeleteSQL) per queue and topic, so that on Citus each
+// deletes on its queue's shard only.
 func (s *Store) EventDelete(ctx context.Context, refs []EventRef) error {
 	return s.EventDeleteFrom(ctx, nil, refs)
 }
@@ -541,18 +549,23 @@ func (s *Store) EventDeleteFrom(ctx context.Context, c *EventCursor, refs []Even
 	if len(refs) == 0 {
 		return nil
 	}
+	type group struct{ queue, topic string }
+	byRows := map[group][]int64{}
+	for _, r := range refs {
+		k := group{r.Queue, r.Topic}
+		byRows[k] = append(byRows[k], r.ID)
+	}
+	keys := slices.SortedFunc(maps.Keys(byRows), func(a, b group) int {
+		return cmp.Or(strings.Compare(a.queue, b.queue), strings.Compare(a.topic, b.topic))
+	})
 	var err error
 	if !s.dist {
 		// (By the indexes, whatever the statistics say: see EventReadFrom.
 		// One transaction, whose id the cursor notes.)
-		byTopic := map[string][]int64{}
-		for _, r := range refs {
-			byTopic[r.Topic] = append(byTopic[r.Topic], r.ID)
-		}
 		var xid int64
 		b := indexedBatch("BEGIN")
-		for _, t := range slices.Sorted(maps.Keys(byTopic)) {
-			b.Queue(eventDeleteSQL, t, byTopic[t])
+		for _, k := range keys {
+			b.Queue(eventDeleteSQL, k.queue, k.topic, byRows[k])
 		}
 		b.Queue(`SELECT pg_current_xact_id()::text::bigint`).QueryRow(func(r pgx.Row) error { return r.Scan(&xid) })
 		b.Queue("COMMIT")
@@ -560,18 +573,11 @@ func (s *Store) EventDeleteFrom(ctx context.Context, c *EventCursor, refs []Even
 			c.deleted(xid)
 		}
 	} else {
-		type shard struct{ queue, topic string }
-		byShard := map[shard][]int64{}
-		for _, r := range refs {
-			k := shard{r.Queue, r.Topic}
-			byShard[k] = append(byShard[k], r.ID)
-		}
-		keys := slices.SortedFunc(maps.Keys(byShard), func(a, b shard) int {
-			return cmp.Or(strings.Compare(a.queue, b.queue), strings.Compare(a.topic, b.topic))
-		})
+		// (Each statement names its queue, so each deletes on that
+		// queue's shard only.)
 		var b pgx.Batch
 		for _, k := range keys {
-			b.Queue(eventDeleteCitusSQL, k.queue, k.topic, byShard[k])
+			b.Queue(eventDeleteSQL, k.queue, k.topic, byRows[k])
 		}
 		err = s.pool.SendBatch(ctx, &b).Close()
 	}

@@ -42,11 +42,16 @@ func lastEventProduced(ctx context.Context, brokers []string, topic string) (tim
 		return time.Time{}, 0, fmt.Errorf("no record in %s", topic)
 	}
 	last := make(map[int32]time.Time, len(from))
-	rd, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: from}))
+	// (Never from the start: a record that cannot be read where it should
+	// be fails the run, after a while, rather than time it by an early one.)
+	rd, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: from}),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtEnd()))
 	if err != nil {
 		return time.Time{}, 0, err
 	}
 	defer rd.Close()
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
 	for len(last) < len(from) {
 		fs := rd.PollFetches(ctx)
 		if err := ctx.Err(); err != nil {
