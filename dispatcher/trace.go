@@ -27,11 +27,11 @@ func (d *Dispatcher) startSends(ctx context.Context, s Sender, jobs []store.Clai
 	if tr == nil || len(jobs) == 0 {
 		return nil
 	}
-	ids := make([]int64, len(jobs))
-	for i, c := range jobs {
-		ids[i] = c.ID
+	refs := make([]store.AttemptRef, len(jobs))
+	for i := range jobs {
+		refs[i] = jobs[i].Ref()
 	}
-	parents, err := d.st.JobTraces(ctx, ids)
+	parents, err := d.st.JobTraces(ctx, refs)
 	if err != nil {
 		// Spans are a hint: the sends go on, in traces of their own.
 		d.log.Debug("cannot read the jobs' trace contexts; their sends start traces of their own", zap.Error(err))

@@ -485,37 +485,41 @@ type progressNews struct {
 // progress replies of the batch name (their rows are locked): only a batch
 // with progress replies pays for it.
 func progressDeadlines(ctx context.Context, tx pgx.Tx, ins []ReplyIn, t correlator.Targets) error {
-	var ids []int64
-	var atts []int32
+	var refs []AttemptRef
 	for _, in := range ins {
 		if !in.Reply.Progress {
 			continue
 		}
 		if tg := t.Of(in.Reply); tg != nil && tg.State == correlator.StateRunning {
-			ids, atts = append(ids, tg.ID), append(atts, int32(tg.Attempt))
+			refs = append(refs, AttemptRef{Queue: tg.Queue, JobID: tg.ID, Attempt: tg.Attempt})
 		}
 	}
-	if len(ids) == 0 {
-		return nil
-	}
-	rows, err := tx.Query(ctx, `
-		SELECT a.job_id, a.deadline FROM hipq_attempt a JOIN unnest($1::bigint[], $2::int[]) AS k(id, att)
-		  ON a.job_id = k.id AND a.attempt = k.att
-		WHERE a.deadline IS NOT NULL`, ids, atts)
-	if err != nil {
-		return fmt.Errorf("read attempt deadlines: %w", err)
-	}
-	var id int64
-	var d time.Time
-	_, err = pgx.ForEachRow(rows, []any{&id, &d}, func() error {
-		t.ByID[id].Deadline = d
-		return nil
+	err := perQueue(refs, refQueue, func(q string, refs []AttemptRef) error {
+		ids, atts := refArrays(refs)
+		rows, err := tx.Query(ctx, attemptDeadlinesSQL, q, ids, atts)
+		if err != nil {
+			return err
+		}
+		var id int64
+		var d time.Time
+		_, err = pgx.ForEachRow(rows, []any{&id, &d}, func() error {
+			t.ByID[id].Deadline = d
+			return nil
+		})
+		return err
 	})
 	if err != nil {
 		return fmt.Errorf("read attempt deadlines: %w", err)
 	}
 	return nil
 }
+
+// attemptDeadlinesSQL reads the deadlines of attempts of one queue ($1)
+// by job id and attempt ($2, $3). (The queue, as in attemptTracesSQL.)
+const attemptDeadlinesSQL = `
+	SELECT a.job_id, a.deadline FROM hipq_attempt a JOIN unnest($2::bigint[], $3::int[]) AS k(id, att)
+	  ON a.job_id = k.id AND a.attempt = k.att
+	WHERE a.queue = $1 AND a.deadline IS NOT NULL`
 
 // progressWrite records news on each attempt: its new deadline (the later
 // of the one it had and the given one, applied in order) and the progress

@@ -16,19 +16,31 @@ import (
 // is slow or away.
 const traceTimeout = 2 * time.Second
 
-// JobTraces returns the trace contexts of those of the jobs that have one.
-func (s *Store) JobTraces(ctx context.Context, ids []int64) (map[int64]correlator.TraceContext, error) {
+// jobTracesSQL reads the trace contexts of jobs of one queue ($1) by id
+// ($2). Naming the queue routes the read to the queue's shard on Citus
+// and makes it probes of the primary key there, (queue, id): by id alone
+// it read every shard of hipq_job, each all through.
+const jobTracesSQL = `SELECT id, trace_parent, coalesce(trace_state, '') FROM hipq_job
+	WHERE queue = $1 AND id = ANY($2) AND trace_parent IS NOT NULL`
+
+// JobTraces returns the trace contexts of those of the jobs that have one,
+// by job id (one statement per queue of jobs).
+func (s *Store) JobTraces(ctx context.Context, jobs []AttemptRef) (map[int64]correlator.TraceContext, error) {
 	ctx, cancel := context.WithTimeout(ctx, traceTimeout)
 	defer cancel()
-	rows, err := s.pool.Query(ctx, `SELECT id, trace_parent, coalesce(trace_state, '') FROM hipq_job
-		WHERE id = ANY($1) AND trace_parent IS NOT NULL`, ids)
-	if err != nil {
-		return nil, fmt.Errorf("read trace contexts: %w", err)
-	}
 	out := map[int64]correlator.TraceContext{}
-	var id int64
-	var tc correlator.TraceContext
-	if _, err := pgx.ForEachRow(rows, []any{&id, &tc.Parent, &tc.State}, func() error { out[id] = tc; return nil }); err != nil {
+	err := perQueue(jobs, refQueue, func(q string, jobs []AttemptRef) error {
+		ids, _ := refArrays(jobs)
+		rows, err := s.pool.Query(ctx, jobTracesSQL, q, ids)
+		if err != nil {
+			return err
+		}
+		var id int64
+		var tc correlator.TraceContext
+		_, err = pgx.ForEachRow(rows, []any{&id, &tc.Parent, &tc.State}, func() error { out[id] = tc; return nil })
+		return err
+	})
+	if err != nil {
 		return nil, fmt.Errorf("read trace contexts: %w", err)
 	}
 	return out, nil
@@ -40,23 +52,32 @@ type AttemptTrace struct {
 	Parent string
 }
 
+// attemptTracesSQL reads the send spans' traceparents of attempts of one
+// queue ($1), by job id and attempt ($2, $3), each with its place in the
+// lists. (The queue, as in jobTracesSQL: on Citus the primary key is
+// (queue, job_id, attempt).)
+const attemptTracesSQL = `SELECT u.ord, a.trace_parent
+	FROM hipq_attempt a JOIN unnest($2::bigint[], $3::int[]) WITH ORDINALITY AS u(id, att, ord) ON a.job_id = u.id AND a.attempt = u.att
+	WHERE a.queue = $1 AND a.trace_parent IS NOT NULL`
+
 // AttemptTraces returns the send spans' traceparents of those of the
-// attempts that have one.
+// attempts that have one (one statement per queue of refs).
 func (s *Store) AttemptTraces(ctx context.Context, refs []AttemptRef) (map[AttemptRef]string, error) {
 	ctx, cancel := context.WithTimeout(ctx, traceTimeout)
 	defer cancel()
-	ids, atts := refArrays(refs)
-	// (A read: it may span queues. Each answer is keyed by the ref asked.)
-	rows, err := s.pool.Query(ctx, `SELECT u.ord, a.trace_parent
-		FROM hipq_attempt a JOIN unnest($1::bigint[], $2::int[]) WITH ORDINALITY AS u(id, att, ord) ON a.job_id = u.id AND a.attempt = u.att
-		WHERE a.trace_parent IS NOT NULL`, ids, atts)
-	if err != nil {
-		return nil, fmt.Errorf("read attempt trace contexts: %w", err)
-	}
 	out := map[AttemptRef]string{}
-	var ord int
-	var p string
-	if _, err := pgx.ForEachRow(rows, []any{&ord, &p}, func() error { out[refs[ord-1]] = p; return nil }); err != nil {
+	err := perQueue(refs, refQueue, func(q string, refs []AttemptRef) error {
+		ids, atts := refArrays(refs)
+		rows, err := s.pool.Query(ctx, attemptTracesSQL, q, ids, atts)
+		if err != nil {
+			return err
+		}
+		var ord int
+		var p string
+		_, err = pgx.ForEachRow(rows, []any{&ord, &p}, func() error { out[refs[ord-1]] = p; return nil })
+		return err
+	})
+	if err != nil {
 		return nil, fmt.Errorf("read attempt trace contexts: %w", err)
 	}
 	return out, nil
