@@ -54,7 +54,7 @@ func TestEventDeletesProbeByTopicAndID(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				defer tx.Rollback(ctx) //nolint:errcheck // (what the test dropped comes back with the rollback)
+				defer tx.Rollback(ctx) // (what the test dropped comes back with the rollback)
 				if v.drop != "" {
 					if _, err := tx.Exec(ctx, v.drop); err != nil {
 						t.Fatal(err)
