@@ -772,25 +772,7 @@ func TestStatementFamilies(t *testing.T) {
 func TestStatementFamiliesOnCitus(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	c, err := localcitus.Start(ctx, 1, localcitus.Options{Settings: map[string]string{"shared_preload_libraries": "pg_stat_statements"}})
-	if errors.Is(err, localcitus.ErrNoCitus) {
-		t.Skip(err.Error() + ": this test needs Citus")
-	} else if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Stop)
-	u, err := c.NewDatabase(ctx, "d", "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	st, err := Open(ctx, Config{URL: u, Citus: CitusOn})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(st.Close)
-	if _, err := st.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
+	c, st := citusPlanStore(t, localcitus.Options{Settings: map[string]string{"shared_preload_libraries": "pg_stat_statements"}})
 	worker, err := Open(ctx, Config{URL: c.WorkerURLs("d")[0], Citus: CitusOff})
 	if err != nil {
 		t.Fatal(err)
@@ -824,6 +806,34 @@ func TestStatementFamiliesOnCitus(t *testing.T) {
 			t.Errorf("%s: %d rows of hot statements in \"other\": %v", node.name, seen["other"], families)
 		}
 	}
+}
+
+// citusPlanStore is a store of its own, migrated, on database d of a
+// throwaway Citus cluster (a coordinator and a worker); the test skips
+// where Citus is not installed.
+func citusPlanStore(t *testing.T, opts localcitus.Options) (*localcitus.Cluster, *Store) {
+	t.Helper()
+	ctx := context.Background()
+	c, err := localcitus.Start(ctx, 1, opts)
+	if errors.Is(err, localcitus.ErrNoCitus) {
+		t.Skip(err.Error() + ": this test needs Citus")
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Stop)
+	u, err := c.NewDatabase(ctx, "d", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := Open(ctx, Config{URL: u, Citus: CitusOn})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(st.Close)
+	if _, err := st.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return c, st
 }
 
 // seededPlanStore is a store of its own with autovacuum off (its analyze

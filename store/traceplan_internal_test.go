@@ -2,7 +2,6 @@ package store
 
 import (
 	"context"
-	"errors"
 	"strings"
 	"testing"
 
@@ -17,25 +16,7 @@ import (
 func TestTraceReadsGoToTheirQueuesShard(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	c, err := localcitus.Start(ctx, 1, localcitus.Options{})
-	if errors.Is(err, localcitus.ErrNoCitus) {
-		t.Skip(err.Error() + ": this test needs Citus")
-	} else if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Stop)
-	u, err := c.NewDatabase(ctx, "d", "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	st, err := Open(ctx, Config{URL: u, Citus: CitusOn})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(st.Close)
-	if _, err := st.Migrate(ctx); err != nil {
-		t.Fatal(err)
-	}
+	_, st := citusPlanStore(t, localcitus.Options{})
 	for _, q := range []string{
 		`INSERT INTO hipq_job (queue, job_type, job_key, state, attempt, started_at, trace_parent)
 		 SELECT 'q', 't', 'k' || i, 'running', 1, now(), '00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01'
