@@ -558,28 +558,25 @@ func (s *Store) EventDeleteFrom(ctx context.Context, c *EventCursor, refs []Even
 	keys := slices.SortedFunc(maps.Keys(byRows), func(a, b group) int {
 		return cmp.Or(strings.Compare(a.queue, b.queue), strings.Compare(a.topic, b.topic))
 	})
-	var err error
+	// On one PostgreSQL: in a transaction of its own, by the indexes
+	// whatever the statistics say (see EventReadFrom), whose id the cursor
+	// notes. On Citus each statement names its queue, so each deletes on
+	// that queue's shard only.
+	b := &pgx.Batch{}
 	if !s.dist {
-		// (By the indexes, whatever the statistics say: see EventReadFrom.
-		// One transaction, whose id the cursor notes.)
-		var xid int64
-		b := indexedBatch("BEGIN")
-		for _, k := range keys {
-			b.Queue(eventDeleteSQL, k.queue, k.topic, byRows[k])
-		}
+		b = indexedBatch("BEGIN")
+	}
+	for _, k := range keys {
+		b.Queue(eventDeleteSQL, k.queue, k.topic, byRows[k])
+	}
+	var xid int64
+	if !s.dist {
 		b.Queue(`SELECT pg_current_xact_id()::text::bigint`).QueryRow(func(r pgx.Row) error { return r.Scan(&xid) })
 		b.Queue("COMMIT")
-		if err = s.pool.SendBatch(ctx, b).Close(); err == nil && c != nil {
-			c.deleted(xid)
-		}
-	} else {
-		// (Each statement names its queue, so each deletes on that
-		// queue's shard only.)
-		var b pgx.Batch
-		for _, k := range keys {
-			b.Queue(eventDeleteSQL, k.queue, k.topic, byRows[k])
-		}
-		err = s.pool.SendBatch(ctx, &b).Close()
+	}
+	err := s.pool.SendBatch(ctx, b).Close()
+	if err == nil && c != nil && !s.dist {
+		c.deleted(xid)
 	}
 	if err != nil {
 		return fmt.Errorf("delete relayed events: %w", err)
