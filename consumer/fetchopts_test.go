@@ -24,7 +24,8 @@ func TestGroupFetchBounds(t *testing.T) {
 		t.Cleanup(g.cl.Close)
 		return g.cl
 	}
-	cl := build(GroupConfig{FetchMaxBytes: 256 << 10, FetchMaxPartitionBytes: 128 << 10, MaxConcurrentFetches: 4, MaxBufferedBytes: 3 << 20})
+	cl := build(GroupConfig{FetchMaxBytes: 256 << 10, FetchMaxPartitionBytes: 128 << 10, MaxConcurrentFetches: 4, MaxBufferedBytes: 3 << 20,
+		MaxDecompressBatchBytes: 16 << 20})
 	for _, c := range []struct {
 		name string
 		opt  any
@@ -34,6 +35,7 @@ func TestGroupFetchBounds(t *testing.T) {
 		{"FetchMaxPartitionBytes", kgo.FetchMaxPartitionBytes, int32(128 << 10)},
 		{"MaxConcurrentFetches", kgo.MaxConcurrentFetches, 4},
 		{"MaxBufferedBytes", kgo.MaxBufferedBytes, int64(3 << 20)},
+		{"MaxDecompressBatchBytes", kgo.MaxDecompressBatchBytes, 16 << 20},
 	} {
 		if got := cl.OptValue(c.opt); got != c.want {
 			t.Errorf("%s: %v, want %v", c.name, got, c.want)
@@ -42,6 +44,9 @@ func TestGroupFetchBounds(t *testing.T) {
 	def := build(GroupConfig{})
 	if got := def.OptValue(kgo.FetchMaxBytes); got != int32(50<<20) {
 		t.Errorf("FetchMaxBytes unset: %v, want franz-go's 50 MiB", got)
+	}
+	if got := def.OptValue(kgo.MaxDecompressBatchBytes); got != 1<<30 {
+		t.Errorf("MaxDecompressBatchBytes unset: %v, want franz-go's 1 GiB", got)
 	}
 	if got := def.OptValue(kgo.MaxBufferedBytes); got != int64(0) {
 		t.Errorf("MaxBufferedBytes unset: %v, want unbounded (0)", got)

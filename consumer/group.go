@@ -100,6 +100,11 @@ type GroupConfig struct {
 	// holds unsent (kgo.MaxBufferedBytes): a copy waits for room. 0:
 	// unbounded.
 	MaxBufferedBytes int64
+	// MaxDecompressBatchBytes bounds one fetched batch decompressed
+	// (kgo.MaxDecompressBatchBytes). A batch past it is never read: its
+	// offsets are dead-lettered too_large and the partition is read on
+	// after it (skipBatch). 0 keeps franz-go's default, 1 GiB.
+	MaxDecompressBatchBytes int
 }
 
 // fetchOpts are the franz-go options of the bounds set in c.
@@ -116,6 +121,9 @@ func (c GroupConfig) fetchOpts() []kgo.Opt {
 	}
 	if c.MaxBufferedBytes > 0 {
 		opts = append(opts, kgo.MaxBufferedBytes(int(c.MaxBufferedBytes)))
+	}
+	if c.MaxDecompressBatchBytes > 0 {
+		opts = append(opts, kgo.MaxDecompressBatchBytes(c.MaxDecompressBatchBytes))
 	}
 	return opts
 }
@@ -174,6 +182,9 @@ type refusal struct {
 	rec   *kgo.Record
 	cause error
 	bare  bool // without its headers: its dead letter was refused with them
+	// reason, when set, is the dead letter's reason as it is (a refusal
+	// that is not PostgreSQL's: a batch never read).
+	reason string
 }
 
 // recsOf is the records of refused.
@@ -200,6 +211,9 @@ func (r refusal) deadLetter(kind string) store.DeadLetter {
 	if r.bare {
 		src.Headers = nil
 	}
+	if r.reason != "" {
+		return store.DeadLetter{Kind: kind, Source: src, Reason: r.reason}
+	}
 	return store.DeadLetter{Kind: kind, Source: src, Reason: rejected(r.cause)}
 }
 
@@ -217,6 +231,18 @@ type group struct {
 	// alone for a reason that may not be the record's own (stall.go).
 	holds  map[store.TopicPartition]*hold
 	stalls *stalls
+	// skips are the batches too large to decompress that wait to be
+	// dead-lettered (skipBatch), by partition: franz-go fetches none of
+	// those partitions until they are sought past them.
+	skips map[store.TopicPartition]*skip
+}
+
+// skip is a batch franz-go would not decompress, waiting to be
+// dead-lettered, and when to try next.
+type skip struct {
+	e     *kgo.ErrDecompressTooLarge
+	tries int
+	at    time.Time
 }
 
 // copyDeliveryTimeout bounds how long a dead-letter copy is retried.
@@ -225,7 +251,7 @@ const copyDeliveryTimeout = 30 * time.Second
 func newGroup(log *zap.Logger, st *store.Store, cfg GroupConfig, app applier) (*group, error) {
 	cfg = cfg.WithDefaults()
 	g := &group{log: log, st: st, cfg: cfg, app: app, pos: map[store.TopicPartition]int64{},
-		holds: map[store.TopicPartition]*hold{}, stalls: newStalls(cfg.Group, log, cfg.Metrics)}
+		holds: map[store.TopicPartition]*hold{}, stalls: newStalls(cfg.Group, log, cfg.Metrics), skips: map[store.TopicPartition]*skip{}}
 	reset := kgo.NewOffset().AtStart()
 	if cfg.Start == StartLatest {
 		reset = kgo.NewOffset().AtEnd()
@@ -325,6 +351,7 @@ func (g *group) forget(_ context.Context, cl *kgo.Client, lost map[string][]int3
 		for _, p := range ps {
 			tp := store.TopicPartition{Topic: t, Partition: p}
 			delete(g.pos, tp)
+			delete(g.skips, tp)
 			if _, ok := g.holds[tp]; ok {
 				delete(g.holds, tp)
 				held = true
@@ -405,6 +432,12 @@ func (g *group) Run(ctx context.Context) error {
 			return nil
 		}
 		fetches.EachError(func(t string, p int32, err error) {
+			if e, ok := errors.AsType[*kgo.ErrDecompressTooLarge](err); ok {
+				g.mu.Lock()
+				g.skips[store.TopicPartition{Topic: e.Topic, Partition: e.Partition}] = &skip{e: e}
+				g.mu.Unlock()
+				return
+			}
 			if !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
 				g.log.Warn("fetch error", zap.String("group", g.cfg.Group), zap.String("topic", t), zap.Int32("partition", p), zap.Error(err))
 			}
@@ -412,6 +445,7 @@ func (g *group) Run(ctx context.Context) error {
 		// Between a poll and AllowRebalance no partition is revoked: the
 		// held partitions due again are sought and resumed here.
 		g.resumeDue()
+		g.skipDue(context.WithoutCancel(ctx))
 		recs := g.fresh(fetches.Records())
 		if len(recs) > 0 {
 			if err := g.process(context.WithoutCancel(ctx), recs); err != nil {
@@ -427,6 +461,97 @@ func (g *group) Run(ctx context.Context) error {
 		}
 		g.cl.AllowRebalance()
 	}
+}
+
+// skipDue tries the skips whose time has come (skipBatch); one that
+// fails is tried again later, longer each time, its partition unread
+// meanwhile.
+func (g *group) skipDue(ctx context.Context) {
+	now := time.Now()
+	g.mu.Lock()
+	var due []*skip
+	for _, s := range g.skips {
+		if !s.at.After(now) {
+			due = append(due, s)
+		}
+	}
+	g.mu.Unlock()
+	for _, s := range due {
+		e := s.e
+		done, err := g.skipBatch(ctx, e)
+		tp := store.TopicPartition{Topic: e.Topic, Partition: e.Partition}
+		g.mu.Lock()
+		if g.skips[tp] == s {
+			if done {
+				delete(g.skips, tp)
+			} else {
+				s.tries++
+				s.at = time.Now().Add(backoff(s.tries))
+			}
+		}
+		g.mu.Unlock()
+		if err != nil {
+			g.log.Error("cannot dead-letter a batch too large to read; will try again", zap.String("group", g.cfg.Group),
+				zap.String("topic", e.Topic), zap.Int32("partition", e.Partition), zap.Int64("offset", e.Offset),
+				zap.Int("tries", s.tries), zap.String("error", correlator.Clip(err.Error(), 2048)))
+		}
+	}
+}
+
+// skipBatch dead-letters the batch e names, which decompresses to more
+// than the group's MaxDecompressBatchBytes and so is never read (franz-go
+// stops fetching its partition there), and moves the partition's stored
+// offset past it in the same transaction (compare-and-set, as every
+// write of the group): one dead letter too_large naming its offsets,
+// kept like any other, then the partition sought past it and read on.
+// What lies between the stored offset and the batch holds no record to
+// apply (franz-go returns the records before a batch it cannot read
+// first, without the error): transaction markers, aborted or compacted
+// records. It reports whether the skip is settled: done (or no longer
+// this instance's to do), or to be tried again (a write that failed, an
+// offset another consumer moved, a partition held on a record before
+// the batch, which is settled first).
+func (g *group) skipBatch(ctx context.Context, e *kgo.ErrDecompressTooLarge) (bool, error) {
+	tp := store.TopicPartition{Topic: e.Topic, Partition: e.Partition}
+	g.mu.Lock()
+	from, known := g.pos[tp] // (-1: none stored)
+	held := g.holds[tp] != nil
+	g.mu.Unlock()
+	seek := func(to int64, epoch int32) {
+		g.cl.SetOffsets(map[string]map[int32]kgo.EpochOffset{e.Topic: {e.Partition: {Epoch: epoch, Offset: to}}})
+	}
+	switch {
+	case !known:
+		return true, nil // (revoked: its next owner meets the batch)
+	case held:
+		return false, nil
+	case from >= e.NextOffset:
+		seek(from, -1) // (another consumer passed it already)
+		return true, nil
+	}
+	first := max(from, e.Offset)
+	g.log.Error("a record batch decompresses to more than the consumers may hold; dead-lettering its offsets and reading on after it",
+		zap.String("group", g.cfg.Group), zap.String("topic", e.Topic), zap.Int32("partition", e.Partition),
+		zap.Int64("offset", first), zap.Int64("next_offset", e.NextOffset), zap.Int("max_decompress_batch_bytes", g.cfg.MaxDecompressBatchBytes))
+	rec := &kgo.Record{Topic: e.Topic, Partition: e.Partition, Offset: first, LeaderEpoch: e.Epoch}
+	reason := fmt.Sprintf("%s: the record batch at offsets %d to %d decompresses to more than %d bytes, the most the consumers hold for one batch "+
+		"(a quarter of memory_limit): its records were not read", correlator.CodeTooLarge, first, e.NextOffset-1, g.cfg.MaxDecompressBatchBytes)
+	adv := []store.OffsetAdvance{{Topic: e.Topic, Partition: e.Partition, From: from, To: e.NextOffset}}
+	after, _, err := g.app.apply(ctx, nil, []refusal{{rec: rec, cause: errors.New(reason), reason: reason}}, adv, false)
+	switch {
+	case err == nil:
+		// The Kafka commit marks the batch's last offset passed (which
+		// also gives franz-go the partition's entry the seek needs), and
+		// the seek, past the batch, is never the position franz-go stopped
+		// at: it takes effect.
+		last := &kgo.Record{Topic: e.Topic, Partition: e.Partition, Offset: e.NextOffset - 1, LeaderEpoch: e.Epoch}
+		_ = g.settle(ctx, []*kgo.Record{last}, adv, after, nil) // (nil when the write succeeded)
+		seek(e.NextOffset, e.Epoch)
+		return true, nil
+	case errors.Is(err, store.ErrOffsetConflict):
+		g.reload(ctx, adv) // (tried again from the offset stored)
+	}
+	return false, err
 }
 
 // fresh drops records before the stored offset (already applied), and
@@ -681,6 +806,11 @@ func (g *group) nextDue() (next time.Time, ok bool) {
 	for _, h := range g.holds {
 		if h.paused && (!ok || h.until.Before(next)) {
 			next, ok = h.until, true
+		}
+	}
+	for _, s := range g.skips {
+		if !ok || s.at.Before(next) {
+			next, ok = s.at, true
 		}
 	}
 	return next, ok

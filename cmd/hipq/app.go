@@ -284,7 +284,8 @@ func (a *app) group(name string, topics []string, start consumer.Start) consumer
 		SessionTimeout: a.cfg.Kafka.SessionTimeout.D(), Metrics: a.metrics, CrashPoint: a.crash, Tracer: a.tracing.Tracer,
 		ReadUncommitted: a.cfg.Kafka.IsolationLevel == "read_uncommitted",
 		FetchMaxBytes:   a.memory.FetchMaxBytes, FetchMaxPartitionBytes: a.memory.FetchMaxPartitionBytes,
-		MaxConcurrentFetches: a.memory.MaxConcurrentFetches, MaxBufferedBytes: a.producerBytes}
+		MaxConcurrentFetches: a.memory.MaxConcurrentFetches, MaxBufferedBytes: a.producerBytes,
+		MaxDecompressBatchBytes: int(a.memory.MaxDecompressBatchBytes)}
 }
 
 // buildIntake: the intake consumer group, when intake.topics are set.

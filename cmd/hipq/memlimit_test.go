@@ -41,11 +41,13 @@ func TestMemorySplitWired(t *testing.T) {
 	defer func() { cancel(); _ = <-done; a.close() }()
 	// 256 MiB: fetches of 1 MiB, four at once per group; a 32 MiB eighth
 	// for the producers, among four clients that write (the requests'
-	// producer, the zstd producer, the two groups).
+	// producer, the zstd producer, the two groups); a batch decompressed
+	// to 64 MiB at most.
 	g := a.group("g", []string{"t"}, "")
-	if g.FetchMaxBytes != 1<<20 || g.FetchMaxPartitionBytes != 1<<20 || g.MaxConcurrentFetches != 4 || g.MaxBufferedBytes != 8<<20 {
-		t.Errorf("a group's bounds: %d a fetch, %d a partition, %d fetches, %d buffered; want 1 MiB, 1 MiB, 4, 8 MiB",
-			g.FetchMaxBytes, g.FetchMaxPartitionBytes, g.MaxConcurrentFetches, g.MaxBufferedBytes)
+	if g.FetchMaxBytes != 1<<20 || g.FetchMaxPartitionBytes != 1<<20 || g.MaxConcurrentFetches != 4 || g.MaxBufferedBytes != 8<<20 ||
+		g.MaxDecompressBatchBytes != 64<<20 {
+		t.Errorf("a group's bounds: %d a fetch, %d a partition, %d fetches, %d buffered, %d a batch decompressed; want 1 MiB, 1 MiB, 4, 8 MiB, 64 MiB",
+			g.FetchMaxBytes, g.FetchMaxPartitionBytes, g.MaxConcurrentFetches, g.MaxBufferedBytes, g.MaxDecompressBatchBytes)
 	}
 	if len(a.producers) != 1 {
 		t.Fatalf("%d producers of their own compression, want 1", len(a.producers))

@@ -161,15 +161,16 @@ func TestFormat(t *testing.T) {
 }
 
 // The split: a quarter of the limit for the two groups' fetches at eight
-// decoded bytes per fetched byte, an eighth for the producers' buffers.
+// decoded bytes per fetched byte, an eighth for the producers' buffers, a
+// quarter (8 MiB to 1 GiB) for one batch decompressed.
 func TestSplitOf(t *testing.T) {
 	t.Parallel()
 	for limit, want := range map[int64]Split{
-		Default:  {FetchMaxBytes: 256 * KiB, FetchMaxPartitionBytes: 256 * KiB, MaxConcurrentFetches: 4, ProducerBytes: 8 * MiB},
-		Min:      {FetchMaxBytes: 128 * KiB, FetchMaxPartitionBytes: 128 * KiB, MaxConcurrentFetches: 4, ProducerBytes: 4 * MiB},
-		GiB:      {FetchMaxBytes: 4 * MiB, FetchMaxPartitionBytes: MiB, MaxConcurrentFetches: 4, ProducerBytes: 128 * MiB},
-		64 * GiB: {FetchMaxBytes: 50 * MiB, FetchMaxPartitionBytes: MiB, MaxConcurrentFetches: 4, ProducerBytes: 8 * GiB},
-		4 * MiB:  {FetchMaxBytes: 64 * KiB, FetchMaxPartitionBytes: 64 * KiB, MaxConcurrentFetches: 4, ProducerBytes: 512 * KiB},
+		Default:  {FetchMaxBytes: 256 * KiB, FetchMaxPartitionBytes: 256 * KiB, MaxConcurrentFetches: 4, ProducerBytes: 8 * MiB, MaxDecompressBatchBytes: 16 * MiB},
+		Min:      {FetchMaxBytes: 128 * KiB, FetchMaxPartitionBytes: 128 * KiB, MaxConcurrentFetches: 4, ProducerBytes: 4 * MiB, MaxDecompressBatchBytes: 8 * MiB},
+		GiB:      {FetchMaxBytes: 4 * MiB, FetchMaxPartitionBytes: MiB, MaxConcurrentFetches: 4, ProducerBytes: 128 * MiB, MaxDecompressBatchBytes: 256 * MiB},
+		64 * GiB: {FetchMaxBytes: 50 * MiB, FetchMaxPartitionBytes: MiB, MaxConcurrentFetches: 4, ProducerBytes: 8 * GiB, MaxDecompressBatchBytes: GiB},
+		4 * MiB:  {FetchMaxBytes: 64 * KiB, FetchMaxPartitionBytes: 64 * KiB, MaxConcurrentFetches: 4, ProducerBytes: 512 * KiB, MaxDecompressBatchBytes: 8 * MiB},
 	} {
 		if got := SplitOf(limit); got != want {
 			t.Errorf("%s: %+v, want %+v", Format(limit), got, want)

@@ -18,6 +18,13 @@ package memlimit
 //   - An eighth of the limit for the producers' buffered records
 //     (ProducerBytes), split evenly among the clients that write
 //     (ProducerBufferedBytes).
+//   - A quarter of the limit, at least 8 MiB, for one fetched batch
+//     decompressed (MaxDecompressBatchBytes): franz-go decompresses a
+//     batch whole before it reads its records, and allows 1 GiB, so a
+//     batch of a few KiB on the wire (a megabyte of zeros compresses a
+//     thousandfold) would take the process past any limit. A producer's
+//     batch (1 MB on the wire by Kafka's default message.max.bytes)
+//     reaches 8 MiB only compressed more than eightfold.
 type Split struct {
 	// FetchMaxBytes bounds a fetch response (kgo.FetchMaxBytes): limit/256,
 	// between 64 KiB and 50 MiB (franz-go's default). A first batch larger
@@ -36,6 +43,11 @@ type Split struct {
 	// ProducerBytes is what the producers' clients buffer together:
 	// limit/8.
 	ProducerBytes int64
+	// MaxDecompressBatchBytes bounds one fetched batch decompressed
+	// (kgo.MaxDecompressBatchBytes): limit/4, between 8 MiB and 1 GiB
+	// (franz-go's default). A batch past it is not read: the consumer
+	// dead-letters its offsets and reads on after it.
+	MaxDecompressBatchBytes int32
 }
 
 const (
@@ -47,6 +59,9 @@ const (
 	minFetchBytes        = 64 * KiB
 	maxFetchBytes        = 50 * MiB
 	maxPartitionBytes    = 1 * MiB
+	decompressShare      = 4 // of the limit, for one batch decompressed
+	minDecompressBytes   = 8 * MiB
+	maxDecompressBytes   = 1 * GiB
 )
 
 // SplitOf is the split of limit.
@@ -54,10 +69,11 @@ func SplitOf(limit int64) Split {
 	fetch := limit / fetchShare / fetchGroups / maxConcurrentFetches / decodedPerWire
 	fetch = min(max(fetch, minFetchBytes), maxFetchBytes)
 	return Split{
-		FetchMaxBytes:          int32(fetch),
-		FetchMaxPartitionBytes: int32(min(fetch, maxPartitionBytes)),
-		MaxConcurrentFetches:   maxConcurrentFetches,
-		ProducerBytes:          limit / producerShare,
+		FetchMaxBytes:           int32(fetch),
+		FetchMaxPartitionBytes:  int32(min(fetch, maxPartitionBytes)),
+		MaxConcurrentFetches:    maxConcurrentFetches,
+		ProducerBytes:           limit / producerShare,
+		MaxDecompressBatchBytes: int32(min(max(limit/decompressShare, minDecompressBytes), maxDecompressBytes)),
 	}
 }
 
