@@ -119,8 +119,9 @@ func TestBatchTooLargeToDecompressIsDeadLettered(t *testing.T) {
 }
 
 // A batch whose dead letter cannot be written (PostgreSQL refuses it) is
-// tried again, longer each time, its partition unread meanwhile: once the
-// write goes through, the batch is dead-lettered and the partition read on.
+// tried again, longer each time, its partition unread meanwhile and
+// reported as stalled after StallAfter: once the write goes through, the
+// batch is dead-lettered, the partition read on and the stall over.
 func TestBatchTooLargeIsTriedAgainAfterAFailedWrite(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -138,7 +139,7 @@ func TestBatchTooLargeIsTriedAgainAfterAFailedWrite(t *testing.T) {
 	}
 	types := correlator.Types{"t": {Name: "t", Queue: "default", Timeout: time.Hour, Delivery: correlator.AtLeastOnce, Retry: correlator.NoRetry}}
 	intake, err := NewIntake(zaptest.NewLogger(t), st, IntakeConfig{GroupConfig: GroupConfig{Kafka: kafkaconn.Config{Brokers: k.Brokers},
-		Group: in + "-g", Topics: []string{in}, MaxDecompressBatchBytes: 1 << 20}, MaxBytes: 4096, Types: types})
+		Group: in + "-g", Topics: []string{in}, MaxDecompressBatchBytes: 1 << 20, StallAfter: time.Millisecond}, MaxBytes: 4096, Types: types})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -161,6 +162,9 @@ func TestBatchTooLargeIsTriedAgainAfterAFailedWrite(t *testing.T) {
 		s := g.skips[store.TopicPartition{Topic: in, Partition: 0}]
 		return s != nil && s.tries >= 2
 	}, "the batch's dead letter refused twice, and waiting to be tried again")
+	if err := intake.Stalled(); err == nil || !strings.Contains(err.Error(), "a batch too large to read") {
+		t.Errorf("stalled: %v, want the partition reported waiting on the batch", err)
+	}
 	var n int
 	if err := st.Pool().QueryRow(ctx, `SELECT count(*) FROM hipq_job`).Scan(&n); err != nil || n != 0 {
 		t.Fatalf("%d jobs while the batch before them waits (%v), want none", n, err)
@@ -174,4 +178,73 @@ func TestBatchTooLargeIsTriedAgainAfterAFailedWrite(t *testing.T) {
 		_ = st.Pool().QueryRow(ctx, `SELECT count(*) FROM hipq_dead_letter WHERE kafka_offset = 0`).Scan(&dls)
 		return err == nil && dls == 1
 	}, "the batch dead-lettered once the write goes through, and the record after it stored")
+	if err := intake.Stalled(); err != nil {
+		t.Errorf("still stalled once the batch was dead-lettered: %v", err)
+	}
+}
+
+// Another consumer may dead-letter the batch first (a rebalance while
+// this one's write was failing): this one's write then loses the offset
+// compare-and-set, and it reads on from the offset stored, past the
+// batch, writing no second dead letter. The batch is the partition's
+// first record and nothing was stored when the group took it, so the
+// client has no position of the partition to move until hipq gives it
+// one: the seek past the batch must still take effect.
+func TestBatchTooLargePassedByAnotherConsumer(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	st := pgtest.New(t)
+	k := kafkatest.New(t)
+	in := k.Topic("jobs")
+	k.CreateTopics(1, in)
+	group := in + "-g"
+	for _, q := range []string{
+		`CREATE FUNCTION test_refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'refused by the test'; END $$`,
+		`CREATE TRIGGER test_refuse BEFORE INSERT ON hipq_dead_letter FOR EACH ROW EXECUTE FUNCTION test_refuse()`,
+	} {
+		if _, err := st.Pool().Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	types := correlator.Types{"t": {Name: "t", Queue: "default", Timeout: time.Hour, Delivery: correlator.AtLeastOnce, Retry: correlator.NoRetry}}
+	intake, err := NewIntake(zaptest.NewLogger(t), st, IntakeConfig{GroupConfig: GroupConfig{Kafka: kafkaconn.Config{Brokers: k.Brokers},
+		Group: group, Topics: []string{in}, MaxDecompressBatchBytes: 1 << 20}, MaxBytes: 4096, Types: types})
+	if err != nil {
+		t.Fatal(err)
+	}
+	prod := k.Client(kgo.ProducerBatchCompression(kgo.ZstdCompression()), kgo.ProducerBatchMaxBytes(8<<20))
+	defer prod.Close()
+	bomb := `{"job_type":"t","job_key":"bomb","payload":"` + strings.Repeat("0", 2<<20) + `"}`
+	for _, v := range []string{bomb, `{"job_type":"t","job_key":"after"}`} {
+		if err := prod.ProduceSync(ctx, &kgo.Record{Topic: in, Value: []byte(v)}).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = intake.Run(runCtx) }()
+	defer func() { stop(); <-done }()
+	g := intake.g
+	testutil.Eventually(t, time.Minute, func() bool {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		s := g.skips[store.TopicPartition{Topic: in, Partition: 0}]
+		return s != nil && s.tries >= 1
+	}, "the batch's dead letter refused once")
+	// (What the other consumer committed: the offset past the batch.)
+	if _, err := st.Pool().Exec(ctx, `INSERT INTO hipq_offset (consumer_group, topic, kafka_partition, next_offset) VALUES ($1, $2, 0, 1)`,
+		group, in); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Pool().Exec(ctx, `DROP TRIGGER test_refuse ON hipq_dead_letter`); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, time.Minute, func() bool {
+		_, err := st.JobGet(ctx, "t", "after")
+		return err == nil
+	}, "the record after the batch stored, read on from the offset the other consumer stored")
+	var dls int
+	if err := st.Pool().QueryRow(ctx, `SELECT count(*) FROM hipq_dead_letter`).Scan(&dls); err != nil || dls != 0 {
+		t.Errorf("%d dead letters (%v), want none: the other consumer wrote the batch's", dls, err)
+	}
 }

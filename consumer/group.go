@@ -241,8 +241,10 @@ type group struct {
 // dead-lettered, and when to try next.
 type skip struct {
 	e     *kgo.ErrDecompressTooLarge
-	tries int
-	at    time.Time
+	tries int       // writes that failed
+	at    time.Time // the next try
+	since time.Time // the first failed write
+	err   error     // the last one's error
 }
 
 // copyDeliveryTimeout bounds how long a dead-letter copy is retried.
@@ -433,8 +435,11 @@ func (g *group) Run(ctx context.Context) error {
 		}
 		fetches.EachError(func(t string, p int32, err error) {
 			if e, ok := errors.AsType[*kgo.ErrDecompressTooLarge](err); ok {
+				tp := store.TopicPartition{Topic: e.Topic, Partition: e.Partition}
 				g.mu.Lock()
-				g.skips[store.TopicPartition{Topic: e.Topic, Partition: e.Partition}] = &skip{e: e}
+				if s := g.skips[tp]; s == nil || s.e.Offset != e.Offset { // (the same batch met again keeps its backoff)
+					g.skips[tp] = &skip{e: e}
+				}
 				g.mu.Unlock()
 				return
 			}
@@ -465,7 +470,8 @@ func (g *group) Run(ctx context.Context) error {
 
 // skipDue tries the skips whose time has come (skipBatch); one that
 // fails is tried again later, longer each time, its partition unread
-// meanwhile.
+// meanwhile, and is reported as stalled once it has failed for
+// StallAfter.
 func (g *group) skipDue(ctx context.Context) {
 	now := time.Now()
 	g.mu.Lock()
@@ -476,17 +482,27 @@ func (g *group) skipDue(ctx context.Context) {
 		}
 	}
 	g.mu.Unlock()
+	failed := false
 	for _, s := range due {
 		e := s.e
-		done, err := g.skipBatch(ctx, e)
+		done, err := g.skipBatch(ctx, e, s.tries == 0)
 		tp := store.TopicPartition{Topic: e.Topic, Partition: e.Partition}
 		g.mu.Lock()
 		if g.skips[tp] == s {
-			if done {
+			switch {
+			case done:
 				delete(g.skips, tp)
-			} else {
+				failed = failed || s.tries > 0
+			case err != nil:
+				if s.tries == 0 {
+					s.since = time.Now()
+				}
 				s.tries++
-				s.at = time.Now().Add(backoff(s.tries))
+				s.err = err
+				failed = true
+				fallthrough
+			default:
+				s.at = time.Now().Add(backoff(s.tries + 1))
 			}
 		}
 		g.mu.Unlock()
@@ -495,6 +511,9 @@ func (g *group) skipDue(ctx context.Context) {
 				zap.String("topic", e.Topic), zap.Int32("partition", e.Partition), zap.Int64("offset", e.Offset),
 				zap.Int("tries", s.tries), zap.String("error", correlator.Clip(err.Error(), 2048)))
 		}
+	}
+	if failed {
+		g.reportStalls()
 	}
 }
 
@@ -511,13 +530,18 @@ func (g *group) skipDue(ctx context.Context) {
 // this instance's to do), or to be tried again (a write that failed, an
 // offset another consumer moved, a partition held on a record before
 // the batch, which is settled first).
-func (g *group) skipBatch(ctx context.Context, e *kgo.ErrDecompressTooLarge) (bool, error) {
+func (g *group) skipBatch(ctx context.Context, e *kgo.ErrDecompressTooLarge, first bool) (bool, error) {
 	tp := store.TopicPartition{Topic: e.Topic, Partition: e.Partition}
 	g.mu.Lock()
 	from, known := g.pos[tp] // (-1: none stored)
 	held := g.holds[tp] != nil
 	g.mu.Unlock()
-	seek := func(to int64, epoch int32) {
+	// A seek to past the batch: never the position franz-go stopped at
+	// (the batch's own offset, or before it), and the partition's entry
+	// made first (franz-go skips a seek of a partition it has none for: no
+	// offset stored, nothing polled), by a mark of the offset before.
+	seekPast := func(to int64, epoch int32) {
+		g.cl.MarkCommitRecords(&kgo.Record{Topic: e.Topic, Partition: e.Partition, Offset: to - 1, LeaderEpoch: epoch})
 		g.cl.SetOffsets(map[string]map[int32]kgo.EpochOffset{e.Topic: {e.Partition: {Epoch: epoch, Offset: to}}})
 	}
 	switch {
@@ -526,30 +550,39 @@ func (g *group) skipBatch(ctx context.Context, e *kgo.ErrDecompressTooLarge) (bo
 	case held:
 		return false, nil
 	case from >= e.NextOffset:
-		seek(from, -1) // (another consumer passed it already)
+		seekPast(from, -1) // (another consumer passed it already)
 		return true, nil
 	}
-	first := max(from, e.Offset)
-	g.log.Error("a record batch decompresses to more than the consumers may hold; dead-lettering its offsets and reading on after it",
-		zap.String("group", g.cfg.Group), zap.String("topic", e.Topic), zap.Int32("partition", e.Partition),
-		zap.Int64("offset", first), zap.Int64("next_offset", e.NextOffset), zap.Int("max_decompress_batch_bytes", g.cfg.MaxDecompressBatchBytes))
-	rec := &kgo.Record{Topic: e.Topic, Partition: e.Partition, Offset: first, LeaderEpoch: e.Epoch}
+	at := max(from, e.Offset)
+	bound := cmp.Or(g.cfg.MaxDecompressBatchBytes, 1<<30) // (franz-go's default)
+	if first {
+		g.log.Error("a record batch decompresses to more than the consumers may hold; dead-lettering its offsets and reading on after it",
+			zap.String("group", g.cfg.Group), zap.String("topic", e.Topic), zap.Int32("partition", e.Partition),
+			zap.Int64("offset", at), zap.Int64("next_offset", e.NextOffset), zap.Int("max_decompress_batch_bytes", bound))
+	}
+	rec := &kgo.Record{Topic: e.Topic, Partition: e.Partition, Offset: at, LeaderEpoch: e.Epoch}
 	reason := fmt.Sprintf("%s: the record batch at offsets %d to %d decompresses to more than %d bytes, the most the consumers hold for one batch "+
-		"(a quarter of memory_limit): its records were not read", correlator.CodeTooLarge, first, e.NextOffset-1, g.cfg.MaxDecompressBatchBytes)
+		"(memory_limit sets it): its records were not read", correlator.CodeTooLarge, at, e.NextOffset-1, bound)
 	adv := []store.OffsetAdvance{{Topic: e.Topic, Partition: e.Partition, From: from, To: e.NextOffset}}
 	after, _, err := g.app.apply(ctx, nil, []refusal{{rec: rec, cause: errors.New(reason), reason: reason}}, adv, false)
 	switch {
 	case err == nil:
-		// The Kafka commit marks the batch's last offset passed (which
-		// also gives franz-go the partition's entry the seek needs), and
-		// the seek, past the batch, is never the position franz-go stopped
-		// at: it takes effect.
-		last := &kgo.Record{Topic: e.Topic, Partition: e.Partition, Offset: e.NextOffset - 1, LeaderEpoch: e.Epoch}
-		_ = g.settle(ctx, []*kgo.Record{last}, adv, after, nil) // (nil when the write succeeded)
-		seek(e.NextOffset, e.Epoch)
+		// (No record to mark for the Kafka commit: the seek sets franz-go's
+		// committed position too, and the next records marked commit.)
+		_ = g.settle(ctx, nil, adv, after, nil) // (nil when the write succeeded)
+		seekPast(e.NextOffset, e.Epoch)
 		return true, nil
 	case errors.Is(err, store.ErrOffsetConflict):
-		g.reload(ctx, adv) // (tried again from the offset stored)
+		// Another consumer moved the stored offset: past the batch, read
+		// on from there; else tried again from it.
+		g.reload(ctx, adv)
+		g.mu.Lock()
+		from, known = g.pos[tp]
+		g.mu.Unlock()
+		if known && from >= e.NextOffset {
+			seekPast(from, -1)
+			return true, nil
+		}
 	}
 	return false, err
 }
@@ -848,6 +881,12 @@ func (g *group) reportStalls() {
 	for tp, h := range g.holds {
 		if h.stalls(g.cfg.StallAfter) {
 			now = append(now, stalled{where: fmt.Sprintf("%s/%d at offset %d", tp.Topic, tp.Partition, h.at), err: h.err})
+		}
+	}
+	for tp, s := range g.skips {
+		if s.tries > 0 && time.Since(s.since) >= g.cfg.StallAfter {
+			now = append(now, stalled{where: fmt.Sprintf("%s/%d at offset %d (a batch too large to read, its dead letter not written)",
+				tp.Topic, tp.Partition, s.e.Offset), err: s.err})
 		}
 	}
 	g.mu.Unlock()
