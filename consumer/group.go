@@ -182,8 +182,8 @@ type refusal struct {
 	rec   *kgo.Record
 	cause error
 	bare  bool // without its headers: its dead letter was refused with them
-	// reason, when set, is the dead letter's reason as it is (a refusal
-	// that is not PostgreSQL's: a batch never read).
+	// reason, when set, is the dead letter's reason as it is, in place
+	// of cause's (a refusal that is not PostgreSQL's: a batch never read).
 	reason string
 }
 
@@ -564,7 +564,7 @@ func (g *group) skipBatch(ctx context.Context, e *kgo.ErrDecompressTooLarge, fir
 	reason := fmt.Sprintf("%s: the record batch at offsets %d to %d decompresses to more than %d bytes, the most the consumers hold for one batch "+
 		"(memory_limit sets it): its records were not read", correlator.CodeTooLarge, at, e.NextOffset-1, bound)
 	adv := []store.OffsetAdvance{{Topic: e.Topic, Partition: e.Partition, From: from, To: e.NextOffset}}
-	after, _, err := g.app.apply(ctx, nil, []refusal{{rec: rec, cause: errors.New(reason), reason: reason}}, adv, false)
+	after, _, err := g.app.apply(ctx, nil, []refusal{{rec: rec, reason: reason}}, adv, false)
 	switch {
 	case err == nil:
 		// (No record to mark for the Kafka commit: the seek sets franz-go's
