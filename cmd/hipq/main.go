@@ -229,9 +229,11 @@ func applyMemoryLimit(ctx context.Context, cfg *config.Config, log *zap.Logger, 
 			zap.String("asked", memlimit.Format(lim.Asked)), zap.String("cgroup_limit", memlimit.Format(lim.Cgroup)),
 			zap.String("cgroup_file", lim.CgroupFile), zap.String("limit", memlimit.Format(lim.Bytes)))
 	}
-	// The runtime's share follows the binary's resident pages as code
-	// runs for the first time: applied now, and again every second.
+	// The runtime's share follows the binary's resident pages: applied
+	// now, the pages initialization touched released, and again every
+	// second.
 	runtime := memlimit.Apply(lim.Bytes, env.Root)
+	memlimit.ReleaseBinaryPages(env.Root)
 	go memlimit.Keep(ctx, lim.Bytes, env.Root, time.Second)
 	split, producer := memorySplit(cfg, lim.Bytes)
 	log.Info("memory limit", zap.String("limit", memlimit.Format(lim.Bytes)), zap.Int64("bytes", lim.Bytes), zap.String("from", lim.Origin()),

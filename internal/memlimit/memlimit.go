@@ -34,8 +34,8 @@ const (
 const (
 	// Default is the limit when nothing sets one.
 	Default = 64 * MiB
-	// Min is the smallest limit hipq accepts. The binary's own resident
-	// pages (about 27 MiB, outside the runtime's memory) and the heap at
+	// Min is the smallest limit hipq accepts. The binary's own pages in
+	// use (about 20 MiB, outside the runtime's memory) and the heap at
 	// rest (10 to 15 MiB) nearly fill it already: at this limit a burst
 	// runs at a fraction of its speed, the collector running all along,
 	// and the resident set passes the limit by half.

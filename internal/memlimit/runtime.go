@@ -54,8 +54,9 @@ func Apply(limit int64, root string) int64 {
 	return share
 }
 
-// Keep applies limit again every interval until ctx ends, as the binary's
-// resident pages grow with the code that runs.
+// Keep applies limit again every interval until ctx ends, and releases
+// the binary's resident pages after each (ReleaseBinaryPages): the share
+// follows the pages the binary keeps resident, those in use.
 func Keep(ctx context.Context, limit int64, root string, every time.Duration) {
 	t := time.NewTicker(every)
 	defer t.Stop()
@@ -65,6 +66,7 @@ func Keep(ctx context.Context, limit int64, root string, every time.Duration) {
 			return
 		case <-t.C:
 			Apply(limit, root)
+			ReleaseBinaryPages(root)
 		}
 	}
 }
