@@ -233,7 +233,7 @@ func applyMemoryLimit(ctx context.Context, cfg *config.Config, log *zap.Logger, 
 	// now, the pages initialization touched released, and again every
 	// second.
 	runtime := memlimit.Apply(lim.Bytes, env.Root)
-	memlimit.ReleaseBinaryPages(env.Root)
+	memlimit.ReleaseBinaryPages(lim.Bytes)
 	go memlimit.Keep(ctx, lim.Bytes, env.Root, time.Second)
 	split, producer := memorySplit(cfg, lim.Bytes)
 	log.Info("memory limit", zap.String("limit", memlimit.Format(lim.Bytes)), zap.Int64("bytes", lim.Bytes), zap.String("from", lim.Origin()),

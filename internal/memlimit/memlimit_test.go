@@ -1,12 +1,12 @@
 package memlimit
 
 import (
+	"bytes"
 	"context"
-	"fmt"
+	"encoding/binary"
 	"os"
 	"path/filepath"
 	"reflect"
-	"runtime"
 	"runtime/debug"
 	"strings"
 	"testing"
@@ -238,59 +238,59 @@ func TestApplyAndKeep(t *testing.T) {
 		"the runtime's limit to follow the pages outside it up to 30MiB")
 }
 
-// Only the binary's read-only mappings that hold pages and no private
-// copy of one are released.
+// Only the binary's private mappings that are not writable are read for
+// a release: not another file's, not a writable one, not a shared one.
 func TestBinarySpans(t *testing.T) {
 	t.Parallel()
-	fields := func(rss, anon int) string {
-		return fmt.Sprintf("Size:                 64 kB\nRss:                 %d kB\nPss:                 %d kB\n"+
-			"Anonymous:            %d kB\nVmFlags: rd ex mr mw me\n", rss, rss, anon)
-	}
-	smaps := "00400000-00c00000 r-xp 00000000 fe:00 4242                       /opt/hipq (deleted)\n" + fields(4096, 0) +
-		"00c00000-01400000 r--p 00800000 fe:00 4242                       /opt/hipq\n" + fields(2048, 0) +
-		"01400000-01500000 r--p 01000000 fe:00 4242                       /opt/hipq\n" + fields(64, 4) + // a patched page
-		"01500000-01600000 rw-p 01100000 fe:00 4242                       /opt/hipq\n" + fields(64, 64) +
-		"01600000-01700000 r--p 01200000 fe:00 4242                       /opt/hipq\n" + fields(0, 0) + // nothing resident
-		"01700000-01800000 r--p 01300000 fe:00 4242                       /opt/hipq\nRss:                 64 kB\n" + // no Anonymous field
-		"7f000000-7f100000 r-xp 00000000 fe:00 9999                       /usr/lib/libc.so\n" + fields(512, 0) +
-		"7f100000-7f200000 r-xp 00000000 fe:01 4242                       /mnt/other\n" + fields(512, 0) + // another device
-		"7ffd0000-7ffd1000 r-xp 00000000 00:00 0                          [vdso]\n" + fields(4, 0)
-	got := binarySpans(strings.NewReader(smaps), 0x401234)
-	want := []span{{0x400000, 0xc00000}, {0xc00000, 0x1400000}}
+	maps := "00400000-00c00000 r-xp 00000000 fe:00 4242                       /opt/hipq (deleted)\n" +
+		"00c00000-01400000 r--p 00800000 fe:00 4242                       /opt/hipq\n" +
+		"01500000-01600000 rw-p 01100000 fe:00 4242                       /opt/hipq\n" +
+		"01600000-01700000 r--s 01200000 fe:00 4242                       /opt/hipq\n" + // shared
+		"01700000-01800000 r--p 01300000 fe:00 4242                       /opt/hipq with spaces\n" +
+		"garbage line\n" +
+		"7f000000-7f100000 r-xp 00000000 fe:00 9999                       /usr/lib/libc.so\n" +
+		"7f100000-7f200000 r-xp 00000000 fe:01 4242                       /mnt/other\n" + // another device
+		"7ffd0000-7ffd1000 r-xp 00000000 00:00 0                          [vdso]\n"
+	got := binarySpans(strings.NewReader(maps), 0x401234)
+	want := []span{{0x400000, 0xc00000}, {0xc00000, 0x1400000}, {0x1700000, 0x1800000}}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("spans %x, want %x", got, want)
 	}
-	if got := binarySpans(strings.NewReader(smaps), 0x7ffd0010); got != nil {
+	if got := binarySpans(strings.NewReader(maps), 0x7ffd0010); got != nil {
 		t.Errorf("spans %x with pc in an anonymous mapping, want none", got)
 	}
-	if got := binarySpans(strings.NewReader(smaps), 0x10); got != nil {
+	if got := binarySpans(strings.NewReader(maps), 0x10); got != nil {
 		t.Errorf("spans %x with pc in no mapping, want none", got)
-	}
-	if n := ReleaseBinaryPages(t.TempDir()); n != 0 {
-		t.Errorf("released %d bytes without /proc, want 0", n)
 	}
 }
 
-// A release takes the binary's pages out of the resident set, and the
-// code that runs next is mapped again.
-func TestReleaseBinaryPages(t *testing.T) {
-	if runtime.GOOS != "linux" {
-		t.Skip("releasing the binary's pages needs Linux")
+// Of a mapping, only the runs of pages resident and the file's own are
+// released: not a page absent, swapped out or privately copied.
+func TestFileRuns(t *testing.T) {
+	t.Parallel()
+	const page = 0x1000
+	const present, swapped, file = 1 << 63, 1 << 62, 1 << 61
+	entries := []uint64{
+		present | file, present | file, // a run
+		0,              // absent
+		swapped,        // swapped out (a private copy)
+		present,        // a private copy, resident
+		present | file, // a run of one
+		file,           // not present
+		present | file, present | file, present | file,
 	}
-	before := Outside("/")
-	if before == 0 {
-		t.Skip("no RssFile in /proc/self/status")
+	base := uintptr(0x400000)
+	buf := make([]byte, 8*(int(base/page)+len(entries)))
+	for i, e := range entries {
+		binary.NativeEndian.PutUint64(buf[8*(int(base/page)+i):], e)
 	}
-	start := time.Now()
-	n := ReleaseBinaryPages("/")
-	took := time.Since(start)
-	after := Outside("/")
-	t.Logf("released %s of mappings in %v; file-backed resident %s before, %s after", Format(n), took, Format(before), Format(after))
-	if n == 0 || after >= before {
-		t.Fatalf("released %d bytes; resident outside the runtime %d before, %d after: want fewer after", n, before, after)
+	got := fileRuns(bytes.NewReader(buf), span{base, base + uintptr(len(entries))*page}, page)
+	want := []span{{base, base + 2*page}, {base + 5*page, base + 6*page}, {base + 7*page, base + 10*page}}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("runs %x, want %x", got, want)
 	}
-	// Code and tables are mapped again as they run.
-	if got := Format(3 * MiB); got != "3MiB" {
-		t.Fatalf("Format after a release: %q", got)
+	// A pagemap that ends before the span: nothing to release.
+	if got := fileRuns(bytes.NewReader(buf[:len(buf)-8]), span{base, base + uintptr(len(entries))*page}, page); got != nil {
+		t.Errorf("runs %x from a short pagemap, want none", got)
 	}
 }

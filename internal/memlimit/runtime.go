@@ -66,7 +66,7 @@ func Keep(ctx context.Context, limit int64, root string, every time.Duration) {
 			return
 		case <-t.C:
 			Apply(limit, root)
-			ReleaseBinaryPages(root)
+			ReleaseBinaryPages(limit)
 		}
 	}
 }
