@@ -24,7 +24,8 @@ type Copier struct {
 }
 
 // Copy logs each dead letter and sends a copy, after commit, to the topic
-// with its reason in a hipq-error header. The headers hipq_dead_letter does
+// with its reason in a hipq-error header (an empty value for an input
+// without one: never a tombstone). The headers hipq_dead_letter does
 // not keep (credentials) are not copied either. PostgreSQL keeps the
 // canonical copy, so a failed send is only logged, and so is a copy the
 // client has no room for (its buffer full of copies a topic does not take):
@@ -46,7 +47,15 @@ func (c *Copier) Copy(dls []store.DeadLetter) {
 		if c.Topic == "" || c.Client == nil {
 			continue
 		}
-		r := &kgo.Record{Topic: c.Topic, Key: d.Source.Key, Value: d.Source.Value}
+		// A copy is never a tombstone: an input without a value (a
+		// producer's tombstone, a batch too large to read) goes with an
+		// empty one, which a compacted dead-letter topic keeps instead of
+		// taking for the deletion of the dead letters before it.
+		value := d.Source.Value
+		if value == nil {
+			value = []byte{}
+		}
+		r := &kgo.Record{Topic: c.Topic, Key: d.Source.Key, Value: value}
 		for _, h := range d.Source.Headers {
 			if !store.SensitiveHeader(h.Key) {
 				r.Headers = append(r.Headers, kgo.RecordHeader{Key: h.Key, Value: h.Value})
