@@ -234,10 +234,11 @@ func applyMemoryLimit(ctx context.Context, cfg *config.Config, log *zap.Logger, 
 	// second.
 	runtime := memlimit.Apply(lim.Bytes, env.Root)
 	memlimit.ReleaseBinaryPages(lim.Bytes)
+	gcPercent := memlimit.ApplyGCPercent(env)
 	go memlimit.Keep(ctx, lim.Bytes, env.Root, time.Second)
 	split, producer := memorySplit(cfg, lim.Bytes)
 	log.Info("memory limit", zap.String("limit", memlimit.Format(lim.Bytes)), zap.Int64("bytes", lim.Bytes), zap.String("from", lim.Origin()),
-		zap.Int64("runtime_soft_limit_bytes", runtime),
+		zap.Int64("runtime_soft_limit_bytes", runtime), zap.Int("gc_percent", gcPercent),
 		zap.Int32("fetch_max_bytes", split.FetchMaxBytes), zap.Int32("fetch_max_partition_bytes", split.FetchMaxPartitionBytes),
 		zap.Int("max_concurrent_fetches", split.MaxConcurrentFetches), zap.Int64("producer_buffered_bytes", producer),
 		zap.Int32("max_decompress_batch_bytes", split.MaxDecompressBatchBytes))

@@ -73,8 +73,8 @@ func TestMemorySplitWired(t *testing.T) {
 // of the cgroup's is lowered to it, with a warning. Not parallel: the
 // runtime's limit is the process's.
 func TestMemoryLimitApplied(t *testing.T) {
-	prev := debug.SetMemoryLimit(-1)
-	t.Cleanup(func() { debug.SetMemoryLimit(prev) })
+	prev, prevGC := debug.SetMemoryLimit(-1), debug.SetGCPercent(100)
+	t.Cleanup(func() { debug.SetMemoryLimit(prev); debug.SetGCPercent(prevGC) })
 	root := t.TempDir()
 	for name, text := range map[string]string{
 		"proc/self/cgroup":         "0::/\n",
@@ -119,13 +119,29 @@ func TestMemoryLimitApplied(t *testing.T) {
 		if rt := debug.SetMemoryLimit(-1); rt != c.want-27<<20 {
 			t.Errorf("%s: the runtime's limit %d, want the limit less 27 MiB, %d", c.name, rt, c.want-27<<20)
 		}
+		if gc := debug.SetGCPercent(100); gc != memlimit.GCPercent {
+			t.Errorf("%s: the collector's pace %d, want %d", c.name, gc, memlimit.GCPercent)
+		}
 		info := logs.FilterMessage("memory limit").All()
-		if len(info) != 1 || info[0].ContextMap()["from"] != c.from || info[0].ContextMap()["bytes"] != c.want {
+		if len(info) != 1 || info[0].ContextMap()["from"] != c.from || info[0].ContextMap()["bytes"] != c.want ||
+			info[0].ContextMap()["gc_percent"] != int64(memlimit.GCPercent) {
 			t.Errorf("%s: logged %v, want one line from %q", c.name, info, c.from)
 		}
 		if warned := logs.FilterLevelExact(zapcore.WarnLevel).Len() == 1; warned != c.warned {
 			t.Errorf("%s: warned %v, want %v", c.name, warned, c.warned)
 		}
+	}
+	// GOGC set: the runtime read it, and it stands.
+	debug.SetGCPercent(250)
+	own := memlimit.Env{Root: root, Lookup: func(k string) (string, bool) { return "250", k == "GOGC" }}
+	ctx, cancel := context.WithCancel(context.Background())
+	_, err := applyMemoryLimit(ctx, conf(""), zap.NewNop(), own)
+	cancel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if gc := debug.SetGCPercent(100); gc != 250 {
+		t.Errorf("with GOGC=250 the collector's pace is %d, want 250", gc)
 	}
 	bad := memlimit.Env{Root: root, Lookup: func(k string) (string, bool) { return "lots", k == "GOMEMLIMIT" }}
 	if _, err := applyMemoryLimit(context.Background(), conf(""), zap.NewNop(), bad); err == nil || !strings.Contains(err.Error(), "GOMEMLIMIT") {

@@ -70,3 +70,23 @@ func Keep(ctx context.Context, limit int64, root string, every time.Duration) {
 		}
 	}
 }
+
+// GCPercent is the collector's pace (GOGC) under a memory limit: the heap
+// may grow to five times its live objects between two collections, and
+// the soft limit (Apply) bounds it first. At the runtime's own 100, a
+// process with a few MiB live between bursts collects every few
+// milliseconds at a steady load, though the limit leaves it room.
+const GCPercent = 400
+
+// ApplyGCPercent sets the collector's pace to GCPercent, unless GOGC is
+// set in env (the runtime read it at start: it stands), and returns the
+// pace in effect (-1: off).
+func ApplyGCPercent(env Env) int {
+	if v, ok := env.Lookup("GOGC"); ok && v != "" {
+		p := debug.SetGCPercent(GCPercent)
+		debug.SetGCPercent(p)
+		return p
+	}
+	debug.SetGCPercent(GCPercent)
+	return GCPercent
+}
