@@ -49,8 +49,8 @@ func (c *Copier) Copy(dls []store.DeadLetter) {
 		}
 		// A copy is never a tombstone: an input without a value (a
 		// producer's tombstone, a batch too large to read) goes with an
-		// empty one, which a compacted dead-letter topic keeps instead of
-		// taking for the deletion of the dead letters before it.
+		// empty one, so that no reader of the topic takes it for a
+		// deletion.
 		value := d.Source.Value
 		if value == nil {
 			value = []byte{}

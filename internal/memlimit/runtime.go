@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/debug"
+	"runtime/metrics"
 	"strconv"
 	"strings"
 	"time"
@@ -83,9 +84,15 @@ const GCPercent = 400
 // pace in effect (-1: off).
 func ApplyGCPercent(env Env) int {
 	if v, ok := env.Lookup("GOGC"); ok && v != "" {
-		p := debug.SetGCPercent(GCPercent)
-		debug.SetGCPercent(p)
-		return p
+		s := []metrics.Sample{{Name: "/gc/gogc:percent"}}
+		metrics.Read(s)
+		if s[0].Value.Kind() != metrics.KindUint64 {
+			return -1
+		}
+		if p := s[0].Value.Uint64(); p <= 1<<30 { // (off reads as the largest uint64)
+			return int(p)
+		}
+		return -1
 	}
 	debug.SetGCPercent(GCPercent)
 	return GCPercent
