@@ -68,25 +68,8 @@ func ReleaseBinaryPages(limit int64) int64 {
 // selfStatus reads the process's file-backed resident bytes (RssFile) and
 // whether it is traced (TracerPid not 0) from /proc/self/status.
 func selfStatus() (file int64, traced bool) {
-	f, err := os.Open("/proc/self/status")
-	if err != nil {
-		return 0, false
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		k, v, ok := strings.Cut(sc.Text(), ":")
-		v = strings.TrimSpace(v)
-		switch {
-		case !ok:
-		case k == "RssFile":
-			kb, _ := strconv.ParseInt(strings.TrimSuffix(v, " kB"), 10, 64)
-			file = kb * KiB
-		case k == "TracerPid":
-			traced = v != "0"
-		}
-	}
-	return file, traced
+	st := readStatus("/")
+	return st.file, st.traced
 }
 
 // binarySpans reads maps and returns the mappings of the binary, the file

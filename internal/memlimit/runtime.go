@@ -27,24 +27,43 @@ func RuntimeShare(limit, outside int64) int64 {
 // count: file-backed (the binary's) and shared memory, from
 // proc/self/status under root; 0 when it cannot be read (not Linux).
 func Outside(root string) int64 {
+	st := readStatus(root)
+	return st.file + st.shmem
+}
+
+// procStatus is what hipq reads of proc/self/status.
+type procStatus struct {
+	file, shmem int64 // RssFile, RssShmem in bytes
+	traced      bool  // TracerPid not 0
+}
+
+// readStatus reads proc/self/status under root; zero when it cannot be
+// read (not Linux).
+func readStatus(root string) procStatus {
+	var st procStatus
 	f, err := os.Open(filepath.Join(root, "proc/self/status"))
 	if err != nil {
-		return 0
+		return st
 	}
 	defer f.Close()
-	var kb int64
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		k, v, ok := strings.Cut(sc.Text(), ":")
-		if !ok || (k != "RssFile" && k != "RssShmem") {
+		if !ok {
 			continue
 		}
-		n, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-		if err == nil {
-			kb += n
+		v = strings.TrimSpace(v)
+		kb, _ := strconv.ParseInt(strings.TrimSuffix(v, " kB"), 10, 64)
+		switch k {
+		case "RssFile":
+			st.file = kb * KiB
+		case "RssShmem":
+			st.shmem = kb * KiB
+		case "TracerPid":
+			st.traced = v != "0"
 		}
 	}
-	return kb * KiB
+	return st
 }
 
 // Apply sets the Go runtime's soft limit to its share of limit
