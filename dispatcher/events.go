@@ -312,7 +312,10 @@ func (r *Relay) drain(ctx context.Context, topic string) {
 // more may wait, and why some were not sent (the topic refused them: they
 // wait for the next try).
 func (r *Relay) RelayTopic(ctx context.Context, topic string) (int, bool, error) {
-	cur := r.cursor(topic)
+	cur, err := r.cursor(ctx, topic)
+	if err != nil {
+		return 0, false, err
+	}
 	evs, err := r.st.EventReadFrom(ctx, topic, cur, r.cfg.BatchSize)
 	if err != nil {
 		return 0, false, err
@@ -371,24 +374,23 @@ func (r *Relay) RelayTopic(ctx context.Context, topic string) (int, bool, error)
 		_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
 		select {}
 	}
-	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), relayDeleteTimeout)
-	defer cancel()
-	if err := r.st.EventDeleteFrom(dctx, cur, sent); err != nil {
-		// Sent, not deleted: they are sent again (consumers drop repeats).
-		return len(sent), false, err
-	}
-	deleted := make(map[int64]bool, len(sent))
+	done := make(map[int64]bool, len(sent))
 	for _, ref := range sent {
-		deleted[ref.ID] = true
+		done[ref.ID] = true
 	}
 	var lowest int64 // (evs are in id order where the cursor is used)
 	for _, e := range evs {
-		if !deleted[e.ID] {
+		if !done[e.ID] {
 			lowest = e.ID
 			break
 		}
 	}
-	cur.Passed(lowest)
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), relayDeleteTimeout)
+	defer cancel()
+	if err := r.st.EventDeleteFrom(dctx, cur, sent, lowest); err != nil {
+		// Sent, not deleted: they are sent again (consumers drop repeats).
+		return len(sent), false, err
+	}
 	r.cfg.Metrics.Events.WithLabelValues(topic, "sent").Add(float64(len(sent) - omitted))
 	if omitted > 0 {
 		r.cfg.Metrics.Events.WithLabelValues(topic, "result_omitted").Add(float64(omitted))
@@ -400,16 +402,26 @@ func (r *Relay) RelayTopic(ctx context.Context, topic string) (int, bool, error)
 	return len(sent), more && firstErr == nil, firstErr
 }
 
-// cursor is where topic's next read starts.
-func (r *Relay) cursor(topic string) *store.EventCursor {
+// cursor is where topic's next read starts: a topic's first read starts
+// where the relays before kept it (store.EventCursorOf).
+func (r *Relay) cursor(ctx context.Context, topic string) (*store.EventCursor, error) {
+	r.mu.Lock()
+	c := r.cursors[topic]
+	r.mu.Unlock()
+	if c != nil {
+		return c, nil
+	}
+	c, err := r.st.EventCursorOf(ctx, topic)
+	if err != nil {
+		return nil, err
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	c := r.cursors[topic]
-	if c == nil {
-		c = &store.EventCursor{}
-		r.cursors[topic] = c
+	if had := r.cursors[topic]; had != nil {
+		return had, nil
 	}
-	return c
+	r.cursors[topic] = c
+	return c, nil
 }
 
 // forgetCursors drops the cursors of the topics with no events pending

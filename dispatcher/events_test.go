@@ -238,7 +238,7 @@ func TestRelayProducesEvents(t *testing.T) {
 		header(rep[0], "hipq-correlation-id") != "c-1" {
 		t.Errorf("reply_to records %v, want asker0's final event with its correlation id", rep)
 	}
-	tu.Eventually(t, 10*time.Second, func() bool { return scalar(t, r.st, "SELECT count(*) FROM hipq_event") == 0 }, "sent events deleted")
+	tu.Eventually(t, 10*time.Second, func() bool { return scalar(t, r.st, pgtest.PendingEventsSQL("")) == 0 }, "sent events deleted")
 	// (Which relay sent them depends on which led: the lock may move while
 	// a slow machine lets a lease check fail; each event was sent once.)
 	sent := testutil.ToFloat64(m.Events.WithLabelValues("ev", "sent")) + testutil.ToFloat64(m2.Events.WithLabelValues("ev", "sent"))
@@ -277,7 +277,7 @@ func TestRelayRefusingTopicHoldsBackItsOwn(t *testing.T) {
 	// Jobs keep ending meanwhile.
 	r.answer(true)
 	rd.until("the flowing topic's final events", func(rs []*kgo.Record) bool { return len(ofTopic(rs, "good")) >= 20 })
-	if n := scalar(t, r.st, "SELECT count(*) FROM hipq_event WHERE topic = 'late'"); n != 20 {
+	if n := scalar(t, r.st, pgtest.PendingEventsSQL("late")); n != 20 {
 		t.Fatalf("%d events wait for the refusing topic, want 20", n)
 	}
 	if n := scalar(t, r.st, "SELECT count(*) FROM hipq_job WHERE state = 'final'"); n != 20 {
@@ -303,7 +303,7 @@ func TestRelayRefusingTopicHoldsBackItsOwn(t *testing.T) {
 			t.Errorf("%s: events of %d keys, want 10", topic, len(byKey))
 		}
 	}
-	tu.Eventually(t, 10*time.Second, func() bool { return scalar(t, r.st, "SELECT count(*) FROM hipq_event") == 0 }, "every event deleted")
+	tu.Eventually(t, 10*time.Second, func() bool { return scalar(t, r.st, pgtest.PendingEventsSQL("")) == 0 }, "every event deleted")
 }
 
 // A relay that dies between the broker's acknowledgement and the delete
@@ -316,23 +316,32 @@ func TestRelaySendsAgainAfterALostDelete(t *testing.T) {
 	r := newEventRig(t, map[string]string{"t": "ev"}, "ev")
 	r.insert("t", "k", 20)
 	r.answer(true)
+	// (The final events are read from the jobs: what is lost is the write
+	// of the topic's cursor, made with the delete.)
 	if _, err := r.st.Pool().Exec(ctx, `
 		CREATE FUNCTION refuse_delete() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'down'; END $$;
-		CREATE TRIGGER refuse_delete BEFORE DELETE ON hipq_event FOR EACH STATEMENT EXECUTE FUNCTION refuse_delete()`); err != nil {
+		CREATE TRIGGER refuse_delete BEFORE DELETE ON hipq_event FOR EACH STATEMENT EXECUTE FUNCTION refuse_delete();
+		CREATE TRIGGER refuse_cursor BEFORE INSERT OR UPDATE ON hipq_event_cursor FOR EACH STATEMENT EXECUTE FUNCTION refuse_delete()`); err != nil {
 		t.Fatal(err)
 	}
 	rl := r.relay(metrics.New())
-	if n, _, err := rl.RelayTopic(ctx, "ev"); err == nil || n != 20 {
-		t.Fatalf("relay with the delete refused: %d sent, %v; want 20 sent and the error", n, err)
+	if n, _, err := rl.RelayTopic(ctx, "ev"); n != 20 {
+		t.Fatalf("relay with the delete refused: %d sent, %v; want 20 sent", n, err)
 	}
-	if n := scalar(t, r.st, "SELECT count(*) FROM hipq_event"); n != 20 {
+	if n := scalar(t, r.st, pgtest.PendingEventsSQL("")); n != 20 {
 		t.Fatalf("%d events pending, want the 20 sent but not deleted", n)
 	}
-	if _, err := r.st.Pool().Exec(ctx, `DROP TRIGGER refuse_delete ON hipq_event`); err != nil {
+	if _, err := r.st.Pool().Exec(ctx, `DROP TRIGGER refuse_delete ON hipq_event; DROP TRIGGER refuse_cursor ON hipq_event_cursor`); err != nil {
 		t.Fatal(err)
 	}
+	// The relay that lost its delete does not send again what it knows it
+	// sent; the next relay (after its crash) does.
+	rl = r.relay(metrics.New())
 	if n, more, err := rl.RelayTopic(ctx, "ev"); err != nil || n != 20 || more {
 		t.Fatalf("relay again: %d sent (more %v), %v", n, more, err)
+	}
+	if n, _, err := rl.RelayTopic(ctx, "ev"); err != nil || n != 0 { // (an idle look: the cursor passes what was sent)
+		t.Fatalf("relay a third time: %d sent, %v", n, err)
 	}
 	rd := r.reader("ev")
 	rd.until("every event twice", func(rs []*kgo.Record) bool { return len(rs) >= 40 })
@@ -348,7 +357,7 @@ func TestRelaySendsAgainAfterALostDelete(t *testing.T) {
 			t.Errorf("event %s sent %d times, want twice (once again after the lost delete)", id, n)
 		}
 	}
-	if n := scalar(t, r.st, "SELECT count(*) FROM hipq_event"); n != 0 {
+	if n := scalar(t, r.st, pgtest.PendingEventsSQL("")); n != 0 {
 		t.Errorf("%d events pending after the second relay", n)
 	}
 }
@@ -366,7 +375,7 @@ func TestRelaySendsOneEventPerKeyAtATime(t *testing.T) {
 	if err != nil || n != 3 || !more {
 		t.Fatalf("first batch: %d sent (more %v), %v; want each key's first event and more", n, more, err)
 	}
-	if got := scalar(t, r.st, "SELECT count(*) FROM hipq_event WHERE outcome = 'succeeded'"); got != 3 {
+	if got := scalar(t, r.st, pgtest.PendingEventsSQL("")); got != 3 {
 		t.Fatalf("%d final events pending, want the 3 that wait for their keys' retries", got)
 	}
 	if n, _, err := rl.RelayTopic(ctx, "ev"); err != nil || n != 3 {
@@ -392,7 +401,7 @@ func TestRelayDrainsABoundedNumberOfTopicsAtOnce(t *testing.T) {
 	rl := dispatcher.NewRelay(zaptest.NewLogger(t), r.st, r.cl, dispatcher.RelayConfig{Interval: 50 * time.Millisecond,
 		BatchSize: 1, MaxDrains: 2, MaxBackoff: 200 * time.Millisecond, Metrics: metrics.New()})
 	r.run(rl)
-	tu.Eventually(t, 30*time.Second, func() bool { return scalar(t, r.st, "SELECT count(*) FROM hipq_event") == 0 }, "every event relayed")
+	tu.Eventually(t, 30*time.Second, func() bool { return scalar(t, r.st, pgtest.PendingEventsSQL("")) == 0 }, "every event relayed")
 	if n := rl.PeakDrains(); n < 1 || n > 2 {
 		t.Fatalf("%d topics drained at once, want at most 2", n)
 	}

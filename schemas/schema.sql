@@ -1,4 +1,4 @@
--- hipq's schema at version 26, with its repeatable migrations applied, as
+-- hipq's schema at version 27, with its repeatable migrations applied, as
 -- PostgreSQL's catalogs describe it. Written by `make schema`; TestSchemaSnapshot
 -- (store) fails when the migrated schema differs. Do not edit.
 
@@ -105,6 +105,13 @@ ALTER TABLE hipq_event ADD CONSTRAINT hipq_event_pkey PRIMARY KEY (id);
 CREATE INDEX hipq_event_topic ON hipq_event USING btree (topic, id);
 CREATE TRIGGER hipq_event_notify AFTER INSERT ON hipq_event REFERENCING NEW TABLE AS hipq_event_new FOR EACH STATEMENT EXECUTE FUNCTION hipq_event_notify();
 
+CREATE TABLE hipq_event_cursor (
+    topic text NOT NULL,
+    after bigint NOT NULL,
+    update_time timestamp with time zone DEFAULT now() NOT NULL
+);
+ALTER TABLE hipq_event_cursor ADD CONSTRAINT hipq_event_cursor_pkey PRIMARY KEY (topic);
+
 CREATE TABLE hipq_intake (
     id bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
     value text NOT NULL,
@@ -139,7 +146,9 @@ CREATE TABLE hipq_job (
     trace_parent text,
     trace_state text,
     reply_to text,
-    correlation jsonb
+    correlation jsonb,
+    event_topic text,
+    event_id bigint
 );
 ALTER TABLE hipq_job ADD CONSTRAINT hipq_job_attempt_check CHECK (attempt >= 0);
 ALTER TABLE hipq_job ADD CONSTRAINT hipq_job_check CHECK ((state = 'final'::text) = (outcome IS NOT NULL));
@@ -153,6 +162,7 @@ ALTER TABLE hipq_job ADD CONSTRAINT hipq_job_timeout_seconds_check CHECK (timeou
 CREATE UNIQUE INDEX hipq_job_active_key ON hipq_job USING btree (job_type, job_key) WHERE (state <> 'final'::text);
 CREATE INDEX hipq_job_due_type_prio ON hipq_job USING btree (queue, job_type, priority, scheduled_run_time, id) WHERE (state = ANY (ARRAY['initial'::text, 'retry'::text]));
 CREATE INDEX hipq_job_due_type_sched ON hipq_job USING btree (queue, job_type, scheduled_run_time, priority, id) WHERE (state = ANY (ARRAY['initial'::text, 'retry'::text]));
+CREATE INDEX hipq_job_event ON hipq_job USING btree (event_topic, event_id) WHERE (event_id IS NOT NULL);
 CREATE INDEX hipq_job_expiring ON hipq_job USING btree (expires_at) WHERE ((state = ANY (ARRAY['initial'::text, 'retry'::text])) AND (expires_at IS NOT NULL));
 CREATE INDEX hipq_job_final ON hipq_job USING btree (update_time) WHERE (state = 'final'::text);
 CREATE INDEX hipq_job_final_key ON hipq_job USING btree (job_type, job_key, id) WHERE (state = 'final'::text);

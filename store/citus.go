@@ -97,6 +97,7 @@ var citusLayout = []citusTable{
 	{name: "hipq_ui_session", kind: citusLocal},
 	{name: "hipq_operation", kind: citusLocal},
 	{name: "hipq_lock", kind: citusLocal},
+	{name: "hipq_event_cursor", kind: citusLocal},
 	{name: "hipq_schema_migration", kind: citusLocal},
 	{name: "hipq_schema_repeatable", kind: citusLocal},
 }
@@ -339,6 +340,14 @@ type statementForms struct{ plain, events, citus, citusEvents string }
 
 func formsOf(plain, events string, forCitus func(string) string) statementForms {
 	return statementForms{plain: plain, events: events, citus: forCitus(plain), citusEvents: forCitus(events)}
+}
+
+// withFinalOnJob is f whose single-node events form is events: a job's
+// final event read from the job (see resolveFinalOnJobSQL), where on Citus
+// it stays a row of hipq_event.
+func withFinalOnJob(f statementForms, events string) statementForms {
+	f.events = events
+	return f
 }
 
 // pick is the text for a statement that writes events or not, on Citus

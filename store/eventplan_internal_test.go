@@ -88,3 +88,89 @@ func TestEventDeletesProbeByTopicAndID(t *testing.T) {
 		}
 	}
 }
+
+// A transaction open anywhere in the cluster holds every snapshot's xmin
+// back, so the relay's cursor cannot pass what it sent: it remembers the
+// events read from jobs and sent, up to its maxSent, and strikes the rest
+// from their jobs with the delete (event_id cleared). None is sent twice,
+// none is left pending, and the memory stays bounded however long the
+// transaction stays open.
+func TestEventCursorStrikesWhatItCannotPass(t *testing.T) {
+	t.Parallel()
+	_, st := planStore(t)
+	ctx := context.Background()
+	end := func(n int) {
+		t.Helper()
+		if _, err := st.pool.Exec(ctx, `INSERT INTO hipq_job (queue, job_type, job_key, state, outcome, event_topic, event_id)
+			SELECT 'q', 'jt', 'k' || i || '-' || nextval('hipq_event_id_seq'), 'final', 'succeeded', 't', currval('hipq_event_id_seq')
+			FROM generate_series(1, $1) i`, n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// (its transaction id older than every event's)
+	long, err := st.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = long.Rollback(ctx) }()
+	if _, err := long.Exec(ctx, `SELECT pg_current_xact_id()`); err != nil {
+		t.Fatal(err)
+	}
+	c, err := st.EventCursorOf(ctx, "t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.maxSent = 5
+	relay := func() int {
+		t.Helper()
+		evs, err := st.EventReadFrom(ctx, "t", c, 4)
+		if err != nil {
+			t.Fatal(err)
+		}
+		refs := make([]EventRef, len(evs))
+		for i := range evs {
+			refs[i] = evs[i].Ref()
+		}
+		if err := st.EventDeleteFrom(ctx, c, refs, 0); err != nil {
+			t.Fatal(err)
+		}
+		return len(evs)
+	}
+	end(10)
+	sent := 0
+	for range 10 {
+		sent += relay()
+	}
+	if sent != 10 {
+		t.Fatalf("sent %d events, want each of the 10 once", sent)
+	}
+	if len(c.sent) > c.maxSent {
+		t.Errorf("the cursor remembers %d sent events, more than its %d", len(c.sent), c.maxSent)
+	}
+	if c.After() != 0 {
+		t.Fatalf("the cursor passed %d while a transaction older than the events was open", c.After())
+	}
+	var left, struck int
+	if err := st.pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE event_id IS NOT NULL), count(*) FILTER (WHERE event_id IS NULL) FROM hipq_job`).Scan(&left, &struck); err != nil {
+		t.Fatal(err)
+	}
+	if left > c.maxSent || struck < 10-c.maxSent {
+		t.Errorf("%d jobs keep their event id and %d were struck, want at most %d kept", left, struck, c.maxSent)
+	}
+	// Once the transaction ends, the cursor passes the rest, and what
+	// comes after is sent as before.
+	if err := long.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	end(3)
+	for range 5 {
+		sent += relay()
+	}
+	if sent != 13 {
+		t.Fatalf("sent %d events in all, want 13", sent)
+	}
+	pending, err := st.EventsPending(ctx)
+	if err != nil || len(pending) != 0 {
+		t.Fatalf("pending %v (%v), want none", pending, err)
+	}
+}

@@ -89,8 +89,16 @@ const eventColumns = `j.job_key, j.state, j.outcome, j.error, j.result, j.create
 // type's topic too). A row's id is assigned while the statement holds the
 // job's row lock, so the events of one job (and of one key: a new job of
 // a key exists only once the last is final) are numbered in the order
-// they are committed.
-func eventsCTE(from, types, topics, attempts string) string {
+// they are committed. With finalOnJob the statement marks the final jobs
+// of routed types for the relay to read (finalOnJob): their events on
+// their type's topic are not written here.
+func eventsCTE(from, types, topics, attempts string, finalOnJob bool) string {
+	typeCond, rows := `(d.state = 'final' OR r.attempts)`, ""
+	if finalOnJob {
+		// (what is left for rows: attempts, and reply_to)
+		typeCond, rows = `d.state <> 'final' AND r.attempts`, `
+		  WHERE d.state <> 'final' OR d.reply_to IS NOT NULL`
+	}
 	return `ev AS (
 		  INSERT INTO hipq_event (queue, topic, job_id, job_type, job_key, attempt, outcome, trace_parent, headers,
 		                          state, result, error, job_created_at, finished_at)
@@ -100,11 +108,11 @@ func eventsCTE(from, types, topics, attempts string) string {
 		  FROM ` + from + ` d
 		  CROSS JOIN LATERAL (
 		    SELECT r.topic FROM unnest(` + types + `::text[], ` + topics + `::text[], ` + attempts + `::bool[]) AS r(job_type, topic, attempts)
-		    WHERE r.job_type = d.job_type AND (d.state = 'final' OR r.attempts)
+		    WHERE r.job_type = d.job_type AND ` + typeCond + `
 		    UNION ALL
 		    SELECT d.reply_to WHERE d.reply_to IS NOT NULL AND d.state = 'final'
 		      AND NOT EXISTS (SELECT FROM unnest(` + types + `::text[], ` + topics + `::text[]) AS r(job_type, topic)
-		                      WHERE r.job_type = d.job_type AND r.topic = d.reply_to)) e
+		                      WHERE r.job_type = d.job_type AND r.topic = d.reply_to)) e` + rows + `
 		  ORDER BY d.id, e.topic
 		)`
 }
@@ -115,9 +123,13 @@ func eventsCTE(from, types, topics, attempts string) string {
 // go) the statement that writes their outcome events too, with the routes
 // in the parameters types, topics and attempts.
 func withEvents(stmt, types, topics, attempts string) string {
+	return withEventsCTE(stmt, eventsCTE("done", types, topics, attempts, false))
+}
+
+func withEventsCTE(stmt, cte string) string {
 	return strings.NewReplacer(
 		"/*event columns*/", ", "+eventColumns,
-		"/*events*/", eventsCTE("done", types, topics, attempts)+", ",
+		"/*events*/", cte+", ",
 	).Replace(stmt)
 }
 
@@ -154,10 +166,15 @@ type Event struct {
 	Headers     []correlator.Header // the job's hipq-correlation-* headers
 	Value       json.RawMessage
 	CreatedAt   time.Time
+	// OnJob: the event is its job's final event read from the job
+	// (hipq_job.event_id), not a row of hipq_event.
+	OnJob bool
 }
 
 // EventTopics lists the topics with events pending, in name order: a skip
-// scan of hipq_event_topic, one probe per topic however many wait.
+// scan of hipq_event_topic, one probe per topic however many wait; and
+// those of the jobs whose final events are read from them (hipq_job_event),
+// which the relay reads from their cursors.
 func (s *Store) EventTopics(ctx context.Context) ([]string, error) {
 	q := `
 		WITH RECURSIVE t AS (
@@ -165,8 +182,15 @@ func (s *Store) EventTopics(ctx context.Context) ([]string, error) {
 		  UNION ALL
 		  SELECT (SELECT e.topic FROM hipq_event e WHERE e.topic > t.topic ORDER BY e.topic LIMIT 1)
 		  FROM t WHERE t.topic IS NOT NULL
+		), jt AS (
+		  (SELECT event_topic AS topic FROM hipq_job WHERE event_id IS NOT NULL ORDER BY event_topic LIMIT 1)
+		  UNION ALL
+		  SELECT (SELECT j.event_topic FROM hipq_job j WHERE j.event_id IS NOT NULL AND j.event_topic > jt.topic ORDER BY j.event_topic LIMIT 1)
+		  FROM jt WHERE jt.topic IS NOT NULL
 		)
-		SELECT topic FROM t WHERE topic IS NOT NULL`
+		SELECT topic FROM t WHERE topic IS NOT NULL
+		UNION SELECT topic FROM jt WHERE topic IS NOT NULL
+		ORDER BY 1`
 	if s.dist {
 		// (Citus plans a recursive CTE only within one shard: each shard
 		// lists its own topics, from its events' topic index.)
@@ -186,7 +210,12 @@ func (s *Store) EventTopics(ctx context.Context) ([]string, error) {
 // eventReadColumns are what EventRead reads of an event, in scanEvents'
 // order.
 const eventReadColumns = `id, queue, topic, job_id, job_type, job_key, attempt, outcome, coalesce(trace_parent, ''), headers, value, created_at,
-	coalesce(state, ''), result, error, coalesce(job_created_at, created_at), coalesce(finished_at, created_at)`
+	coalesce(state, ''), result, error, coalesce(job_created_at, created_at), coalesce(finished_at, created_at), false`
+
+// eventJobColumns are eventReadColumns of a job's final event read from
+// the job (hipq_job j), as eventsCTE would have written its row.
+const eventJobColumns = `j.event_id, j.queue, j.event_topic, j.id, j.job_type, j.job_key, j.attempt, j.outcome, coalesce(j.trace_parent, ''),
+	j.correlation, NULL::jsonb, j.update_time, j.state, j.result, nullif(j.error, '` + correlator.ErrorNone + `'), j.created_at, j.update_time, true`
 
 // EventRead returns up to limit of topic's pending events, in id order:
 // for each job key, the order its events were committed in. On Citus ids
@@ -240,6 +269,122 @@ type EventCursor struct {
 	last      int64 // the last read's highest id
 	full      bool  // the last read returned its limit: more may wait above last
 	used      bool  // the last read was in id order (not Citus's)
+
+	// Of a topic whose final events are read from the jobs (Event.OnJob),
+	// which the relay does not delete: how far it relayed is written to
+	// hipq_event_cursor with its deletes, and read back by the next relay.
+	//
+	// The cursor passes an id only once it is settled, and a transaction
+	// open anywhere in the cluster holds every snapshot's xmin back (a long
+	// report, a dump): the events read from jobs and sent meanwhile are
+	// remembered (sent), up to maxSent; beyond, those sent are struck from
+	// their jobs (event_id cleared, guarded by its value) with the delete,
+	// as rows of hipq_event are deleted.
+	topic   string
+	kept    bool             // after is kept in hipq_event_cursor (a row exists, or the topic had events read from jobs)
+	saved   int64            // the value last written there
+	sent    map[int64]jobRef // the events read from jobs, above after, sent already: the reads skip them
+	maxSent int              // how many sent may be remembered (0: eventSentMax)
+}
+
+// eventSentMax is how many events read from jobs and sent a cursor
+// remembers above its after (see EventCursor).
+const eventSentMax = 20000
+
+// jobRef names a job.
+type jobRef struct {
+	queue string
+	id    int64
+}
+
+// EventCursorOf is the cursor from which a relay starts reading topic:
+// after the events it relayed, as hipq_event_cursor keeps it; from the
+// first id when it keeps none (and on Citus, which reads otherwise).
+func (s *Store) EventCursorOf(ctx context.Context, topic string) (*EventCursor, error) {
+	c := &EventCursor{topic: topic}
+	if s.dist {
+		return c, nil
+	}
+	err := s.pool.QueryRow(ctx, `SELECT after FROM hipq_event_cursor WHERE topic = $1`, topic).Scan(&c.after)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return c, nil
+	case err != nil:
+		return nil, fmt.Errorf("read the events' cursor of %s: %w", topic, err)
+	}
+	c.kept, c.saved = true, c.after
+	return c, nil
+}
+
+// sentIDs are the events read from jobs, above after, sent already: the
+// reads skip them.
+func (c *EventCursor) sentIDs() []int64 {
+	if c == nil || len(c.sent) == 0 {
+		return []int64{}
+	}
+	out := make([]int64, 0, len(c.sent))
+	for id := range c.sent {
+		out = append(out, id)
+	}
+	return out
+}
+
+// Sent notes events sent (the broker acknowledged them): those read from
+// jobs are skipped by the reads until the cursor passes them.
+func (c *EventCursor) Sent(refs []EventRef) {
+	if c == nil {
+		return
+	}
+	for _, r := range refs {
+		if r.OnJob && r.ID > c.after {
+			if c.sent == nil {
+				c.sent = map[int64]jobRef{}
+			}
+			c.sent[r.ID] = jobRef{r.Queue, r.JobID}
+		}
+	}
+}
+
+// overSent returns the events read from jobs and sent that stay
+// remembered above after once it is at upTo, when they are more than the
+// cursor may remember; none otherwise.
+func (c *EventCursor) overSent(upTo int64) map[int64]jobRef {
+	n := 0
+	for id := range c.sent {
+		if id > upTo {
+			n++
+		}
+	}
+	if n <= cmp.Or(c.maxSent, eventSentMax) {
+		return nil
+	}
+	out := make(map[int64]jobRef, n)
+	for id, j := range c.sent {
+		if id > upTo {
+			out[id] = j
+		}
+	}
+	return out
+}
+
+// eventStrikeSQL clears the event_id of the jobs of queue $1 whose ids
+// are $2, each guarded by its event id ($3) and state final: their events
+// were sent, and are read no more.
+const eventStrikeSQL = `
+	UPDATE hipq_job j SET event_id = NULL
+	FROM unnest($2::bigint[], $3::bigint[]) AS u(id, event_id)
+	WHERE j.queue = $1 AND j.id = u.id AND j.event_id = u.event_id AND j.state = 'final'`
+
+// passes is where Passed(lowest) would move after to.
+func (c *EventCursor) passes(lowest int64) int64 {
+	upTo := c.settled
+	switch {
+	case lowest > 0:
+		upTo = min(upTo, lowest-1)
+	case c.full:
+		upTo = min(upTo, c.last)
+	}
+	return max(c.after, upTo)
 }
 
 // After is the id above which the cursor's reads start.
@@ -254,23 +399,43 @@ func (c *EventCursor) Passed(lowest int64) {
 	if c == nil || !c.used {
 		return
 	}
-	upTo := c.settled
-	switch {
-	case lowest > 0:
-		upTo = min(upTo, lowest-1)
-	case c.full:
-		upTo = min(upTo, c.last)
+	c.after = c.passes(lowest)
+	for id := range c.sent {
+		if id <= c.after {
+			delete(c.sent, id)
+		}
 	}
-	c.after = max(c.after, upTo)
 }
 
 // read notes a read in id order that returned events: its snapshot's
 // xmin, and the highest id it returned.
 func (c *EventCursor) read(xmin, highest int64, full bool) {
 	c.used, c.full, c.last = true, full, highest
+	c.settle(xmin)
+}
+
+// settle notes a read's snapshot xmin: the pending mark is settled once
+// it reaches the mark's transaction id.
+func (c *EventCursor) settle(xmin int64) {
 	if c.xid != 0 && xmin >= c.xid {
 		c.settled, c.xid = max(c.settled, c.upTo), 0
 	}
+}
+
+// readNone notes a read in id order that found no event pending: every
+// settled id is passed (none above after is pending), so an idle relay's
+// cursor reaches the last event it relayed. It reports whether the cursor
+// is to be written to hipq_event_cursor, and whether it needs a mark (a
+// transaction id handed out after the last read): both are written by
+// EventCursorSave.
+func (c *EventCursor) readNone(xmin int64) (save, mark bool) {
+	if !c.used {
+		return false, false
+	}
+	c.settle(xmin)
+	c.full = false
+	c.Passed(0)
+	return c.kept && c.after > c.saved, c.xid == 0 && c.last > c.settled
 }
 
 // deleted notes the delete that followed the last read, by the
@@ -297,27 +462,77 @@ func (s *Store) EventReadFrom(ctx context.Context, topic string, c *EventCursor,
 	// sort, and either walks every row deleted since the last vacuum. The
 	// xmin noted is that of the snapshot that read the rows (one
 	// statement).
+	// The jobs whose final event is read from them (event_id set) are
+	// merged in, in the same order (one sequence numbers both), but for
+	// those sent already (the cursor's sent).
+	// (One snapshot for the transaction: a read that finds none notes
+	// its snapshot's xmin too, from a statement of its own.)
 	var out []Event
-	var xmin int64
-	b := indexedBatch("BEGIN READ ONLY")
+	var xmin, noneXmin int64
+	b := indexedBatch("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
 	b.Queue(`
 		WITH s AS MATERIALIZED (SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint AS xmin)
 		SELECT s.xmin, e.* FROM s CROSS JOIN LATERAL (
-		  SELECT `+eventReadColumns+` FROM hipq_event WHERE topic = $1 AND id > $2 ORDER BY id LIMIT $3) e`,
-		topic, after, limit).Query(func(rows pgx.Rows) error {
+		  (SELECT `+eventReadColumns+` FROM hipq_event WHERE topic = $1 AND id > $2 ORDER BY id LIMIT $3)
+		  UNION ALL
+		  (SELECT `+eventJobColumns+` FROM hipq_job j
+		   WHERE j.event_topic = $1 AND j.event_id > $2 AND j.event_id IS NOT NULL
+		     AND j.event_id NOT IN (SELECT unnest($4::bigint[])) -- (a hashed subplan: one lookup a row)
+		   ORDER BY j.event_id LIMIT $3)
+		  ORDER BY 1 LIMIT $3) e`,
+		topic, after, limit, c.sentIDs()).Query(func(rows pgx.Rows) error {
 		var err error
 		out, err = scanEventsWith(rows, topic, &xmin)
 		return err
 	})
+	b.Queue(`SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint`).QueryRow(func(r pgx.Row) error { return r.Scan(&noneXmin) })
 	b.Queue("COMMIT")
 	if err := s.pool.SendBatch(ctx, b).Close(); err != nil {
 		return nil, fmt.Errorf("read events of %s: %w", topic, err)
 	}
-	if c != nil && len(out) > 0 { // (a read that found none notes nothing: no batch follows it)
+	if c != nil && len(out) > 0 {
 		c.read(xmin, out[len(out)-1].ID, len(out) == limit)
+		for _, e := range out {
+			c.kept = c.kept || e.OnJob
+		}
+	}
+	if c != nil && len(out) == 0 {
+		if save, mark := c.readNone(noneXmin); save || mark {
+			if err := s.eventCursorMark(ctx, c, save); err != nil {
+				return nil, err
+			}
+		}
 	}
 	return out, nil
 }
+
+// eventCursorMark writes c to hipq_event_cursor when save, and notes the
+// transaction's id as c's mark (see EventCursor): a relay that has caught
+// up passes, at its next look, what it sent last.
+func (s *Store) eventCursorMark(ctx context.Context, c *EventCursor, save bool) error {
+	b := &pgx.Batch{}
+	b.Queue("BEGIN")
+	if save {
+		b.Queue(eventCursorSaveSQL, c.topic, c.after)
+	}
+	var xid int64
+	b.Queue(`SELECT pg_current_xact_id()::text::bigint`).QueryRow(func(r pgx.Row) error { return r.Scan(&xid) })
+	b.Queue("COMMIT")
+	if err := s.pool.SendBatch(ctx, b).Close(); err != nil {
+		return fmt.Errorf("write the events' cursor of %s: %w", c.topic, err)
+	}
+	if save {
+		c.saved = max(c.saved, c.after)
+	}
+	c.deleted(xid)
+	return nil
+}
+
+// eventCursorSaveSQL writes how far topic $1 was relayed ($2): never
+// back (two relays, one losing its lease, may both write).
+const eventCursorSaveSQL = `
+	INSERT INTO hipq_event_cursor AS c (topic, after) VALUES ($1, $2)
+	ON CONFLICT (topic) DO UPDATE SET after = greatest(c.after, excluded.after), update_time = now()`
 
 // eventReadCitus is EventRead on Citus. It reads up to limit events in the
 // order they were written (their transactions' start, then id: ids alone
@@ -381,7 +596,7 @@ func scanEventsWith(rows pgx.Rows, topic string, lead ...any) ([]Event, error) {
 	var v eventValue
 	var result []byte
 	_, err := pgx.ForEachRow(rows, append(lead, &e.ID, &e.Queue, &e.Topic, &e.JobID, &e.JobType, &e.JobKey, &e.Attempt, &e.Outcome,
-		&e.TraceParent, &headers, &value, &e.CreatedAt, &v.State, &result, &v.Error, &v.CreatedAt, &v.FinishedAt), func() error {
+		&e.TraceParent, &headers, &value, &e.CreatedAt, &v.State, &result, &v.Error, &v.CreatedAt, &v.FinishedAt, &e.OnJob), func() error {
 		ev := e
 		if value != nil { // (written by a version before 26, with its value)
 			ev.Value = append(json.RawMessage(nil), value...)
@@ -505,14 +720,19 @@ func appendJSONString(b []byte, s string) []byte {
 	return append(b, '"')
 }
 
-// EventRef names one event row: its queue, topic and id.
+// EventRef names one event: its queue, topic and id, and whether it was
+// read from its job, JobID (no row of hipq_event holds it).
 type EventRef struct {
 	Queue, Topic string
 	ID           int64
+	OnJob        bool
+	JobID        int64
 }
 
-// Ref names e's row.
-func (e *Event) Ref() EventRef { return EventRef{Queue: e.Queue, Topic: e.Topic, ID: e.ID} }
+// Ref names e.
+func (e *Event) Ref() EventRef {
+	return EventRef{Queue: e.Queue, Topic: e.Topic, ID: e.ID, OnJob: e.OnJob, JobID: e.JobID}
+}
 
 // eventDeleteSQL deletes relayed events of one queue ($1) and topic ($2)
 // by id ($3). Each id is looked up on its own, in a subquery the planner
@@ -540,18 +760,26 @@ const eventDeleteSQL = `
 // statement (eventDeleteSQL) per queue and topic, so that on Citus each
 // deletes on its queue's shard only.
 func (s *Store) EventDelete(ctx context.Context, refs []EventRef) error {
-	return s.EventDeleteFrom(ctx, nil, refs)
+	return s.EventDeleteFrom(ctx, nil, refs, 0)
 }
 
 // EventDeleteFrom is EventDelete of events read from the cursor c, which
-// it notes the delete in (see EventCursor); c may be nil.
-func (s *Store) EventDeleteFrom(ctx context.Context, c *EventCursor, refs []EventRef) error {
+// it notes the delete in and then passes (Passed(lowest): lowest is the
+// lowest id of the last read still pending, 0 when none is); c may be nil.
+// Events read from their jobs have no row to delete: the cursor, when its
+// topic has such events, is written to hipq_event_cursor in the same
+// transaction.
+func (s *Store) EventDeleteFrom(ctx context.Context, c *EventCursor, refs []EventRef, lowest int64) error {
 	if len(refs) == 0 {
 		return nil
 	}
+	c.Sent(refs)
 	type group struct{ queue, topic string }
 	byRows := map[group][]int64{}
 	for _, r := range refs {
+		if r.OnJob {
+			continue
+		}
 		k := group{r.Queue, r.Topic}
 		byRows[k] = append(byRows[k], r.ID)
 	}
@@ -569,24 +797,64 @@ func (s *Store) EventDeleteFrom(ctx context.Context, c *EventCursor, refs []Even
 	for _, k := range keys {
 		b.Queue(eventDeleteSQL, k.queue, k.topic, byRows[k])
 	}
-	var xid int64
+	var xid, save int64
+	var struck map[int64]jobRef
+	if c != nil && c.kept && !s.dist && c.used {
+		if save = c.passes(lowest); save > c.saved {
+			b.Queue(eventCursorSaveSQL, c.topic, save)
+		}
+		if struck = c.overSent(save); struck != nil {
+			byQueue := map[string][2][]int64{}
+			for id, j := range struck {
+				q := byQueue[j.queue]
+				byQueue[j.queue] = [2][]int64{append(q[0], j.id), append(q[1], id)}
+			}
+			for _, q := range slices.Sorted(maps.Keys(byQueue)) {
+				b.Queue(eventStrikeSQL, q, byQueue[q][0], byQueue[q][1])
+			}
+		}
+	}
 	if !s.dist {
 		b.Queue(`SELECT pg_current_xact_id()::text::bigint`).QueryRow(func(r pgx.Row) error { return r.Scan(&xid) })
 		b.Queue("COMMIT")
 	}
 	err := s.pool.SendBatch(ctx, b).Close()
-	if err == nil && c != nil && !s.dist {
-		c.deleted(xid)
-	}
 	if err != nil {
 		return fmt.Errorf("delete relayed events: %w", err)
+	}
+	if c != nil && !s.dist {
+		c.saved = max(c.saved, save)
+		for id := range struck {
+			delete(c.sent, id)
+		}
+		c.deleted(xid)
+		c.Passed(lowest)
 	}
 	return nil
 }
 
 // EventsPending counts the pending events of each topic that has some.
 func (s *Store) EventsPending(ctx context.Context) (map[string]int64, error) {
-	rows, err := s.pool.Query(ctx, `SELECT topic, count(*) FROM hipq_event GROUP BY topic`)
+	q := `SELECT topic, count(*) FROM hipq_event GROUP BY topic`
+	if !s.dist {
+		// (and the jobs' final events above their topic's cursor, one
+		// range of hipq_job_event per topic)
+		q = `
+		WITH RECURSIVE jt AS (
+		  (SELECT event_topic AS topic FROM hipq_job WHERE event_id IS NOT NULL ORDER BY event_topic LIMIT 1)
+		  UNION ALL
+		  SELECT (SELECT j.event_topic FROM hipq_job j WHERE j.event_id IS NOT NULL AND j.event_topic > jt.topic ORDER BY j.event_topic LIMIT 1)
+		  FROM jt WHERE jt.topic IS NOT NULL
+		)
+		SELECT topic, sum(n)::bigint FROM (
+		  SELECT topic, count(*) AS n FROM hipq_event GROUP BY topic
+		  UNION ALL
+		  SELECT jt.topic, (SELECT count(*) FROM hipq_job j WHERE j.event_topic = jt.topic AND j.event_id IS NOT NULL
+		                    AND j.event_id > coalesce((SELECT c.after FROM hipq_event_cursor c WHERE c.topic = jt.topic), 0))
+		  FROM jt WHERE jt.topic IS NOT NULL
+		) p GROUP BY topic HAVING sum(n) > 0`
+	}
+	rows, err := s.pool.Query(ctx, q)
 	if err != nil {
 		return nil, fmt.Errorf("count pending events: %w", err)
 	}

@@ -219,6 +219,9 @@ func (s *Store) StatementsRead(ctx context.Context) ([]StatementTime, error) {
 		        WHEN q ILIKE 'COPY "%" FROM STDIN WITH (format result)' THEN 'intermediate results (Citus)'
 		        WHEN q ILIKE '%hipq_attempt%' OR q ILIKE '%hipq_early_reply%' THEN 'sweeper and attempts'
 		        WHEN q ILIKE '%pg_notify%' OR q ILIKE 'LISTEN%' THEN 'notifications'
+		        WHEN q ILIKE '%hipq_event%' OR q ILIKE '%SET event_id = NULL%' OR q ILIKE 'SELECT pg_snapshot_xmin(%'
+		          OR q ILIKE 'SELECT pg_current_xact_id()%' OR q ILIKE 'SELECT set_config(''enable_seqscan''%'
+		          THEN 'outcome events (relay)'
 		        ELSE 'other' END AS family
 		      FROM (SELECT calls, rows, total_exec_time,
 		              regexp_replace(regexp_replace(regexp_replace(query, '\s+', ' ', 'g'),

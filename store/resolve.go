@@ -140,7 +140,36 @@ var resolveManyEventsSQL = strings.Replace(withEvents(resolveManySQL, "@ev_type"
 // notice goes in a statement of its own (notifyCitus): Citus would send
 // the CTE's to the worker, where nobody listens and which commits in two
 // phases, refusing a NOTIFY.
-var resolveForms = formsOf(resolveManySQL, resolveManyEventsSQL, resolveForCitus)
+// On one PostgreSQL the events' form is resolveFinalOnJobSQL.
+var resolveForms = withFinalOnJob(formsOf(resolveManySQL, resolveManyEventsSQL, resolveForCitus), resolveFinalOnJobSQL)
+
+// resolveFinalOnJobSQL is resolveManyEventsSQL where a job of a routed
+// type that ends gets no row of hipq_event for its final event on its
+// type's topic: the update sets its event_topic and event_id (from
+// hipq_event's sequence) and the relay reads the job itself (EventReadFrom),
+// which is never updated again. The id is handed out by the update, after
+// the caller's lock (an earlier statement of the transaction) gave the
+// transaction its id, as EventCursor requires. The statement notifies the
+// relay of those topics, as hipq_event's trigger does of its rows'.
+var resolveFinalOnJobSQL = replaceEach(
+	strings.Replace(withEventsCTE(resolveManySQL, eventsCTE("done", "@ev_type", "@ev_topic", "@ev_attempts", true)),
+		"WITH u AS (\n\t\t  SELECT * FROM unnest(", "WITH u AS (\n\t\t  SELECT u.* FROM (SELECT @queue::text) AS q(queue), unnest(", 1),
+	"SELECT j.ctid AS tid, j.state, j.attempt, j.started_at FROM hipq_job j",
+	"SELECT j.ctid AS tid, j.state, j.attempt, j.started_at, j.job_type AS cur_type FROM hipq_job j",
+	"SELECT u.*, b.tid, b.state AS cur_state, b.attempt AS cur_att, b.started_at AS cur_claim",
+	`SELECT u.*, b.tid, b.state AS cur_state, b.attempt AS cur_att, b.started_at AS cur_claim,
+		         CASE WHEN u.state = 'final' THEN (SELECT r.topic FROM unnest(@ev_type::text[], @ev_topic::text[]) AS r(job_type, topic)
+		                                           WHERE r.job_type = b.cur_type LIMIT 1) END AS ev_topic`,
+	"update_time = now()\n\t\t  FROM t",
+	"update_time = now(),\n\t\t      event_topic = t.ev_topic, event_id = CASE WHEN t.ev_topic IS NOT NULL THEN nextval('hipq_event_id_seq') END\n\t\t  FROM t",
+	"t.reply, t.sent, j.job_key", "t.reply, t.sent, j.event_topic, j.job_key",
+	"), att AS (",
+	`), evnotify AS (
+		  SELECT pg_notify('`+channelEvent+`', x.topics)
+		  FROM (SELECT string_agg(DISTINCT event_topic, ',' ORDER BY event_topic) AS topics FROM done WHERE event_topic IS NOT NULL) x
+		  WHERE x.topics IS NOT NULL
+		), att AS (`,
+	"WHERE (SELECT count(*) FROM notify) >= 0", "WHERE (SELECT count(*) FROM notify) + (SELECT count(*) FROM evnotify) >= 0")
 
 func resolveForCitus(stmt string) string {
 	stmt = mustReplace(stmt, "SELECT j.ctid AS tid, j.state", "SELECT j.id AS tid, j.state")

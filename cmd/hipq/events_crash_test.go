@@ -17,6 +17,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/hipq/hipq/correlator"
+	"github.com/hipq/hipq/internal/pgtest"
 	"github.com/hipq/hipq/internal/testutil"
 )
 
@@ -75,7 +76,7 @@ func TestEventsSIGKILL(t *testing.T) {
 	if !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
 		t.Fatalf("hipq did not die at the crash point: %v\n%s", err, p.output())
 	}
-	pendingAtCrash := scalarInt(t, db, "SELECT count(*) FROM hipq_event")
+	pendingAtCrash := scalarInt(t, db, pgtest.PendingEventsSQL(""))
 	if pendingAtCrash == 0 {
 		t.Fatalf("no event waits after the crash:\n%s", p.output())
 	}
@@ -84,7 +85,7 @@ func TestEventsSIGKILL(t *testing.T) {
 	defer p.logOnFailure(t)
 	testutil.Eventually(t, 2*time.Minute, func() (bool, string) {
 		final := scalarInt(t, db, "SELECT count(*) FROM hipq_job WHERE state = 'final'")
-		pending := scalarInt(t, db, "SELECT count(*) FROM hipq_event")
+		pending := scalarInt(t, db, pgtest.PendingEventsSQL(""))
 		return final == n && pending == 0, fmt.Sprintf("%d final, %d events pending", final, pending)
 	}, "every job final and every event relayed")
 	cancel() // (the responder's work is done)

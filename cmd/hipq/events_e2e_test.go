@@ -12,6 +12,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/hipq/hipq/correlator"
+	"github.com/hipq/hipq/internal/pgtest"
 	"github.com/hipq/hipq/internal/testutil"
 )
 
@@ -109,5 +110,5 @@ func TestEventsRoundTrip(t *testing.T) {
 		v["state"] != "final" || fmt.Sprint(v["result"]) == "<nil>" {
 		t.Errorf("reply_to event %s %v: %s", reply.Key, reply.Headers, reply.Value)
 	}
-	testutil.Eventually(t, 10*time.Second, func() bool { return e.adminScalar("SELECT count(*) FROM hipq_event") == 0 }, "every event deleted")
+	testutil.Eventually(t, 10*time.Second, func() bool { return e.adminScalar(pgtest.PendingEventsSQL("")) == 0 }, "every event deleted")
 }

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/hipq/hipq/correlator"
+	"github.com/hipq/hipq/internal/pgtest"
 	"github.com/hipq/hipq/internal/testutil"
 )
 
@@ -65,7 +66,7 @@ func TestKcatReadsEvents(t *testing.T) {
 	}
 	e.produce("jobs", reqs...)
 	testutil.Eventually(t, time.Minute, func() (bool, string) {
-		n, pending := e.countJobs(a, "state = 'final'"), e.adminScalar("SELECT count(*) FROM hipq_event")
+		n, pending := e.countJobs(a, "state = 'final'"), e.adminScalar(pgtest.PendingEventsSQL(""))
 		return n == len(keys) && pending == 0, fmt.Sprintf("%d of %d jobs final, %d events not yet relayed", n, len(keys), pending)
 	}, "every job ended and its events relayed")
 

@@ -88,6 +88,22 @@ func WorkerURL(t testing.TB, url string) string {
 	return ws[0]
 }
 
+// PendingEventsSQL is a query of the number of outcome events pending, of
+// topic (all topics when ""): the rows of hipq_event, and on one
+// PostgreSQL the jobs' final events read from the jobs above their
+// topic's cursor (which an idle relay brings to the last event it sent).
+func PendingEventsSQL(topic string) string {
+	rows, jobs := "", ""
+	if topic != "" {
+		rows, jobs = " WHERE topic = '"+topic+"'", " AND j.event_topic = '"+topic+"'"
+	}
+	if OnCitus() {
+		return "SELECT count(*) FROM hipq_event" + rows
+	}
+	return "SELECT (SELECT count(*) FROM hipq_event" + rows + ") + (SELECT count(*) FROM hipq_job j WHERE j.event_id IS NOT NULL" + jobs +
+		" AND j.event_id > coalesce((SELECT c.after FROM hipq_event_cursor c WHERE c.topic = j.event_topic), 0))"
+}
+
 // SkipOnCitus skips t when the tests run on Citus, for the reason why:
 // what t holds is not hipq's behaviour there.
 func SkipOnCitus(t testing.TB, why string) {
