@@ -148,14 +148,17 @@ var resolveForms = withFinalOnJob(formsOf(resolveManySQL, resolveManyEventsSQL, 
 // type's topic: the update sets its event_topic and event_id (from
 // hipq_event's sequence) and the relay reads the job itself (EventReadFrom),
 // which is never updated again. The id is handed out by the update, after
-// the caller's lock (an earlier statement of the transaction) gave the
-// transaction its id, as EventCursor requires. The statement notifies the
-// relay of those topics, as hipq_event's trigger does of its rows'.
+// the transaction has its own id, as EventCursor requires: the caller's
+// lock (an earlier statement) gave it one, and xid asks for it besides,
+// before the first row is read. The statement notifies the relay of those
+// topics, as hipq_event's trigger does of its rows'.
 var resolveFinalOnJobSQL = replaceEach(
 	strings.Replace(withEventsCTE(resolveManySQL, eventsCTE("done", "@ev_type", "@ev_topic", "@ev_attempts", true)),
 		"WITH u AS (\n\t\t  SELECT * FROM unnest(", "WITH u AS (\n\t\t  SELECT u.* FROM (SELECT @queue::text) AS q(queue), unnest(", 1),
 	"SELECT j.ctid AS tid, j.state, j.attempt, j.started_at FROM hipq_job j",
 	"SELECT j.ctid AS tid, j.state, j.attempt, j.started_at, j.job_type AS cur_type FROM hipq_job j",
+	"), t AS (", "), xid AS MATERIALIZED (SELECT pg_current_xact_id() AS xid\n\t\t), t AS (",
+	"FROM u CROSS JOIN LATERAL (", "FROM xid, u CROSS JOIN LATERAL (",
 	"SELECT u.*, b.tid, b.state AS cur_state, b.attempt AS cur_att, b.started_at AS cur_claim",
 	`SELECT u.*, b.tid, b.state AS cur_state, b.attempt AS cur_att, b.started_at AS cur_claim,
 		         CASE WHEN u.state = 'final' THEN (SELECT r.topic FROM unnest(@ev_type::text[], @ev_topic::text[]) AS r(job_type, topic)
