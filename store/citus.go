@@ -102,6 +102,37 @@ var citusLayout = []citusTable{
 	{name: "hipq_schema_repeatable", kind: citusLocal},
 }
 
+// eventsOffJobs makes of each final event a single-node schema keeps on
+// its job (hipq_job.event_id, above its topic's cursor: not relayed yet)
+// the row of hipq_event it would be on Citus, with its own id, where the
+// relay reads every event: none is lost by the move. Then no job keeps an
+// event, and no cursor is kept. Nothing to do once hipq_job is laid out
+// for the cluster (no event is kept on a job there).
+func eventsOffJobs(ctx context.Context, conn *pgx.Conn) error {
+	var known bool
+	if err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = 'hipq_job'::regclass)").Scan(&known); err != nil || known {
+		return err
+	}
+	// (One statement: a move cut short leaves every event where it was.)
+	_, err := conn.Exec(ctx, `
+		WITH moved AS (
+		  INSERT INTO hipq_event (id, queue, topic, job_id, job_type, job_key, attempt, outcome, trace_parent, headers,
+		                          state, result, error, job_created_at, finished_at, created_at)
+		  OVERRIDING SYSTEM VALUE
+		  SELECT j.event_id, j.queue, j.event_topic, j.id, j.job_type, j.job_key, j.attempt, j.outcome, j.trace_parent, j.correlation,
+		         j.state, j.result, nullif(j.error, '`+correlator.ErrorNone+`'), j.created_at, j.update_time, j.update_time
+		  FROM hipq_job j
+		  WHERE j.event_id IS NOT NULL AND j.event_id > coalesce((SELECT c.after FROM hipq_event_cursor c WHERE c.topic = j.event_topic), 0)
+		  ON CONFLICT (id) DO NOTHING
+		), off AS (
+		  UPDATE hipq_job SET event_id = NULL, event_topic = NULL WHERE event_id IS NOT NULL
+		), cursors AS (
+		  DELETE FROM hipq_event_cursor
+		)
+		SELECT 1`)
+	return err
+}
+
 // citusIndexes are indexes of the layout on Citus only, made at every
 // migrate there: the relay's reads of a topic's pending events in the
 // order they were written, and of a key's (eventReadCitus).
@@ -178,6 +209,9 @@ func distribute(ctx context.Context, conn *pgx.Conn, moveRows bool, types correl
 		}
 		if err := earlyReplyQueues(ctx, conn, types); err != nil {
 			return fmt.Errorf("citus: early replies without a queue: %w", err)
+		}
+		if err := eventsOffJobs(ctx, conn); err != nil {
+			return fmt.Errorf("citus: outcome events on jobs: %w", err)
 		}
 	}
 	for _, t := range citusLayout {

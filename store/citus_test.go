@@ -2,6 +2,7 @@ package store_test
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -37,7 +38,7 @@ func TestMigrateLaysOutCitus(t *testing.T) {
 		"hipq_queue":       "reference", "hipq_schedule": "reference",
 	}
 	local := []string{"hipq_offset", "hipq_intake", "hipq_dead_letter",
-		"hipq_ui_session", "hipq_operation", "hipq_lock", "hipq_schema_migration", "hipq_schema_repeatable"}
+		"hipq_ui_session", "hipq_operation", "hipq_lock", "hipq_event_cursor", "hipq_schema_migration", "hipq_schema_repeatable"}
 	for _, t := range local {
 		want[t] = "local"
 	}
@@ -150,9 +151,15 @@ func TestMigrateDistributeMovesASingleNodeSchema(t *testing.T) {
 	}
 	insert(t, single, job("running"), job("done"))
 	claimSent(t, single, 2)
-	// (An event not relayed yet: its table's rows move too, without the
-	// trigger that would notify from the workers.)
+	// (Events not relayed yet: the final one kept on its job becomes a
+	// row of hipq_event, with its id, where the cluster's relay reads;
+	// the table's rows move too, without the trigger that would notify
+	// from the workers.)
 	applyReplies(t, single.WithEvents(store.EventsOf(eventTypes())), reply("done", 1, true))
+	var onJob int
+	if err := single.Pool().QueryRow(ctx, `SELECT event_id FROM hipq_job WHERE job_key = 'done'`).Scan(&onJob); err != nil || count(t, single, "SELECT count(*) FROM hipq_event") != 0 {
+		t.Fatalf("done's final event is not on its job on one PostgreSQL: %v", err)
+	}
 	insert(t, single, job("waiting"), job("later", at(-time.Hour)))
 	if err := single.QueueSetPaused(ctx, "other", true); err != nil { // (a reference table's row)
 		t.Fatal(err)
@@ -246,6 +253,8 @@ func TestMigrateDistributeMovesASingleNodeSchema(t *testing.T) {
 	}
 	for q, want := range map[string]int{"SELECT count(*) FROM hipq_job": 9, "SELECT count(*) FROM hipq_attempt": 6,
 		"SELECT count(*) FROM hipq_event": 1, "SELECT count(*) FROM hipq_queue WHERE paused": 1,
+		fmt.Sprintf("SELECT count(*) FROM hipq_event WHERE job_key = 'done' AND id = %d AND outcome = 'succeeded'", onJob): 1,
+		"SELECT count(*) FROM hipq_job WHERE event_id IS NOT NULL OR event_topic IS NOT NULL":                              0,
 		"SELECT count(*) FROM hipq_rate_unit":                                                                       3,
 		"SELECT count(*) FROM hipq_early_reply WHERE queue = 'default'":                                             2,
 		"SELECT count(*) FROM hipq_dead_letter WHERE reason LIKE 'unknown_job_type:%' AND record_value = 'reply g'": 1} {
