@@ -184,6 +184,12 @@ func (r *Relay) Run(ctx context.Context) error {
 			r.log.Warn("could not try the relay's lock", zap.Error(err))
 		case ok:
 			r.log.Info("relaying outcome events")
+			// Each lead starts from the cursors kept in PostgreSQL: while
+			// another instance led, it relayed events this one's cursors
+			// would read again (those left on jobs are not deleted).
+			r.mu.Lock()
+			clear(r.cursors)
+			r.mu.Unlock()
 			r.lead(ctx, lease)
 			lease.Release()
 			r.forgetPending()
@@ -324,14 +330,22 @@ func (r *Relay) RelayTopic(ctx context.Context, topic string) (int, bool, error)
 	seen := make(map[string]bool, len(evs))
 	batch := make([]store.Event, 0, len(evs)) // (evs stays whole: the cursor moves by what it holds)
 	for _, e := range evs {
-		if seen[e.JobKey] {
-			more = true // (a later event of a key sent in this batch waits for the next)
+		if seen[e.JobKey] || cur.Holds(e.JobKey) {
+			// (A later event of a key sent in this batch waits for the
+			// next; so does every later event of a key whose event was
+			// read from its job and sent, until that event is passed by
+			// the cursor kept or struck from its job: a relay after a
+			// crash would send it again, after them.)
+			more = true
 			continue
 		}
 		seen[e.JobKey] = true
 		batch = append(batch, e)
 	}
 	if len(batch) == 0 {
+		if len(evs) > 0 { // (every one held back by Holds: the delete strikes what held them)
+			return 0, false, r.st.EventDeleteFrom(ctx, cur, nil, evs[0].ID)
+		}
 		return 0, false, nil
 	}
 	recs := make([]*kgo.Record, len(batch))

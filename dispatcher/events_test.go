@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -306,43 +307,52 @@ func TestRelayRefusingTopicHoldsBackItsOwn(t *testing.T) {
 	tu.Eventually(t, 10*time.Second, func() bool { return scalar(t, r.st, pgtest.PendingEventsSQL("")) == 0 }, "every event deleted")
 }
 
-// A relay that dies between the broker's acknowledgement and the delete
-// (here: the delete refused) leaves the events pending; they are sent
-// again, with the same hipq-event-id, and then deleted: each event
-// arrives at least once, none is lost.
+// A relay that dies between the broker's acknowledgement and the write
+// that follows it (here: that write refused) leaves the events pending;
+// they are sent again, with the same hipq-event-id: each event arrives at
+// least once, none is lost. The jobs' final events are read from the
+// jobs: what follows their sending is the write of the topic's cursor,
+// made with the deletes of rows.
 func TestRelaySendsAgainAfterALostDelete(t *testing.T) {
 	pgtest.SkipOnCitus(t, "the test makes PostgreSQL refuse writes with a trigger, which Citus does not run on a distributed table")
 	t.Parallel()
 	r := newEventRig(t, map[string]string{"t": "ev"}, "ev")
 	r.insert("t", "k", 20)
 	r.answer(true)
-	// (The final events are read from the jobs: what is lost is the write
-	// of the topic's cursor, made with the delete.)
+	rl := r.relay(metrics.New())
+	if n, _, err := rl.RelayTopic(ctx, "ev"); err != nil || n != 20 {
+		t.Fatalf("relay: %d sent, %v; want 20", n, err)
+	}
 	if _, err := r.st.Pool().Exec(ctx, `
-		CREATE FUNCTION refuse_delete() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'down'; END $$;
-		CREATE TRIGGER refuse_delete BEFORE DELETE ON hipq_event FOR EACH STATEMENT EXECUTE FUNCTION refuse_delete();
-		CREATE TRIGGER refuse_cursor BEFORE INSERT OR UPDATE ON hipq_event_cursor FOR EACH STATEMENT EXECUTE FUNCTION refuse_delete()`); err != nil {
+		CREATE FUNCTION refuse_write() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'down'; END $$;
+		CREATE TRIGGER refuse_delete BEFORE DELETE ON hipq_event FOR EACH STATEMENT EXECUTE FUNCTION refuse_write();
+		CREATE TRIGGER refuse_cursor BEFORE INSERT OR UPDATE ON hipq_event_cursor FOR EACH STATEMENT EXECUTE FUNCTION refuse_write()`); err != nil {
 		t.Fatal(err)
 	}
-	rl := r.relay(metrics.New())
-	if n, _, err := rl.RelayTopic(ctx, "ev"); n != 20 {
-		t.Fatalf("relay with the delete refused: %d sent, %v; want 20 sent", n, err)
-	}
+	// Its next looks find none pending and would keep the cursor past
+	// the 20: refused.
+	tu.Eventually(t, time.Minute, func() bool {
+		_, _, err := rl.RelayTopic(ctx, "ev")
+		return err != nil && strings.Contains(err.Error(), "down")
+	}, "the cursor's write refused")
 	if n := scalar(t, r.st, pgtest.PendingEventsSQL("")); n != 20 {
-		t.Fatalf("%d events pending, want the 20 sent but not deleted", n)
+		t.Fatalf("%d events pending, want the 20 sent but not passed", n)
 	}
 	if _, err := r.st.Pool().Exec(ctx, `DROP TRIGGER refuse_delete ON hipq_event; DROP TRIGGER refuse_cursor ON hipq_event_cursor`); err != nil {
 		t.Fatal(err)
 	}
-	// The relay that lost its delete does not send again what it knows it
-	// sent; the next relay (after its crash) does.
+	// The next relay (after a crash) sends them again, and then keeps its
+	// cursor past them.
 	rl = r.relay(metrics.New())
 	if n, more, err := rl.RelayTopic(ctx, "ev"); err != nil || n != 20 || more {
 		t.Fatalf("relay again: %d sent (more %v), %v", n, more, err)
 	}
-	if n, _, err := rl.RelayTopic(ctx, "ev"); err != nil || n != 0 { // (an idle look: the cursor passes what was sent)
-		t.Fatalf("relay a third time: %d sent, %v", n, err)
-	}
+	tu.Eventually(t, time.Minute, func() bool {
+		if n, _, err := rl.RelayTopic(ctx, "ev"); err != nil || n != 0 {
+			t.Fatalf("an idle look: %d sent, %v", n, err)
+		}
+		return scalar(t, r.st, pgtest.PendingEventsSQL("")) == 0
+	}, "the cursor kept past the events")
 	rd := r.reader("ev")
 	rd.until("every event twice", func(rs []*kgo.Record) bool { return len(rs) >= 40 })
 	ids := map[string]int{}
@@ -354,11 +364,54 @@ func TestRelaySendsAgainAfterALostDelete(t *testing.T) {
 	}
 	for id, n := range ids {
 		if n != 2 {
-			t.Errorf("event %s sent %d times, want twice (once again after the lost delete)", id, n)
+			t.Errorf("event %s sent %d times, want twice (once again after the lost write)", id, n)
 		}
 	}
-	if n := scalar(t, r.st, pgtest.PendingEventsSQL("")); n != 0 {
-		t.Errorf("%d events pending after the second relay", n)
+}
+
+// A relay that led, lost the lock while another relayed, and leads again
+// starts from the cursor the other kept: it sends none of the other's
+// events again (the final events read from jobs are never deleted).
+func TestRelayLeadingAgainStartsFromTheCursorKept(t *testing.T) {
+	pgtest.SkipOnCitus(t, "there every event is a row, deleted once relayed")
+	t.Parallel()
+	r := newEventRig(t, map[string]string{"t": "ev"}, "ev")
+	r.insert("t", "a", 5)
+	r.answer(true)
+	first := r.relay(metrics.New())
+	if n, _, err := first.RelayTopic(ctx, "ev"); err != nil || n != 5 { // (its cursor, in memory, below b's events)
+		t.Fatalf("first relay: %d sent, %v", n, err)
+	}
+	r.insert("t", "b", 5)
+	r.answer(true)
+	other := r.relay(metrics.New())
+	// (It starts at the cursor kept, which the first relay had not
+	// written yet: a's events again, and b's.)
+	if n, _, err := other.RelayTopic(ctx, "ev"); err != nil || (n != 5 && n != 10) {
+		t.Fatalf("other relay: %d sent, %v", n, err)
+	}
+	tu.Eventually(t, time.Minute, func() bool {
+		if _, _, err := other.RelayTopic(ctx, "ev"); err != nil {
+			t.Fatal(err)
+		}
+		return scalar(t, r.st, pgtest.PendingEventsSQL("")) == 0
+	}, "the other relay's cursor kept past b's events")
+	keys := func(rs []*kgo.Record) map[string]int {
+		out := map[string]int{}
+		for _, rec := range rs {
+			out[string(rec.Key)]++
+		}
+		return out
+	}
+	rd := r.reader("ev")
+	rd.until("a's and b's events", func(rs []*kgo.Record) bool { return len(keys(rs)) == 10 })
+	bs := keys(rd.recs)["b0"]
+	r.insert("t", "c", 1)
+	r.answer(true)
+	r.run(first) // (it leads again)
+	rd.until("c's event", func(rs []*kgo.Record) bool { return keys(rs)["c0"] == 1 })
+	if got := keys(rd.recs)["b0"]; got != bs {
+		t.Errorf("b0's event sent %d times, %d before the first relay led again", got, bs)
 	}
 }
 
@@ -445,5 +498,80 @@ func TestRelayCursorKeepsAKeysLaterEvents(t *testing.T) {
 	}
 	if !slices.Equal(k1, []string{"1", "2", "3"}) {
 		t.Errorf("k1's events arrived as attempts %v, want 1, 2, 3", k1)
+	}
+}
+
+// A key's row event never leaves while a final event of the key read from
+// its job was sent above the cursor kept: a relay after a crash would send
+// that final event again, after the row. The row waits one look, in which
+// the relay strikes the sent final event from its job; then it leaves, and
+// the next relay sends nothing of the key again.
+func TestRelayHoldsAKeysRowBehindItsFinalEventOnAJob(t *testing.T) {
+	pgtest.SkipOnCitus(t, "there every event is a row, deleted once relayed")
+	t.Parallel()
+	r := newEventRig(t, map[string]string{"t": "ev"}, "ev")
+	r.insert("t", "k", 1)
+	r.answer(true) // job 1's final event, on the job
+	rl := r.relay(metrics.New())
+	if n, _, err := rl.RelayTopic(ctx, "ev"); err != nil || n != 1 {
+		t.Fatalf("first look: %d sent, %v", n, err)
+	}
+	r.insert("t", "k", 1)
+	r.answer(false) // job 2's retry: a row
+	if n, _, err := rl.RelayTopic(ctx, "ev"); err != nil || n != 0 {
+		t.Fatalf("second look: %d sent, %v; want the row held back", n, err)
+	}
+	if n := scalar(t, r.st, "SELECT count(*) FROM hipq_job WHERE job_key = 'k0' AND event_id IS NOT NULL"); n != 0 {
+		t.Fatalf("%d jobs keep a sent final event, want it struck", n)
+	}
+	if n, _, err := rl.RelayTopic(ctx, "ev"); err != nil || n != 1 {
+		t.Fatalf("third look: %d sent, %v; want the row", n, err)
+	}
+	// A relay after a crash sends nothing of the key again.
+	if n, _, err := r.relay(metrics.New()).RelayTopic(ctx, "ev"); err != nil || n != 0 {
+		t.Fatalf("the next relay: %d sent, %v", n, err)
+	}
+	rd := r.reader("ev")
+	rd.until("both events", func(rs []*kgo.Record) bool { return len(rs) >= 2 })
+	if got := outcomes(rd.recs); !slices.Equal(got, []string{"succeeded", "retry"}) {
+		t.Errorf("k0's events %v, want job 1's final, then job 2's retry", got)
+	}
+}
+
+// The same for a key's next final event read from its job: it waits until
+// the key's earlier one is struck, so a relay after a crash sends neither
+// again out of order.
+func TestRelayHoldsAKeysNextFinalEventOnAJob(t *testing.T) {
+	pgtest.SkipOnCitus(t, "there every event is a row, deleted once relayed")
+	t.Parallel()
+	r := newEventRig(t, map[string]string{"t": "ev"}, "ev")
+	r.insert("t", "k", 1)
+	r.answer(true)
+	rl := r.relay(metrics.New())
+	if n, _, err := rl.RelayTopic(ctx, "ev"); err != nil || n != 1 {
+		t.Fatalf("first look: %d sent, %v", n, err)
+	}
+	r.insert("t", "k", 1)
+	r.answer(true)
+	if n, _, err := rl.RelayTopic(ctx, "ev"); err != nil || n != 0 {
+		t.Fatalf("second look: %d sent, %v; want job 2's final event held back", n, err)
+	}
+	if n, _, err := rl.RelayTopic(ctx, "ev"); err != nil || n != 1 {
+		t.Fatalf("third look: %d sent, %v; want job 2's final event", n, err)
+	}
+	next := r.relay(metrics.New())
+	for range 3 {
+		if _, _, err := next.RelayTopic(ctx, "ev"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rd := r.reader("ev")
+	rd.until("the events", func(rs []*kgo.Record) bool { return len(rs) >= 2 })
+	var jobs []string
+	for _, rec := range rd.recs {
+		jobs = append(jobs, header(rec, correlator.HeaderJobID))
+	}
+	if len(jobs) < 2 || jobs[0] == jobs[1] || slices.Contains(jobs[2:], jobs[0]) {
+		t.Errorf("events of jobs %v: job 1's event sent again after job 2's", jobs)
 	}
 }

@@ -2,9 +2,15 @@ package store
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/hipq/hipq/correlator"
 )
 
 // The relay's delete of a batch costs that batch, whatever the statistics
@@ -172,5 +178,48 @@ func TestEventCursorStrikesWhatItCannotPass(t *testing.T) {
 	pending, err := st.EventsPending(ctx)
 	if err != nil || len(pending) != 0 {
 		t.Fatalf("pending %v (%v), want none", pending, err)
+	}
+}
+
+// A role that may write the tables but not take ids from hipq_event's
+// sequence itself (an insert into hipq_event needs no privilege on it) or
+// not write the relay's cursors leaves no final event on its jobs: its
+// events are rows, as before schema version 27. The owner leaves them.
+func TestFinalEventsOnJobsNeedTheirPrivileges(t *testing.T) {
+	t.Parallel()
+	pg, st := planStore(t)
+	ctx := context.Background()
+	types := correlator.Types{"t": {Name: "t", Queue: "q", Events: correlator.Events{Topic: "ev"}}}
+	if !st.WithEvents(EventsOf(types)).events.finalOnJob(ctx, st.pool) {
+		t.Fatal("the tables' owner may not leave final events on jobs")
+	}
+	role := fmt.Sprintf("hipq_app_%d", time.Now().UnixNano())
+	for _, q := range []string{
+		"CREATE ROLE " + role + " LOGIN",
+		"GRANT USAGE ON SCHEMA public TO " + role,
+		"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO " + role,
+	} {
+		if _, err := st.pool.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() {
+		_, _ = st.pool.Exec(context.Background(), "DROP OWNED BY "+role)
+		_, _ = st.pool.Exec(context.Background(), "DROP ROLE "+role)
+	})
+	pool, err := pgxpool.New(ctx, strings.Replace(pg.URL("postgres"), "user=hipq", "user="+role, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	other := (&Store{pool: pool, schema: st.schema, writes: st.writes}).WithEvents(EventsOf(types))
+	if other.events.finalOnJob(ctx, pool) {
+		t.Fatal("a role without USAGE on hipq_event_id_seq leaves final events on jobs")
+	}
+	if _, err := st.pool.Exec(ctx, "GRANT USAGE ON SEQUENCE hipq_event_id_seq TO "+role); err != nil {
+		t.Fatal(err)
+	}
+	if !(&Store{pool: pool, schema: st.schema, writes: st.writes}).WithEvents(EventsOf(types)).events.finalOnJob(ctx, pool) {
+		t.Fatal("a role with the sequence's USAGE and the cursors' INSERT and UPDATE may not leave final events on jobs")
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -35,6 +36,36 @@ type Events struct {
 	// the routes as the statements' parameters
 	types, topics []string
 	attempts      []bool
+
+	onJob *onJobCheck
+}
+
+// onJobCheck says, once per store, whether its role may leave final events
+// on jobs (resolveFinalOnJobSQL): hand out ids from hipq_event's sequence
+// itself (an insert into hipq_event needs no privilege on it) and write
+// the relay's cursors. A role without them writes rows, as before.
+type onJobCheck struct {
+	once sync.Once
+	ok   bool
+}
+
+// onJobSQL is onJobCheck's query (false, not an error, for a relation
+// missing).
+const onJobSQL = `SELECT coalesce(has_sequence_privilege(to_regclass('hipq_event_id_seq')::oid, 'USAGE'), false)
+	AND coalesce(has_table_privilege(to_regclass('hipq_event_cursor')::oid, 'INSERT, UPDATE'), false)`
+
+// finalOnJob reports whether the store may leave final events on jobs,
+// asking through q the first time.
+func (e *Events) finalOnJob(ctx context.Context, q querier) bool {
+	if e == nil || e.onJob == nil {
+		return false
+	}
+	e.onJob.once.Do(func() {
+		if err := q.QueryRow(ctx, onJobSQL).Scan(&e.onJob.ok); err != nil {
+			e.onJob.ok = false
+		}
+	})
+	return e.onJob.ok
 }
 
 // EventsOf are the events the job types ask for.
@@ -60,6 +91,7 @@ func (s *Store) WithEvents(e Events) *Store {
 		r := e.Routes[name]
 		e.types, e.topics, e.attempts = append(e.types, name), append(e.topics, r.Topic), append(e.attempts, r.Attempts)
 	}
+	e.onJob = &onJobCheck{}
 	c.events = &e
 	return &c
 }
@@ -285,6 +317,11 @@ type EventCursor struct {
 	saved   int64            // the value last written there
 	sent    map[int64]jobRef // the events read from jobs, above after, sent already: the reads skip them
 	maxSent int              // how many sent may be remembered (0: eventSentMax)
+	// the highest id of an event read from a job and sent, by job key,
+	// while above saved (Holds); and the keys Holds held back since the
+	// last delete, whose sent events that delete strikes
+	sentKeys map[string]int64
+	held     map[string]bool
 }
 
 // eventSentMax is how many events read from jobs and sent a cursor
@@ -295,6 +332,43 @@ const eventSentMax = 20000
 type jobRef struct {
 	queue string
 	id    int64
+	key   string
+}
+
+// Holds reports whether key's events must wait: an event of key read
+// from its job was sent above the cursor kept in hipq_event_cursor, which
+// a relay after a crash starts from and sends again, so a key's later
+// event would reach the topic before that event's second copy.
+func (c *EventCursor) Holds(key string) bool {
+	if c == nil {
+		return false
+	}
+	id, ok := c.sentKeys[key]
+	if !ok || id <= c.saved {
+		return false
+	}
+	// (The next delete strikes the key's sent events from their jobs,
+	// which then are never sent again: the key waits one batch, not until
+	// the cursor kept passes them, which a transaction open long anywhere
+	// in the cluster can hold back.)
+	if c.held == nil {
+		c.held = map[string]bool{}
+	}
+	c.held[key] = true
+	return true
+}
+
+// savedAt notes that hipq_event_cursor keeps the cursor at saved.
+func (c *EventCursor) savedAt(saved int64) {
+	if saved <= c.saved {
+		return
+	}
+	c.saved = saved
+	for k, id := range c.sentKeys {
+		if id <= saved {
+			delete(c.sentKeys, k)
+		}
+	}
 }
 
 // EventCursorOf is the cursor from which a relay starts reading topic:
@@ -338,33 +412,47 @@ func (c *EventCursor) Sent(refs []EventRef) {
 	for _, r := range refs {
 		if r.OnJob && r.ID > c.after {
 			if c.sent == nil {
-				c.sent = map[int64]jobRef{}
+				c.sent, c.sentKeys = map[int64]jobRef{}, map[string]int64{}
 			}
-			c.sent[r.ID] = jobRef{r.Queue, r.JobID}
+			c.sent[r.ID] = jobRef{r.Queue, r.JobID, r.JobKey}
+			c.sentKeys[r.JobKey] = max(c.sentKeys[r.JobKey], r.ID)
 		}
 	}
 }
 
-// overSent returns the events read from jobs and sent that stay
-// remembered above after once it is at upTo, when they are more than the
-// cursor may remember; none otherwise.
-func (c *EventCursor) overSent(upTo int64) map[int64]jobRef {
+// toStrike returns the events read from jobs and sent that are to be
+// struck from their jobs: those that stay remembered above after once it
+// is at upTo, when they are more than the cursor may remember, and those
+// of the keys Holds held back.
+func (c *EventCursor) toStrike(upTo int64) map[int64]jobRef {
 	n := 0
 	for id := range c.sent {
 		if id > upTo {
 			n++
 		}
 	}
-	if n <= cmp.Or(c.maxSent, eventSentMax) {
+	all := n > cmp.Or(c.maxSent, eventSentMax)
+	if !all && len(c.held) == 0 {
 		return nil
 	}
-	out := make(map[int64]jobRef, n)
+	out := map[int64]jobRef{}
 	for id, j := range c.sent {
-		if id > upTo {
+		if all && id > upTo || c.held[j.key] {
 			out[id] = j
 		}
 	}
 	return out
+}
+
+// struck notes that the events struck were struck from their jobs.
+func (c *EventCursor) struck(struck map[int64]jobRef) {
+	for id, j := range struck {
+		delete(c.sent, id)
+		if c.sentKeys[j.key] == id {
+			delete(c.sentKeys, j.key)
+		}
+	}
+	clear(c.held)
 }
 
 // eventStrikeSQL clears the event_id of the jobs of queue $1 whose ids
@@ -522,7 +610,7 @@ func (s *Store) eventCursorMark(ctx context.Context, c *EventCursor, save bool) 
 		return fmt.Errorf("write the events' cursor of %s: %w", c.topic, err)
 	}
 	if save {
-		c.saved = max(c.saved, c.after)
+		c.savedAt(c.after)
 	}
 	c.deleted(xid)
 	return nil
@@ -727,11 +815,12 @@ type EventRef struct {
 	ID           int64
 	OnJob        bool
 	JobID        int64
+	JobKey       string
 }
 
 // Ref names e.
 func (e *Event) Ref() EventRef {
-	return EventRef{Queue: e.Queue, Topic: e.Topic, ID: e.ID, OnJob: e.OnJob, JobID: e.JobID}
+	return EventRef{Queue: e.Queue, Topic: e.Topic, ID: e.ID, OnJob: e.OnJob, JobID: e.JobID, JobKey: e.JobKey}
 }
 
 // eventDeleteSQL deletes relayed events of one queue ($1) and topic ($2)
@@ -770,7 +859,8 @@ func (s *Store) EventDelete(ctx context.Context, refs []EventRef) error {
 // topic has such events, is written to hipq_event_cursor in the same
 // transaction.
 func (s *Store) EventDeleteFrom(ctx context.Context, c *EventCursor, refs []EventRef, lowest int64) error {
-	if len(refs) == 0 {
+	if len(refs) == 0 && (c == nil || len(c.held) == 0) {
+		c.Passed(lowest) // (none sent: the cursor still passes what is settled below the lowest pending)
 		return nil
 	}
 	c.Sent(refs)
@@ -803,7 +893,7 @@ func (s *Store) EventDeleteFrom(ctx context.Context, c *EventCursor, refs []Even
 		if save = c.passes(lowest); save > c.saved {
 			b.Queue(eventCursorSaveSQL, c.topic, save)
 		}
-		if struck = c.overSent(save); struck != nil {
+		if struck = c.toStrike(save); len(struck) > 0 {
 			byQueue := map[string][2][]int64{}
 			for id, j := range struck {
 				q := byQueue[j.queue]
@@ -823,10 +913,8 @@ func (s *Store) EventDeleteFrom(ctx context.Context, c *EventCursor, refs []Even
 		return fmt.Errorf("delete relayed events: %w", err)
 	}
 	if c != nil && !s.dist {
-		c.saved = max(c.saved, save)
-		for id := range struck {
-			delete(c.sent, id)
-		}
+		c.savedAt(save)
+		c.struck(struck)
 		c.deleted(xid)
 		c.Passed(lowest)
 	}

@@ -168,7 +168,7 @@ var resolveFinalOnJobSQL = replaceEach(
 	"t.reply, t.sent, j.job_key", "t.reply, t.sent, j.event_topic, j.job_key",
 	"), att AS (",
 	`), evnotify AS (
-		  SELECT pg_notify('`+channelEvent+`', x.topics)
+		  SELECT pg_notify('`+channelEvent+`', CASE WHEN octet_length(x.topics) < 7000 THEN x.topics ELSE '' END)
 		  FROM (SELECT string_agg(DISTINCT event_topic, ',' ORDER BY event_topic) AS topics FROM done WHERE event_topic IS NOT NULL) x
 		  WHERE x.topics IS NOT NULL
 		), att AS (`,
@@ -261,6 +261,9 @@ func resolveQueue(ctx context.Context, tx pgx.Tx, ev *Events, queue string, rs [
 	}
 	dist := distributedTx(tx)
 	q := resolveForms.pick(ev.On(), dist)
+	if ev.On() && !dist && !ev.finalOnJob(ctx, tx) {
+		q = resolveManyEventsSQL
+	}
 	rows, err := tx.Query(ctx, q, args)
 	if err != nil {
 		return nil, err
