@@ -514,8 +514,8 @@ func (c *EventCursor) settle(xmin int64) {
 // settled id is passed (none above after is pending), so an idle relay's
 // cursor reaches the last event it relayed. It reports whether the cursor
 // is to be written to hipq_event_cursor, and whether it needs a mark (a
-// transaction id handed out after the last read): both are written by
-// EventCursorSave.
+// transaction id handed out after the last read): eventCursorMark writes
+// both.
 func (c *EventCursor) readNone(xmin int64) (save, mark bool) {
 	if !c.used {
 		return false, false
