@@ -216,7 +216,13 @@ func TestFinalEventsOnJobsNeedTheirPrivileges(t *testing.T) {
 	if other.events.finalOnJob(ctx, pool) {
 		t.Fatal("a role without USAGE on hipq_event_id_seq leaves final events on jobs")
 	}
-	if _, err := st.pool.Exec(ctx, "GRANT USAGE ON SEQUENCE hipq_event_id_seq TO "+role); err != nil {
+	if _, err := st.pool.Exec(ctx, "GRANT USAGE ON SEQUENCE hipq_event_id_seq TO "+role+"; REVOKE UPDATE ON hipq_event_cursor FROM "+role); err != nil {
+		t.Fatal(err)
+	}
+	if (&Store{pool: pool, schema: st.schema, writes: st.writes}).WithEvents(EventsOf(types)).events.finalOnJob(ctx, pool) {
+		t.Fatal("a role that may insert into hipq_event_cursor but not update it leaves final events on jobs")
+	}
+	if _, err := st.pool.Exec(ctx, "GRANT UPDATE ON hipq_event_cursor TO "+role); err != nil {
 		t.Fatal(err)
 	}
 	if !(&Store{pool: pool, schema: st.schema, writes: st.writes}).WithEvents(EventsOf(types)).events.finalOnJob(ctx, pool) {

@@ -51,8 +51,11 @@ type onJobCheck struct {
 
 // onJobSQL is onJobCheck's query (false, not an error, for a relation
 // missing).
+// (Each privilege on its own: a list is true when any one is held.)
 const onJobSQL = `SELECT coalesce(has_sequence_privilege(to_regclass('hipq_event_id_seq')::oid, 'USAGE'), false)
-	AND coalesce(has_table_privilege(to_regclass('hipq_event_cursor')::oid, 'INSERT, UPDATE'), false)`
+	AND coalesce(has_table_privilege(to_regclass('hipq_event_cursor')::oid, 'SELECT'), false)
+	AND coalesce(has_table_privilege(to_regclass('hipq_event_cursor')::oid, 'INSERT'), false)
+	AND coalesce(has_table_privilege(to_regclass('hipq_event_cursor')::oid, 'UPDATE'), false)`
 
 // finalOnJob reports whether the store may leave final events on jobs,
 // asking through q the first time.
