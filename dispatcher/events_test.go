@@ -501,6 +501,27 @@ func TestRelayCursorKeepsAKeysLaterEvents(t *testing.T) {
 	}
 }
 
+// keyEndsTwice ends job 1 of key k0 (its final event on the job), relays
+// it, then ends job 2 of the key as ok says (a retry: a row; a success: a
+// final event on the job) and checks that the next look holds job 2's
+// event back. It returns the rig and the relay that sent job 1's.
+func keyEndsTwice(t *testing.T, ok bool) (*eventRig, *dispatcher.Relay) {
+	t.Helper()
+	r := newEventRig(t, map[string]string{"t": "ev"}, "ev")
+	r.insert("t", "k", 1)
+	r.answer(true)
+	rl := r.relay(metrics.New())
+	if n, _, err := rl.RelayTopic(ctx, "ev"); err != nil || n != 1 {
+		t.Fatalf("first look: %d sent, %v", n, err)
+	}
+	r.insert("t", "k", 1)
+	r.answer(ok)
+	if n, _, err := rl.RelayTopic(ctx, "ev"); err != nil || n != 0 {
+		t.Fatalf("second look: %d sent, %v; want job 2's event held back", n, err)
+	}
+	return r, rl
+}
+
 // A key's row event never leaves while a final event of the key read from
 // its job was sent above the cursor kept: a relay after a crash would send
 // that final event again, after the row. The row waits one look, in which
@@ -509,18 +530,7 @@ func TestRelayCursorKeepsAKeysLaterEvents(t *testing.T) {
 func TestRelayHoldsAKeysRowBehindItsFinalEventOnAJob(t *testing.T) {
 	pgtest.SkipOnCitus(t, "there every event is a row, deleted once relayed")
 	t.Parallel()
-	r := newEventRig(t, map[string]string{"t": "ev"}, "ev")
-	r.insert("t", "k", 1)
-	r.answer(true) // job 1's final event, on the job
-	rl := r.relay(metrics.New())
-	if n, _, err := rl.RelayTopic(ctx, "ev"); err != nil || n != 1 {
-		t.Fatalf("first look: %d sent, %v", n, err)
-	}
-	r.insert("t", "k", 1)
-	r.answer(false) // job 2's retry: a row
-	if n, _, err := rl.RelayTopic(ctx, "ev"); err != nil || n != 0 {
-		t.Fatalf("second look: %d sent, %v; want the row held back", n, err)
-	}
+	r, rl := keyEndsTwice(t, false) // (job 2's retry: a row)
 	if n := scalar(t, r.st, "SELECT count(*) FROM hipq_job WHERE job_key = 'k0' AND event_id IS NOT NULL"); n != 0 {
 		t.Fatalf("%d jobs keep a sent final event, want it struck", n)
 	}
@@ -544,18 +554,7 @@ func TestRelayHoldsAKeysRowBehindItsFinalEventOnAJob(t *testing.T) {
 func TestRelayHoldsAKeysNextFinalEventOnAJob(t *testing.T) {
 	pgtest.SkipOnCitus(t, "there every event is a row, deleted once relayed")
 	t.Parallel()
-	r := newEventRig(t, map[string]string{"t": "ev"}, "ev")
-	r.insert("t", "k", 1)
-	r.answer(true)
-	rl := r.relay(metrics.New())
-	if n, _, err := rl.RelayTopic(ctx, "ev"); err != nil || n != 1 {
-		t.Fatalf("first look: %d sent, %v", n, err)
-	}
-	r.insert("t", "k", 1)
-	r.answer(true)
-	if n, _, err := rl.RelayTopic(ctx, "ev"); err != nil || n != 0 {
-		t.Fatalf("second look: %d sent, %v; want job 2's final event held back", n, err)
-	}
+	r, rl := keyEndsTwice(t, true)
 	if n, _, err := rl.RelayTopic(ctx, "ev"); err != nil || n != 1 {
 		t.Fatalf("third look: %d sent, %v; want job 2's final event", n, err)
 	}

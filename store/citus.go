@@ -122,7 +122,7 @@ func eventsOffJobs(ctx context.Context, conn *pgx.Conn) error {
 		  SELECT j.event_id, j.queue, j.event_topic, j.id, j.job_type, j.job_key, j.attempt, j.outcome, j.trace_parent, j.correlation,
 		         j.state, j.result, nullif(j.error, '`+correlator.ErrorNone+`'), j.created_at, j.update_time, j.update_time
 		  FROM hipq_job j
-		  WHERE j.event_id IS NOT NULL AND j.event_id > coalesce((SELECT c.after FROM hipq_event_cursor c WHERE c.topic = j.event_topic), 0)
+		  WHERE j.event_id IS NOT NULL AND `+eventOnJobPending+`
 		  ON CONFLICT (id) DO NOTHING
 		), off AS (
 		  UPDATE hipq_job SET event_id = NULL, event_topic = NULL WHERE event_id IS NOT NULL
@@ -374,14 +374,6 @@ type statementForms struct{ plain, events, citus, citusEvents string }
 
 func formsOf(plain, events string, forCitus func(string) string) statementForms {
 	return statementForms{plain: plain, events: events, citus: forCitus(plain), citusEvents: forCitus(events)}
-}
-
-// withFinalOnJob is f whose single-node events form is events: a job's
-// final event read from the job (see resolveFinalOnJobSQL), where on Citus
-// it stays a row of hipq_event.
-func withFinalOnJob(f statementForms, events string) statementForms {
-	f.events = events
-	return f
 }
 
 // pick is the text for a statement that writes events or not, on Citus

@@ -206,6 +206,20 @@ type Event struct {
 	OnJob bool
 }
 
+// jobEventTopicsCTE is a recursive CTE, named jt, of the topics of the
+// jobs whose final events are read from them: a skip scan of
+// hipq_job_event, one probe per topic (a topic null ends it).
+const jobEventTopicsCTE = `jt AS (
+		  (SELECT event_topic AS topic FROM hipq_job WHERE event_id IS NOT NULL ORDER BY event_topic LIMIT 1)
+		  UNION ALL
+		  SELECT (SELECT j.event_topic FROM hipq_job j WHERE j.event_id IS NOT NULL AND j.event_topic > jt.topic ORDER BY j.event_topic LIMIT 1)
+		  FROM jt WHERE jt.topic IS NOT NULL
+		)`
+
+// eventOnJobPending is true of a job j whose final event is read from it
+// and not relayed yet: above its topic's cursor.
+const eventOnJobPending = `j.event_id > coalesce((SELECT c.after FROM hipq_event_cursor c WHERE c.topic = j.event_topic), 0)`
+
 // EventTopics lists the topics with events pending, in name order: a skip
 // scan of hipq_event_topic, one probe per topic however many wait; and
 // those of the jobs whose final events are read from them (hipq_job_event),
@@ -217,12 +231,7 @@ func (s *Store) EventTopics(ctx context.Context) ([]string, error) {
 		  UNION ALL
 		  SELECT (SELECT e.topic FROM hipq_event e WHERE e.topic > t.topic ORDER BY e.topic LIMIT 1)
 		  FROM t WHERE t.topic IS NOT NULL
-		), jt AS (
-		  (SELECT event_topic AS topic FROM hipq_job WHERE event_id IS NOT NULL ORDER BY event_topic LIMIT 1)
-		  UNION ALL
-		  SELECT (SELECT j.event_topic FROM hipq_job j WHERE j.event_id IS NOT NULL AND j.event_topic > jt.topic ORDER BY j.event_topic LIMIT 1)
-		  FROM jt WHERE jt.topic IS NOT NULL
-		)
+		), ` + jobEventTopicsCTE + `
 		SELECT topic FROM t WHERE topic IS NOT NULL
 		UNION SELECT topic FROM jt WHERE topic IS NOT NULL
 		ORDER BY 1`
@@ -515,18 +524,18 @@ func (c *EventCursor) settle(xmin int64) {
 
 // readNone notes a read in id order that found no event pending: every
 // settled id is passed (none above after is pending), so an idle relay's
-// cursor reaches the last event it relayed. It reports whether the cursor
-// is to be written to hipq_event_cursor, and whether it needs a mark (a
-// transaction id handed out after the last read): eventCursorMark writes
-// both.
-func (c *EventCursor) readNone(xmin int64) (save, mark bool) {
+// cursor reaches the last event it relayed. It reports whether a
+// transaction is to follow (eventsDone with no event): to write the cursor
+// to hipq_event_cursor, or to give it a mark (a transaction id handed out
+// after the last read).
+func (c *EventCursor) readNone(xmin int64) bool {
 	if !c.used {
-		return false, false
+		return false
 	}
 	c.settle(xmin)
 	c.full = false
 	c.Passed(0)
-	return c.kept && c.after > c.saved, c.xid == 0 && c.last > c.settled
+	return c.kept && c.after > c.saved || c.xid == 0 && c.last > c.settled
 }
 
 // deleted notes the delete that followed the last read, by the
@@ -587,36 +596,14 @@ func (s *Store) EventReadFrom(ctx context.Context, topic string, c *EventCursor,
 			c.kept = c.kept || e.OnJob
 		}
 	}
-	if c != nil && len(out) == 0 {
-		if save, mark := c.readNone(noneXmin); save || mark {
-			if err := s.eventCursorMark(ctx, c, save); err != nil {
-				return nil, err
-			}
+	if c != nil && len(out) == 0 && c.readNone(noneXmin) {
+		// (a relay that has caught up passes, at its next look, what it
+		// sent last)
+		if err := s.eventsDone(ctx, c, nil, 0); err != nil {
+			return nil, err
 		}
 	}
 	return out, nil
-}
-
-// eventCursorMark writes c to hipq_event_cursor when save, and notes the
-// transaction's id as c's mark (see EventCursor): a relay that has caught
-// up passes, at its next look, what it sent last.
-func (s *Store) eventCursorMark(ctx context.Context, c *EventCursor, save bool) error {
-	b := &pgx.Batch{}
-	b.Queue("BEGIN")
-	if save {
-		b.Queue(eventCursorSaveSQL, c.topic, c.after)
-	}
-	var xid int64
-	b.Queue(`SELECT pg_current_xact_id()::text::bigint`).QueryRow(func(r pgx.Row) error { return r.Scan(&xid) })
-	b.Queue("COMMIT")
-	if err := s.pool.SendBatch(ctx, b).Close(); err != nil {
-		return fmt.Errorf("write the events' cursor of %s: %w", c.topic, err)
-	}
-	if save {
-		c.savedAt(c.after)
-	}
-	c.deleted(xid)
-	return nil
 }
 
 // eventCursorSaveSQL writes how far topic $1 was relayed ($2): never
@@ -866,6 +853,14 @@ func (s *Store) EventDeleteFrom(ctx context.Context, c *EventCursor, refs []Even
 		c.Passed(lowest) // (none sent: the cursor still passes what is settled below the lowest pending)
 		return nil
 	}
+	return s.eventsDone(ctx, c, refs, lowest)
+}
+
+// eventsDone is EventDeleteFrom's transaction: the rows of refs deleted,
+// the cursor c written to hipq_event_cursor when its topic keeps it there
+// and it moved, the sent events struck from their jobs that it must
+// strike, and c given the transaction's id as its mark.
+func (s *Store) eventsDone(ctx context.Context, c *EventCursor, refs []EventRef, lowest int64) error {
 	c.Sent(refs)
 	type group struct{ queue, topic string }
 	byRows := map[group][]int64{}
@@ -931,17 +926,12 @@ func (s *Store) EventsPending(ctx context.Context) (map[string]int64, error) {
 		// (and the jobs' final events above their topic's cursor, one
 		// range of hipq_job_event per topic)
 		q = `
-		WITH RECURSIVE jt AS (
-		  (SELECT event_topic AS topic FROM hipq_job WHERE event_id IS NOT NULL ORDER BY event_topic LIMIT 1)
-		  UNION ALL
-		  SELECT (SELECT j.event_topic FROM hipq_job j WHERE j.event_id IS NOT NULL AND j.event_topic > jt.topic ORDER BY j.event_topic LIMIT 1)
-		  FROM jt WHERE jt.topic IS NOT NULL
-		)
+		WITH RECURSIVE ` + jobEventTopicsCTE + `
 		SELECT topic, sum(n)::bigint FROM (
 		  SELECT topic, count(*) AS n FROM hipq_event GROUP BY topic
 		  UNION ALL
 		  SELECT jt.topic, (SELECT count(*) FROM hipq_job j WHERE j.event_topic = jt.topic AND j.event_id IS NOT NULL
-		                    AND j.event_id > coalesce((SELECT c.after FROM hipq_event_cursor c WHERE c.topic = jt.topic), 0))
+		                    AND ` + eventOnJobPending + `)
 		  FROM jt WHERE jt.topic IS NOT NULL
 		) p GROUP BY topic HAVING sum(n) > 0`
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -131,8 +130,13 @@ var resolveManySQL = `
 // rows through lateral references, which EXPLAIN numbers $1, $2, … too,
 // and the queue's number must not read like one of them
 // (TestEveryWriteNamesItsQueue).
-var resolveManyEventsSQL = strings.Replace(withEvents(resolveManySQL, "@ev_type", "@ev_topic", "@ev_attempts"),
-	"WITH u AS (\n\t\t  SELECT * FROM unnest(", "WITH u AS (\n\t\t  SELECT u.* FROM (SELECT @queue::text) AS q(queue), unnest(", 1)
+var resolveManyEventsSQL = queueFirst(withEvents(resolveManySQL, "@ev_type", "@ev_topic", "@ev_attempts"))
+
+// queueFirst makes of resolveManySQL's form with events one that names
+// the queue first (see resolveManyEventsSQL).
+func queueFirst(stmt string) string {
+	return mustReplace(stmt, "WITH u AS (\n\t\t  SELECT * FROM unnest(", "WITH u AS (\n\t\t  SELECT u.* FROM (SELECT @queue::text) AS q(queue), unnest(")
+}
 
 // resolveForms are resolveManySQL's texts. On Citus, which runs a statement's CTEs one after the other and
 // reaches a row of a distributed table by its key, never by its tuple id:
@@ -140,8 +144,13 @@ var resolveManyEventsSQL = strings.Replace(withEvents(resolveManySQL, "@ev_type"
 // notice goes in a statement of its own (notifyCitus): Citus would send
 // the CTE's to the worker, where nobody listens and which commits in two
 // phases, refusing a NOTIFY.
-// On one PostgreSQL the events' form is resolveFinalOnJobSQL.
-var resolveForms = withFinalOnJob(formsOf(resolveManySQL, resolveManyEventsSQL, resolveForCitus), resolveFinalOnJobSQL)
+// On one PostgreSQL the events' form is resolveFinalOnJobSQL (the Citus
+// forms are made from resolveManyEventsSQL: there every event is a row).
+var resolveForms = func() statementForms {
+	f := formsOf(resolveManySQL, resolveManyEventsSQL, resolveForCitus)
+	f.events = resolveFinalOnJobSQL
+	return f
+}()
 
 // resolveFinalOnJobSQL is resolveManyEventsSQL where a job of a routed
 // type that ends gets no row of hipq_event for its final event on its
@@ -153,8 +162,7 @@ var resolveForms = withFinalOnJob(formsOf(resolveManySQL, resolveManyEventsSQL, 
 // before the first row is read. The statement notifies the relay of those
 // topics, as hipq_event's trigger does of its rows'.
 var resolveFinalOnJobSQL = replaceEach(
-	strings.Replace(withEventsCTE(resolveManySQL, eventsCTE("done", "@ev_type", "@ev_topic", "@ev_attempts", true)),
-		"WITH u AS (\n\t\t  SELECT * FROM unnest(", "WITH u AS (\n\t\t  SELECT u.* FROM (SELECT @queue::text) AS q(queue), unnest(", 1),
+	queueFirst(withEventsCTE(resolveManySQL, eventsCTE("done", "@ev_type", "@ev_topic", "@ev_attempts", true))),
 	"SELECT j.ctid AS tid, j.state, j.attempt, j.started_at FROM hipq_job j",
 	"SELECT j.ctid AS tid, j.state, j.attempt, j.started_at, j.job_type AS cur_type FROM hipq_job j",
 	"), t AS (", "), xid AS MATERIALIZED (SELECT pg_current_xact_id() AS xid\n\t\t), t AS (",

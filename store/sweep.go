@@ -551,15 +551,14 @@ func (s *Store) JobPrune(ctx context.Context, retention time.Duration, limit int
 	// The oldest rows due, in every queue (a read), then each queue's
 	// share deleted: the rows are locked or skipped (SKIP LOCKED) by a
 	// statement naming the queue, and deleted by tuple id.
-	read := `SELECT queue, id FROM hipq_job
+	read := `SELECT queue, id FROM hipq_job j
 		WHERE state = 'final' AND update_time < now() - $1::interval ORDER BY update_time LIMIT $2`
 	if !s.dist {
 		// A job whose final event is read from it stays until the relay
 		// passed it (its topic's cursor), however old: its event is
 		// pending. (A final job is never updated, and a cursor never moves
 		// back: the delete need not look again.)
-		read = strings.Replace(read, "ORDER BY", `AND (event_id IS NULL
-		  OR event_id <= coalesce((SELECT c.after FROM hipq_event_cursor c WHERE c.topic = hipq_job.event_topic), 0)) ORDER BY`, 1)
+		read = strings.Replace(read, "ORDER BY", `AND (event_id IS NULL OR NOT (`+eventOnJobPending+`)) ORDER BY`, 1)
 	}
 	rows, err := s.pool.Query(ctx, read, retention, limit)
 	if err != nil {
