@@ -307,6 +307,21 @@ func TestRelayRefusingTopicHoldsBackItsOwn(t *testing.T) {
 	tu.Eventually(t, 10*time.Second, func() bool { return scalar(t, r.st, pgtest.PendingEventsSQL("")) == 0 }, "every event deleted")
 }
 
+// relayedEnds makes a rig, ends n jobs of type t (keys prefix0…) with
+// successes and relays their final events in one look, by the relay it
+// returns.
+func relayedEnds(t *testing.T, prefix string, n int) (*eventRig, *dispatcher.Relay) {
+	t.Helper()
+	r := newEventRig(t, map[string]string{"t": "ev"}, "ev")
+	r.insert("t", prefix, n)
+	r.answer(true)
+	rl := r.relay(metrics.New())
+	if sent, _, err := rl.RelayTopic(ctx, "ev"); err != nil || sent != n {
+		t.Fatalf("first look: %d sent, %v; want %d", sent, err, n)
+	}
+	return r, rl
+}
+
 // A relay that dies between the broker's acknowledgement and the write
 // that follows it (here: that write refused) leaves the events pending;
 // they are sent again, with the same hipq-event-id: each event arrives at
@@ -316,13 +331,7 @@ func TestRelayRefusingTopicHoldsBackItsOwn(t *testing.T) {
 func TestRelaySendsAgainAfterALostDelete(t *testing.T) {
 	pgtest.SkipOnCitus(t, "the test makes PostgreSQL refuse writes with a trigger, which Citus does not run on a distributed table")
 	t.Parallel()
-	r := newEventRig(t, map[string]string{"t": "ev"}, "ev")
-	r.insert("t", "k", 20)
-	r.answer(true)
-	rl := r.relay(metrics.New())
-	if n, _, err := rl.RelayTopic(ctx, "ev"); err != nil || n != 20 {
-		t.Fatalf("relay: %d sent, %v; want 20", n, err)
-	}
+	r, rl := relayedEnds(t, "k", 20)
 	if _, err := r.st.Pool().Exec(ctx, `
 		CREATE FUNCTION refuse_write() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'down'; END $$;
 		CREATE TRIGGER refuse_delete BEFORE DELETE ON hipq_event FOR EACH STATEMENT EXECUTE FUNCTION refuse_write();
@@ -375,13 +384,7 @@ func TestRelaySendsAgainAfterALostDelete(t *testing.T) {
 func TestRelayLeadingAgainStartsFromTheCursorKept(t *testing.T) {
 	pgtest.SkipOnCitus(t, "there every event is a row, deleted once relayed")
 	t.Parallel()
-	r := newEventRig(t, map[string]string{"t": "ev"}, "ev")
-	r.insert("t", "a", 5)
-	r.answer(true)
-	first := r.relay(metrics.New())
-	if n, _, err := first.RelayTopic(ctx, "ev"); err != nil || n != 5 { // (its cursor, in memory, below b's events)
-		t.Fatalf("first relay: %d sent, %v", n, err)
-	}
+	r, first := relayedEnds(t, "a", 5) // (its cursor, in memory, below b's events)
 	r.insert("t", "b", 5)
 	r.answer(true)
 	other := r.relay(metrics.New())
@@ -507,13 +510,7 @@ func TestRelayCursorKeepsAKeysLaterEvents(t *testing.T) {
 // event back. It returns the rig and the relay that sent job 1's.
 func keyEndsTwice(t *testing.T, ok bool) (*eventRig, *dispatcher.Relay) {
 	t.Helper()
-	r := newEventRig(t, map[string]string{"t": "ev"}, "ev")
-	r.insert("t", "k", 1)
-	r.answer(true)
-	rl := r.relay(metrics.New())
-	if n, _, err := rl.RelayTopic(ctx, "ev"); err != nil || n != 1 {
-		t.Fatalf("first look: %d sent, %v", n, err)
-	}
+	r, rl := relayedEnds(t, "k", 1)
 	r.insert("t", "k", 1)
 	r.answer(ok)
 	if n, _, err := rl.RelayTopic(ctx, "ev"); err != nil || n != 0 {
